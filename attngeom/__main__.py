@@ -1,0 +1,3 @@
+from attngeom.cli import main
+import sys
+sys.exit(main())

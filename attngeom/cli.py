@@ -1,0 +1,75 @@
+"""The ``attngeom`` command line: one entry point, one module per subcommand.
+
+Each module in :mod:`attngeom.commands` defines ``add_parser(subparsers)`` and ``run(args)``;
+modules are imported lazily so that ``analyze`` and ``report`` never import torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# subcommand -> (module under attngeom.commands, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "extract": ("extract", "measure attention geometry of a model over texts into a store"),
+    "faithfulness": ("faithfulness", "remove keys ranked by each metric and measure the loss"),
+    "analyze": ("analyze", "sink, convexity, anti-alignment and decomposition statistics"),
+    "report": ("report", "build the PDF report of a store"),
+    "run": ("main_job", "the main job: extract, faithfulness, analyze and report"),
+    "store": ("store", "inspect, validate, merge, subset and export stores"),
+    "bench": ("bench", "benchmarks: speed and memory side by side"),
+}
+
+
+class UserError(Exception):
+    """A problem with the user's input: printed as one line, exit status 2."""
+
+
+def build_parser(argv: list[str]) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="attngeom", description=__doc__.splitlines()[0])
+    parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    wanted = next((a for a in argv if a in COMMANDS), None)
+    for name, (module, help_text) in COMMANDS.items():
+        if wanted is not None and name != wanted:
+            sub.add_parser(name, help=help_text)
+            continue
+        try:
+            mod = importlib.import_module(f"attngeom.commands.{module}")
+        except ModuleNotFoundError as exc:
+            if not exc.name.startswith("attngeom.commands"):
+                raise
+            continue
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        mod.add_parser(p)
+        p.set_defaults(_run=mod.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(argv)
+    args = parser.parse_args(argv)
+    if not getattr(args, "_run", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args._run(args) or 0)
+    except KeyboardInterrupt:
+        print("attngeom: interrupted; rerun the same command to resume", file=sys.stderr)
+        return 130
+    except Exception as exc:  # one line for users, the traceback with --debug
+        if args.debug:
+            raise
+        message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        kind = "error" if isinstance(exc, (UserError, ValueError, FileNotFoundError,
+                                           PermissionError, OSError)) else "internal error"
+        print(f"attngeom: {kind}: {message}", file=sys.stderr)
+        if kind == "internal error":
+            print("attngeom: rerun with --debug for the traceback", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

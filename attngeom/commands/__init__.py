@@ -1,0 +1,1 @@
+"""Subcommands of the attngeom CLI, one module each (see attngeom.cli)."""
