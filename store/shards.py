@@ -1,0 +1,142 @@
+"""Shard files: one netCDF4/HDF5 file (written through h5netcdf) per block of sequences.
+
+Every shard holds the same dims padded to the store's ``max_length``, float32 with gzip and
+shuffle, chunked by sequence block and layer. A shard is written to a temporary name,
+fsynced and renamed, so a file with the final name is always complete.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import xarray as xr
+
+from . import schema as S
+from .manifest import fsync_dir
+
+SHARD_DIR = "shards"
+CHUNK_BYTES = 8 * 1024 * 1024
+
+
+def shard_name(index: int) -> str:
+    return f"{SHARD_DIR}/shard-{index:05d}.nc"
+
+
+def _pad(x: np.ndarray, axes: tuple[int, ...], size: int, fill) -> np.ndarray:
+    widths = [(0, 0)] * x.ndim
+    for a in axes:
+        widths[a] = (0, size - x.shape[a])
+    return np.pad(x, widths, constant_values=fill) if any(w[1] for w in widths) else x
+
+
+def _dims(name: str, mode: str) -> tuple[str, ...]:
+    dims = S.DIMS[name]
+    if mode == "compact" and dims == S.PAIR:
+        return S.SINK_PAIR
+    return dims
+
+
+def build_shard(arrays: dict[str, np.ndarray], sequences: np.ndarray, token_ids: np.ndarray,
+                lengths: np.ndarray, extra: dict[str, np.ndarray], tokens: list[list[str]] | None,
+                max_length: int, mode: str, attrs: dict) -> xr.Dataset:
+    """Assemble one shard as a labeled Dataset, padding token axes to ``max_length``.
+
+    Parameters
+    ----------
+    arrays : measurement name -> (S, L, H, ...) float32 as returned by extraction.
+    sequences : (S,) global sequence indices; token_ids : (S, T) with -1 beyond length.
+    extra : per-sequence int arrays (``truncated``, ``finite``, ``text_index``).
+    """
+    T = max_length
+    data = {}
+    for name, x in arrays.items():
+        dims = _dims(name, mode)
+        axes = tuple(i for i, d in enumerate(dims) if d in (S.QUERY, S.KEY, S.POSITION))
+        data[name] = (dims, _pad(x.astype(np.float32, copy=False), axes, T, np.nan),
+                      {"description": S.DESCRIPTIONS[name]})
+    data["token_id"] = ((S.SEQUENCE, S.POSITION), _pad(token_ids.astype(np.int32), (1,), T, -1),
+                        {"description": S.DESCRIPTIONS["token_id"]})
+    data["length"] = ((S.SEQUENCE,), lengths.astype(np.int32),
+                      {"description": S.DESCRIPTIONS["length"]})
+    for name, x in extra.items():
+        data[name] = ((S.SEQUENCE,), np.asarray(x, dtype=np.int32),
+                      {"description": S.DESCRIPTIONS[name]})
+    if tokens is not None:
+        strings = np.full((len(tokens), T), "", dtype=object)
+        for i, row in enumerate(tokens):
+            strings[i, : len(row)] = row
+        data["token"] = ((S.SEQUENCE, S.POSITION), strings,
+                         {"description": S.DESCRIPTIONS["token"]})
+    L, H = arrays["value_norm"].shape[1:3]
+    coords = {S.SEQUENCE: sequences.astype(np.int64), S.LAYER: np.arange(L),
+              S.HEAD: np.arange(H), S.POSITION: np.arange(T), S.QUERY: np.arange(T),
+              S.KEY: np.arange(T)}
+    if mode == "compact":
+        coords[S.SINK] = np.arange(arrays["alpha"].shape[-1])
+        coords[S.LAG] = np.arange(arrays["tail_alpha"].shape[-1])
+    return xr.Dataset(data, coords=coords, attrs=attrs)
+
+
+def encoding(ds: xr.Dataset) -> dict[str, dict]:
+    """gzip + shuffle, chunks of one layer and as many sequences as fit ~8 MiB."""
+    enc = {}
+    for name, var in ds.data_vars.items():
+        if var.dtype == object:
+            continue
+        shape = list(var.shape)
+        if S.LAYER in var.dims:
+            shape[var.dims.index(S.LAYER)] = 1
+        per_seq = int(np.prod(shape[1:])) * var.dtype.itemsize
+        shape[0] = max(1, min(shape[0], CHUNK_BYTES // max(per_seq, 1)))
+        enc[name] = {"zlib": True, "complevel": 4, "shuffle": True, "chunksizes": tuple(shape)}
+        if var.dtype.kind == "f":
+            enc[name]["_FillValue"] = np.float32(np.nan)
+    return enc
+
+
+def write_shard(ds: xr.Dataset, path: str | Path) -> None:
+    """Write ``ds`` atomically to ``path`` (temporary file, fsync, rename)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        ds.to_netcdf(tmp, engine="h5netcdf", encoding=encoding(ds), invalid_netcdf=False)
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    fsync_dir(path.parent)
+
+
+def remove_temporaries(store: str | Path) -> int:
+    """Delete leftover temporary files of an interrupted run; return how many."""
+    n = 0
+    for pattern in (f"{SHARD_DIR}/.*.tmp-*", ".*.tmp-*"):
+        for tmp in Path(store).glob(pattern):
+            tmp.unlink(missing_ok=True)
+            n += 1
+    return n
+
+
+def shard_attrs(manifest: dict) -> dict:
+    """Attributes every shard carries so that a single file is self-describing."""
+    cfg = manifest["config"]
+    opts = cfg["options"]
+    return {
+        "attngeom_format": S.FORMAT_NAME,
+        "attngeom_schema_version": S.SCHEMA_VERSION,
+        "attngeom_config_hash": manifest["config_hash"],
+        "attngeom_config": json.dumps(cfg, sort_keys=True),
+        "model": cfg["model"]["id"],
+        "mode": opts["mode"],
+        "sink_k": opts["sink_k"],
+        "tail_w": opts["tail_w"],
+        "max_length": opts["max_length"],
+        "causal": int(cfg["model"]["causal"]),
+        "Conventions": "CF-1.8",
+    }

@@ -1,0 +1,77 @@
+"""Checking a store: manifest, schema, checksums and completeness.
+
+``validate(path)`` returns a list of problems (empty when the store is sound); it reads
+every shard's bytes once for the checksum and opens each shard to check its layout.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from . import schema as S
+from .manifest import StoreError, file_sha256, read_manifest
+
+
+def _expected_variables(mode: str) -> set[str]:
+    return set(S.variables_for(mode)) - set(S.DERIVED_PAIR_VARIABLES) | {"token_id", "length"}
+
+
+def check_shard(path: Path, entry: dict, manifest: dict) -> list[str]:
+    """Problems of one shard file: checksum, readability, variables, sequence range."""
+    import h5netcdf
+
+    if not path.is_file():
+        return [f"{entry['file']}: missing"]
+    if file_sha256(path) != entry.get("sha256"):
+        return [f"{entry['file']}: checksum mismatch (damaged or altered)"]
+    opts = manifest["config"]["options"]
+    problems = []
+    try:
+        with h5netcdf.File(path, "r") as f:
+            names = set(f.variables)
+            missing = _expected_variables(opts["mode"]) - names
+            if missing:
+                problems.append(f"{entry['file']}: missing variables {sorted(missing)}")
+            seq = np.asarray(f.variables["sequence"][:]) if "sequence" in names else None
+            if f.attrs.get("attngeom_config_hash") != manifest["config_hash"]:
+                problems.append(f"{entry['file']}: made with other settings (config hash)")
+    except (OSError, KeyError, ValueError) as exc:
+        return [f"{entry['file']}: unreadable ({exc})"]
+    lo, hi = entry["sequences"]
+    if seq is None or not np.array_equal(seq, np.arange(lo, hi)):
+        problems.append(f"{entry['file']}: sequence coordinate does not match [{lo}, {hi})")
+    return problems
+
+
+def validate(path: str | Path) -> list[str]:
+    """All problems found in the store at ``path`` (an empty list means valid)."""
+    path = Path(path)
+    try:
+        manifest = read_manifest(path)
+    except StoreError as exc:
+        return [str(exc)]
+    problems = []
+    covered = []
+    for entry in manifest["shards"]:
+        if not isinstance(entry, dict) or not {"file", "sequences", "sha256"} <= set(entry):
+            problems.append(f"manifest: malformed shard entry {str(entry)[:80]}")
+            continue
+        file = Path(str(entry["file"]))
+        if file.is_absolute() or ".." in file.parts:
+            problems.append(f"manifest: shard path {file} leaves the store; refusing")
+            continue
+        problems += check_shard(path / file, entry, manifest)
+        covered.append(tuple(entry["sequences"]))
+    covered.sort()
+    expected = 0
+    for lo, hi in covered:
+        if lo != expected:
+            problems.append(f"sequences [{expected}, {lo}) are in no shard")
+        expected = max(expected, hi)
+    if expected != manifest["n_sequences"]:
+        problems.append(f"sequences [{expected}, {manifest['n_sequences']}) are in no shard")
+    if not manifest["complete"]:
+        problems.append("store is incomplete (the extraction did not finish); rerun it to resume")
+    return problems
