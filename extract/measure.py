@@ -25,7 +25,7 @@ class Options:
 
     mode: str = "compact"
     sink_k: int = 1
-    tail_w: int = 16
+    tail_w: int = 8
 
 
 def _nan_where(x: Tensor, keep: Tensor) -> Tensor:

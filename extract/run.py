@@ -30,7 +30,7 @@ class ExtractConfig:
 
     mode: str = "compact"
     sink_k: int = 1
-    tail_w: int = 16
+    tail_w: int = 8
     max_length: int = 512
     limit: int | None = None
     text_field: str | None = None
@@ -160,7 +160,7 @@ def extract_shard(loaded, texts: list[str], start: int, cfg: ExtractConfig, opts
     tokenized = tokenize_texts(tok, texts, cfg.max_length)
     T = cfg.max_length
     parts: list[dict[str, np.ndarray]] = []
-    stored = set(S.variables_for(cfg.mode)) - set(S.DERIVED_PAIR_VARIABLES)
+    stored = set(S.variables_for(cfg.mode))
     for batch in batches(tokenized, cfg.batch_size, pad_id=pad_token_id(tok)):
         arrays = measure(loaded.model, batch, opts)
         parts.append({k: _pad_tokens(k, v, T, cfg.mode) for k, v in arrays.items()

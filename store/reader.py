@@ -70,19 +70,32 @@ def store_attrs(manifest: dict) -> dict:
 
 
 def add_derived(ds: xr.Dataset) -> xr.Dataset:
-    """contribution = alpha * value_norm * cosine / output_norm (and the layer version)."""
+    """contribution = alpha * value_norm * cosine / output_norm (and the layer version).
+
+    Added lazily for the pair variables and, in compact stores, the tail window (whose
+    value norms are gathered at key = query - lag).
+    """
     if "alpha" not in ds:
         return ds
-    key_dim = S.SINK if S.SINK in ds["alpha"].dims else S.KEY
     vn = ds["value_norm"]
-    if key_dim == S.SINK:
-        vn = vn.isel(key=slice(0, ds.sizes[S.SINK])).rename(key=S.SINK)
-        vn = vn.assign_coords({S.SINK: ds[S.SINK].values})
-    base = ds["alpha"] * vn
-    contribution = base * ds["cosine"] / ds["output_norm"]
-    layer = base * ds["cosine_layer"] / ds["layer_output_norm"]
-    ds["contribution"] = contribution.transpose(*ds["alpha"].dims).astype("float32")
-    ds["contribution_layer"] = layer.transpose(*ds["alpha"].dims).astype("float32")
-    for name in ("contribution", "contribution_layer"):
-        ds[name].attrs["description"] = S.DESCRIPTIONS[name] + " (derived on read)"
+    if S.SINK in ds["alpha"].dims:
+        sink_vn = vn.isel(key=slice(0, ds.sizes[S.SINK])).rename(key=S.SINK)
+        _derive(ds, "", sink_vn.assign_coords({S.SINK: ds[S.SINK].values}))
+    else:
+        _derive(ds, "", vn)
+    if "tail_alpha" in ds:
+        key = (ds[S.QUERY] - ds[S.LAG]).clip(min=0)                     # (query, lag)
+        tail_vn = vn.drop_vars(S.KEY).isel(key=key.drop_vars([S.QUERY, S.LAG]))
+        _derive(ds, "tail_", tail_vn)
     return ds
+
+
+def _derive(ds: xr.Dataset, prefix: str, value_norm: xr.DataArray) -> None:
+    alpha = ds[f"{prefix}alpha"]
+    base = alpha * value_norm
+    parts = {"contribution": base * ds[f"{prefix}cosine"] / ds["output_norm"],
+             "contribution_layer": base * ds[f"{prefix}cosine_layer"] / ds["layer_output_norm"]}
+    for name, value in parts.items():
+        ds[prefix + name] = value.transpose(*alpha.dims).astype("float32")
+        ds[prefix + name].attrs["description"] = (S.DESCRIPTIONS[prefix + name]
+                                                  + " (derived on read)")

@@ -59,8 +59,13 @@ PER_LAYER_QUERY_VARIABLES: dict[str, str] = {
 }
 TAIL_VARIABLES: dict[str, str] = {
     f"tail_{name}": f"{text} (tail window, key = query - lag)"
-    for name, text in {**PAIR_VARIABLES, **DERIVED_PAIR_VARIABLES}.items()
+    for name, text in PAIR_VARIABLES.items()
 }
+DERIVED_TAIL_VARIABLES: dict[str, str] = {
+    f"tail_{name}": f"{text} (tail window, key = query - lag)"
+    for name, text in DERIVED_PAIR_VARIABLES.items()
+}
+DERIVED = tuple(DERIVED_PAIR_VARIABLES) + tuple(DERIVED_TAIL_VARIABLES)
 MIDDLE_VARIABLES: dict[str, str] = {
     "middle_alpha": "sum of alpha over middle keys (neither sink nor tail)",
     "middle_contribution": "sum of contribution over middle keys",
@@ -82,6 +87,7 @@ DIMS: dict[str, tuple[str, ...]] = {
     **{n: PER_QUERY for n in PER_QUERY_VARIABLES},
     **{n: PER_LAYER_QUERY for n in PER_LAYER_QUERY_VARIABLES},
     **{n: TAIL for n in TAIL_VARIABLES},
+    **{n: TAIL for n in DERIVED_TAIL_VARIABLES},
     **{n: PER_QUERY for n in MIDDLE_VARIABLES},
     "token_id": (SEQUENCE, POSITION),
     "token": (SEQUENCE, POSITION),
@@ -94,7 +100,8 @@ DIMS: dict[str, tuple[str, ...]] = {
 
 DESCRIPTIONS: dict[str, str] = {
     **PAIR_VARIABLES, **DERIVED_PAIR_VARIABLES, **PER_KEY_VARIABLES, **PER_QUERY_VARIABLES,
-    **PER_LAYER_QUERY_VARIABLES, **TAIL_VARIABLES, **MIDDLE_VARIABLES, **SEQUENCE_VARIABLES,
+    **PER_LAYER_QUERY_VARIABLES, **TAIL_VARIABLES, **DERIVED_TAIL_VARIABLES, **MIDDLE_VARIABLES,
+    **SEQUENCE_VARIABLES,
     "token": "token string at each position (absent when stored with --no-text)",
 }
 
@@ -103,7 +110,7 @@ MODES = ("dense", "compact")
 
 
 def variables_for(mode: str) -> list[str]:
-    """Names of the float variables a shard of this layout stores (tokens excluded)."""
+    """Names of the float variables a shard of this layout stores (derived ones excluded)."""
     base = (list(PAIR_VARIABLES) + list(PER_KEY_VARIABLES) + list(PER_QUERY_VARIABLES)
             + list(PER_LAYER_QUERY_VARIABLES))
     if mode == "compact":

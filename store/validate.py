@@ -15,7 +15,7 @@ from .manifest import StoreError, file_sha256, read_manifest
 
 
 def _expected_variables(mode: str) -> set[str]:
-    return set(S.variables_for(mode)) - set(S.DERIVED_PAIR_VARIABLES) | {"token_id", "length"}
+    return set(S.variables_for(mode)) | {"token_id", "length"}
 
 
 def check_shard(path: Path, entry: dict, manifest: dict) -> list[str]:

@@ -17,7 +17,7 @@ def add_parser(p) -> None:
     p.add_argument("--dtype", default="float32", help="float32, bfloat16 or float16 (GPU)")
     p.add_argument("--text-field", default=None, help="field of JSONL/Parquet records")
     p.add_argument("--sink-k", type=int, default=1, help="sink keys: the first k positions")
-    p.add_argument("--tail-w", type=int, default=16, help="tail window: w most recent keys")
+    p.add_argument("--tail-w", type=int, default=8, help="tail window: w most recent keys")
     p.add_argument("--shard-size", type=int, default=None, help="sequences per shard file")
     p.add_argument("--no-text", action="store_true", help="leave token strings out")
     p.add_argument("--trust-remote-code", action="store_true",
