@@ -1,1 +1,78 @@
-"""analysis."""
+"""CPU statistics on an opened attngeom store, one module per question.
+
+Each function takes an ``xarray.Dataset`` (dense or compact store, see
+:mod:`attngeom.store.schema`) and returns an ``xarray.Dataset`` of labeled results with stable
+names (listed in each module's docstring). Reductions stream one layer and a bounded block of
+sequences at a time. :func:`run_all` runs all four in a single pass and writes
+``sinks.nc``, ``convexity.nc``, ``anti_alignment.nc``, ``decomposition.nc`` and ``summary.csv``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import xarray as xr
+
+from ._common import with_provenance
+from ._views import DEFAULT_BLOCK_ELEMENTS, describe, require, run_pass
+from .anti_alignment import AntiAlignmentAccumulator, anti_alignment
+from .convexity import ConvexityAccumulator, convexity
+from .decomposition import DecompositionAccumulator, decomposition
+from .sinks import DEFAULT_EPSILON, SinkAccumulator, sinks
+from .summary import summary_table
+
+__all__ = ["sinks", "convexity", "anti_alignment", "decomposition", "summary_table", "run_all",
+           "RESULT_FILES"]
+
+RESULT_FILES = {"sinks": "sinks.nc", "convexity": "convexity.nc",
+                "anti_alignment": "anti_alignment.nc", "decomposition": "decomposition.nc"}
+SUMMARY_FILE = "summary.csv"
+NEEDED = ["alpha", "cosine", "value_norm", "output_norm", "sink_value_cosine",
+          "residual_norm", "sink_residual_cosine"]
+
+
+def _write_atomic(path: Path, write) -> None:
+    tmp = path.with_name(f".{path.name}.partial")
+    write(tmp)
+    os.replace(tmp, path)
+
+
+def run_all(ds: xr.Dataset, out_dir: str | os.PathLike | None = None, *,
+            sink_k: int | None = None, tail_w: int | None = None,
+            epsilon: float = DEFAULT_EPSILON, n_boot: int = 200, seed: int = 0,
+            level: float = 0.05, layers=None, mixed: bool = True, progress: bool = True,
+            block_elements: int = DEFAULT_BLOCK_ELEMENTS) -> dict:
+    """Run the four analyses in one pass over the store; write them when ``out_dir`` is given.
+
+    Returns
+    -------
+    dict with keys ``sinks``, ``convexity``, ``anti_alignment``, ``decomposition``
+    (xarray.Dataset each, provenance in ``attrs``) and ``summary`` (pandas.DataFrame).
+    """
+    require(ds, NEEDED, "`attngeom analyze`")
+    info = describe(ds, sink_k, tail_w, layers)
+    if info.mode == "compact" and info.k != info.store_k:
+        raise ValueError(f"a compact store's groups are fixed by its sink_k = {info.store_k}; "
+                         f"use --sink-k {info.store_k} or a dense store")
+    analytic = info.store_k == 1
+    accs = {"sinks": SinkAccumulator(info.heads, epsilon),
+            "convexity": ConvexityAccumulator(info.heads, n_boot=n_boot, seed=seed,
+                                              level=level, analytic=analytic),
+            "anti_alignment": AntiAlignmentAccumulator(info.heads, level=level, mixed=mixed,
+                                                        seed=seed),
+            "decomposition": DecompositionAccumulator(info.mode)}
+    run_pass(ds, info, list(accs.values()), elements=block_elements, progress=progress)
+    params = dict(sink_k=info.k, tail_w=info.w, epsilon=epsilon, n_boot=n_boot, seed=seed,
+                  level=level)
+    results = {name: with_provenance(acc.result(), ds.attrs, **params)
+               for name, acc in accs.items()}
+    results["summary"] = summary_table(results["sinks"], results["convexity"],
+                                       results["anti_alignment"], results["decomposition"])
+    if out_dir is not None:
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        for name, filename in RESULT_FILES.items():
+            _write_atomic(out / filename, results[name].to_netcdf)
+        _write_atomic(out / SUMMARY_FILE, lambda p: results["summary"].to_csv(p, index=False))
+    return results

@@ -24,11 +24,12 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Iterator, Protocol
 
+import dask
 import numpy as np
 import xarray as xr
 
 GROUPS = ("sink", "tail", "middle")
-DEFAULT_TAIL_W = 16
+DEFAULT_TAIL_W = 8  # the extract default
 DEFAULT_BLOCK_ELEMENTS = 4_000_000  # float64 cells of one (sequence, head, query, key) block
 
 
@@ -55,7 +56,8 @@ def describe(ds: xr.Dataset, k: int | None = None, w: int | None = None,
         raise ValueError("the store has no sequences; run `attngeom extract` into it first")
     if "alpha" not in ds:
         raise ValueError("the store has no `alpha` variable; is it an attngeom store?")
-    pair_dim = ds["alpha"].dims[-1]
+    pair_dim = next(d for d in ds["alpha"].dims
+                    if d not in ("sequence", "layer", "head", "query"))
     mode = ds.attrs.get("mode") or ("compact" if "tail_alpha" in ds else "dense")
     store_k = int(ds.attrs.get("sink_k", ds.sizes[pair_dim] if mode == "compact" else 1))
     store_w = ds.attrs.get("tail_w")
@@ -71,7 +73,7 @@ def describe(ds: xr.Dataset, k: int | None = None, w: int | None = None,
     if mode == "compact" and w > (store_w or 0):
         raise ValueError(f"this compact store keeps a tail of {store_w} keys; use --tail-w "
                          f"<= {store_w} or a dense store")
-    for dim in ("query", "key"):
+    for dim in ("query", "key", "sink", "lag"):
         if dim in ds.coords and not np.array_equal(ds[dim].values, np.arange(ds.sizes[dim])):
             raise ValueError(f"the `{dim}` coordinate must be positions 0..T-1; "
                              "open the whole store rather than a position subset")
@@ -115,7 +117,8 @@ def sequence_blocks(ds: xr.Dataset, info: StoreInfo, elements: int, pairs: bool)
     """Contiguous sequence ranges whose (head, query, key) arrays hold about ``elements`` cells.
 
     Block sizes are multiples of the store's sequence chunk when that fits, so each chunk is read
-    once per layer.
+    once per layer; otherwise blocks split each chunk evenly (dense stores read best with
+    sequence chunks no larger than a block: about ``elements / (heads * T * T)`` sequences).
     """
     n_seq = ds.sizes["sequence"]
     width = info.n_positions if (pairs and info.mode == "dense") else max(info.k, info.w, 1)
@@ -124,6 +127,10 @@ def sequence_blocks(ds: xr.Dataset, info: StoreInfo, elements: int, pairs: bool)
     chunk = _chunk(ds, "alpha")
     if chunk and chunk <= size:
         size = (size // chunk) * chunk
+    elif chunk:  # blocks that split chunks evenly, never straddling two (each read once per block)
+        size = -(-chunk // -(-chunk // size))
+        return [slice(c + a, min(c + a + size, c + chunk, n_seq))
+                for c in range(0, n_seq, chunk) for a in range(0, chunk, size) if c + a < n_seq]
     return [slice(a, min(a + size, n_seq)) for a in range(0, n_seq, size)]
 
 
@@ -168,31 +175,50 @@ class Block:
         return out
 
     # ------------------------------------------------------------------ loading
-    def _load(self, name: str, *rest: str) -> np.ndarray:
+    def _lazy(self, name: str) -> xr.DataArray:
+        """The block's view of a store variable, dims (sequence, head, [query], rest).
+
+        Pair variables of a dense store are read whole only when the block needs all keys
+        (``pairs``); otherwise just the sink keys. Compact sink and tail arrays are sliced later.
+        """
+        da = self._ds[name]
+        if self.info.mode == "dense" and not self.pairs and self.info.pair_dim in da.dims \
+                and "query" in da.dims:
+            da = da.isel({self.info.pair_dim: slice(0, self.info.k)})
+        lead = [d for d in ("sequence", "head", "query") if d in da.dims]
+        return da.transpose(*lead, *[d for d in da.dims if d not in lead])
+
+    def prefetch(self, names) -> None:
+        """Read the store variables ``names`` (those present) in one dask computation."""
+        todo = [n for n in dict.fromkeys(names) if n in self._ds and n not in self._cache]
+        if todo:
+            arrays = dask.compute(*[self._lazy(n).data for n in todo])
+            for name, arr in zip(todo, arrays):
+                self._cache[name] = np.asarray(arr, dtype=np.float64)
+
+    def _load(self, name: str) -> np.ndarray:
         if name not in self._cache:
-            da = self._ds[name]
-            dims = ["sequence"] + [d for d in ("head",) if d in da.dims] + list(rest)
-            self._cache[name] = np.asarray(da.transpose(*dims).values, dtype=np.float64)
+            self.prefetch([name])
         return self._cache[name]
 
     def per_query(self, name: str) -> np.ndarray:
         """(S, H, Q) per-query variable, NaN where the query is not valid."""
-        return np.where(self.query_ok[:, None], self._load(name, "query"), np.nan)
+        return np.where(self.query_ok[:, None], self._load(name), np.nan)
 
     def per_key(self, name: str) -> np.ndarray:
         """(S, H, K) per-key variable over all positions, NaN beyond length."""
-        return np.where(self.key_ok[:, None], self._load(name, "key"), np.nan)
+        return np.where(self.key_ok[:, None], self._load(name), np.nan)
 
     def full(self, name: str) -> np.ndarray:
         """(S, H, Q, K) pair variable of a dense store, NaN at invalid (query, key) cells."""
-        if self.info.mode != "dense":
-            raise ValueError(f"`{name}` over all keys is only stored in dense stores")
+        if not self.pairs:
+            raise ValueError(f"`{name}` over all keys needs a dense store read with pairs=True")
         key = f"full:{name}"
         if key not in self._cache:
             if name == "contribution" and name not in self._ds:  # c = alpha * ratio * cosine
                 arr = self.full("alpha") * self.ratio_for("key") * self.full("cosine")
             else:
-                arr = self._load(name, "query", "key")
+                arr = self._load(name)
             mask = self.query_ok[:, None, :, None] & self.key_ok[:, None, None, :]
             self._cache[key] = np.where(mask, arr, np.nan)
         return self._cache[key]
@@ -258,12 +284,8 @@ class Block:
                 if name != "contribution":
                     raise ValueError(f"the store lacks `{name}`")
                 out = self._sink_from_parts()
-            else:
-                da = self._ds[name]
-                coord = self._ds[info.pair_dim].values
-                da = da.sel({info.pair_dim: coord[coord < k]})
-                out = np.asarray(da.transpose("sequence", "head", "query", info.pair_dim).values,
-                                 dtype=np.float64)
+            else:  # sink keys are the first k positions of the pair dimension
+                out = self._load(name)[..., :k]
             out = np.where(self.query_ok[:, None, :, None], out, np.nan)
         elif group == "tail":
             out = self._tail_compact(name)
@@ -279,9 +301,7 @@ class Block:
     def _tail_compact(self, name: str) -> np.ndarray:
         var = f"tail_{name}"
         if var in self._ds:
-            da = self._ds[var].isel(lag=slice(0, self.info.w))
-            out = np.asarray(da.transpose("sequence", "head", "query", "lag").values,
-                             dtype=np.float64)
+            out = self._load(var)[..., : self.info.w]
         elif name == "contribution":
             out = (self.group("tail", "alpha") * self.group("tail", "ratio")
                    * self.group("tail", "cosine"))
@@ -293,7 +313,11 @@ class Block:
     def group_total(self, group: str, name: str) -> np.ndarray:
         """(S, H, Q) sum of ``name`` (alpha or contribution) over the group's keys."""
         if group == "middle" and self.info.mode == "compact":
-            return self.per_query(f"middle_{name}")
+            total = self.per_query(f"middle_{name}")
+            if self.info.w < (self.info.store_w or 0):  # stored tail lags >= w are middle keys
+                extra = self._load(f"tail_{name}")[..., self.info.w:]
+                total = total + np.nansum(extra, axis=-1)
+            return total
         arr = self.group(group, name)
         total = np.nansum(arr, axis=-1)
         return np.where(self.query_ok[:, None], total, np.nan)
@@ -303,6 +327,7 @@ class Accumulator(Protocol):
     """One analysis fed layer by layer, block by block (see :func:`run_pass`)."""
 
     needs_pairs: bool  # elementwise pair arrays over all keys (dense middle/tail groups)
+    reads: tuple[str, ...]  # store variables it loads (read together, once per block)
 
     def update(self, block: Block) -> None: ...
 
@@ -331,7 +356,10 @@ def run_pass(ds: xr.Dataset, info: StoreInfo, accumulators: list[Accumulator], *
              elements: int = DEFAULT_BLOCK_ELEMENTS, progress: bool = True) -> None:
     """Feed every accumulator one layer at a time, in sequence blocks of bounded memory."""
     pairs = any(a.needs_pairs for a in accumulators)
+    reads = [name for a in accumulators for name in a.reads]
     for layer, block in iter_blocks(ds, info, pairs, elements, progress):
+        if block is not None:
+            block.prefetch(reads)
         for acc in accumulators:
             if block is None:
                 acc.end_layer(layer)

@@ -63,6 +63,9 @@ def measure_layer(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor, token_mask: 
     sink_alpha = alpha[..., :kk] if alpha is not None else _alpha_at(
         q, repeat_kv(k, H)[:, :, :kk], lse, allowed[..., :kk], scale)
     tok = per_token(zf, vf, sink_alpha, proj)
+    rest = allowed[..., kk:].any(-1)                                    # any non-sink key
+    tok["residual_norm"] = tok["residual_norm"].masked_fill(~rest, 0.0)  # not roundoff
+    tok["sink_residual_cosine"] = tok["sink_residual_cosine"].masked_fill(~rest, float("nan"))
     zg, u = tok.pop("_zg"), tok.pop("_u")
     qv = token_mask[:, None, :]                                         # (B, 1, T)
     if opts.mode == "dense":

@@ -17,6 +17,8 @@ from attngeom import __version__
 from attngeom.store import schema as S
 from attngeom.store.manifest import (StoreError, config_difference, file_sha256,
                                      new_manifest, read_manifest, write_manifest)
+from attngeom.store.distributed import check_part, parse_shard, part_record
+from attngeom.store.readme import write_readme
 from attngeom.store.shards import build_shard, remove_temporaries, shard_attrs, shard_name, write_shard
 
 from .capture import measure
@@ -58,9 +60,20 @@ def default_shard_size(cfg: ExtractConfig, n_layers: int, n_heads: int) -> int:
     return int(max(1, min(256, (256 << 20) // per_seq)))
 
 
+def spec_label(spec: str) -> str:
+    """A spec without machine-specific folders: a local file or directory keeps its name.
+
+    The content is identified by hashes (weight fingerprint, data sha256), so the config
+    (and its hash) is the same on every machine and in every folder.
+    """
+    path = Path(str(spec)).expanduser()
+    return path.resolve().name if path.exists() else spec
+
+
 def store_config(info: dict, texts, cfg: ExtractConfig, shard_size: int) -> dict:
     model = {k: v for k, v in info.items()}
-    data = {"spec": texts.spec, "text_field": cfg.text_field, "sha256": texts.sha256,
+    model["spec"] = model["id"] = spec_label(info["spec"])
+    data = {"spec": spec_label(texts.spec), "text_field": cfg.text_field, "sha256": texts.sha256,
             "n_texts": len(texts.texts), "limit": cfg.limit}
     options = {"mode": cfg.mode, "sink_k": cfg.sink_k, "tail_w": cfg.tail_w,
                "max_length": cfg.max_length, "shard_size": shard_size,
@@ -111,12 +124,19 @@ def finished(out: Path, manifest: dict) -> set[int]:
 
 
 def extract(model: str, data: str, out: str | Path, cfg: ExtractConfig | None = None,
-            trust_remote_code: bool = False, progress: bool = True) -> dict:
-    """Extract ``data`` through ``model`` into the store ``out``; return the manifest."""
+            trust_remote_code: bool = False, progress: bool = True,
+            shard: str | tuple[int, int] | None = None) -> dict:
+    """Extract ``data`` through ``model`` into the store ``out``; return the manifest.
+
+    ``shard="I/N"`` extracts only part I (0-based) of N: a contiguous block of whole shard
+    files (see :mod:`attngeom.store.distributed`); merging the N part stores with
+    ``attngeom store merge`` gives exactly the single-process store.
+    """
     from .models import load
 
     cfg = cfg or ExtractConfig()
     cfg.check()
+    shard = parse_shard(shard) if shard is not None else None
     out = Path(out)
     texts = load_texts(data, text_field=cfg.text_field, limit=cfg.limit)
     if not texts.texts:
@@ -125,15 +145,22 @@ def extract(model: str, data: str, out: str | Path, cfg: ExtractConfig | None = 
     shard_size = cfg.shard_size or default_shard_size(cfg, loaded.info["n_layers"],
                                                       loaded.info["n_heads"])
     config = store_config(loaded.info, texts, cfg, shard_size)
-    extra = {"versions": versions(), "counts": {"skipped_empty": texts.skipped_empty}}
+    extra = {"versions": versions(), "counts": {"skipped_empty": texts.skipped_empty},
+             "sources": {"model": str(model), "data": str(data)}}
+    part = part_record(shard, len(texts.texts), shard_size) if shard is not None else None
+    if part is not None:
+        extra["part"] = part
     manifest = open_or_create(out, config, len(texts.texts), extra)
+    check_part(out, manifest, part)
     done = finished(out, manifest)
     opts = Options(cfg.mode, cfg.sink_k, cfg.tail_w)
     n = len(texts.texts)
-    bar = tqdm(total=n, unit="seq", desc="extract", disable=not progress)
+    chosen = range(*part["shards"]) if part is not None else None
+    total = n if part is None else part["sequences"][1] - part["sequences"][0]
+    bar = tqdm(total=total, unit="seq", desc="extract", disable=not progress)
     bar.update(sum(e["sequences"][1] - e["sequences"][0] for e in manifest["shards"]))
     for index, start in enumerate(range(0, n, shard_size)):
-        if start in done:
+        if start in done or (chosen is not None and index not in chosen):
             continue
         stop = min(n, start + shard_size)
         ds = extract_shard(loaded, texts.texts[start:stop], start, cfg, opts, manifest, bar)
@@ -150,6 +177,7 @@ def extract(model: str, data: str, out: str | Path, cfg: ExtractConfig | None = 
     manifest["counts"]["nonfinite"] = sum(e["nonfinite"] for e in manifest["shards"])
     manifest["complete"] = True
     write_manifest(out, manifest)
+    write_readme(out, manifest)
     return manifest
 
 

@@ -45,4 +45,29 @@ def summary(path: str | Path) -> str:
         "open with    xarray.open_mfdataset('"
         f"{path}/shards/*.nc', engine='h5netcdf', combine='nested', concat_dim='sequence')",
     ]
-    return "\n".join(lines)
+    return "\n".join(lines[:-1] + _origin_lines(m) + lines[-1:]
+                      + (["readme       README.txt (variables, layout, provenance)"]
+                         if (path / "README.txt").is_file() else []))
+
+
+def _origin_lines(m: dict) -> list[str]:
+    """Where the store came from: a part of a sharded run, a merge, a subset."""
+    lines = []
+    if m.get("part"):
+        p = m["part"]
+        lines.append(f"part         {p['index']}/{p['count']} of a sharded extraction: sequences "
+                     f"[{p['sequences'][0]}, {p['sequences'][1]}) of {m['n_sequences']}; "
+                     "join all parts with `attngeom store merge`")
+    parts = m["config"]["data"].get("parts")
+    if parts:
+        dropped = sum(len(q.get("dropped", [])) for q in parts)
+        lines.append(f"merged       {len(parts)} data sets, {dropped} duplicate sequence(s) dropped")
+    elif m.get("merge"):
+        lines.append(f"merged       from {len(m['merge'].get('inputs', []))} store(s)")
+    cut = m["config"].get("subset")
+    if cut:
+        lines.append(f"subset       of {str(cut.get('source_config_hash'))[:16]}: layers "
+                     f"{cut['layers']}, heads {cut['heads']}, {cut['n_sequences']} sequences"
+                     + (f", without {len(cut['dropped_variables'])} variable(s)"
+                        if cut.get("dropped_variables") else ""))
+    return lines

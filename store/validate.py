@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from . import schema as S
-from .manifest import StoreError, file_sha256, read_manifest
+from .manifest import StoreError, config_hash, file_sha256, read_manifest
 
 
 def _expected_variables(mode: str) -> set[str]:
@@ -53,6 +53,8 @@ def validate(path: str | Path) -> list[str]:
     except StoreError as exc:
         return [str(exc)]
     problems = []
+    if config_hash(manifest["config"]) != manifest.get("config_hash"):
+        problems.append("manifest: config does not match its config_hash (edited by hand?)")
     covered = []
     for entry in manifest["shards"]:
         if not isinstance(entry, dict) or not {"file", "sequences", "sha256"} <= set(entry):

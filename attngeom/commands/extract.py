@@ -20,6 +20,9 @@ def add_parser(p) -> None:
     p.add_argument("--tail-w", type=int, default=8, help="tail window: w most recent keys")
     p.add_argument("--shard-size", type=int, default=None, help="sequences per shard file")
     p.add_argument("--no-text", action="store_true", help="leave token strings out")
+    p.add_argument("--shard", default=None, metavar="I/N",
+                   help="extract only part I (0-based) of N, a contiguous block of shard files; "
+                        "join the N part stores with `attngeom store merge`")
     p.add_argument("--trust-remote-code", action="store_true",
                    help="allow model code from the hub (off by default)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -34,6 +37,6 @@ def run(args) -> int:
                         shard_size=args.shard_size, store_text=not args.no_text,
                         batch_size=args.batch_size, device=args.device, dtype=args.dtype)
     extract(args.model, args.data, args.out, cfg, trust_remote_code=args.trust_remote_code,
-            progress=not args.quiet)
+            progress=not args.quiet, shard=args.shard)
     print(summary(args.out))
     return 0

@@ -1,4 +1,4 @@
-"""``attngeom store info|validate``: inspect stores."""
+"""``attngeom store info|validate|merge|subset|export``: inspect, join, cut and share stores."""
 
 from __future__ import annotations
 
@@ -12,19 +12,72 @@ def add_parser(p) -> None:
     val = sub.add_parser("validate", help="check schema, checksums and completeness")
     val.add_argument("store")
 
+    merge = sub.add_parser(
+        "merge", help="join stores of the same model and options (e.g. the parts of "
+                      "extract --shard I/N) into one")
+    merge.add_argument("stores", nargs="+", metavar="STORE")
+    merge.add_argument("--out", required=True, help="new store directory")
+    merge.add_argument("--copy", action="store_true",
+                       help="copy shard files instead of hard-linking them")
+    merge.add_argument("--no-text", action="store_true", help="leave token strings out")
+
+    cut = sub.add_parser("subset", help="a smaller store: some layers, heads, sequences, "
+                                        "variables")
+    cut.add_argument("store")
+    cut.add_argument("--out", required=True, help="new store directory")
+    cut.add_argument("--layers", help="layer numbers, e.g. 0:4,7 (half-open ranges)")
+    cut.add_argument("--heads", help="head numbers, e.g. 0:8")
+    cut.add_argument("--sequences", help="sequence indices, e.g. 0:100 (renumbered 0..n-1)")
+    cut.add_argument("--variables", help="comma-separated names, e.g. alpha,value_norm "
+                                         "(what contribution needs to derive is kept too)")
+    cut.add_argument("--no-text", action="store_true", help="leave token strings out")
+
+    exp = sub.add_parser("export", help="Zarr (cloud storage) or Parquet long tables (R, "
+                                        "pandas)")
+    exp.add_argument("store")
+    exp.add_argument("--format", required=True, choices=["zarr", "parquet"])
+    exp.add_argument("--out", required=True, help="new directory (.zarr or tables)")
+    exp.add_argument("--tables", help="parquet only: comma-separated subset of per_query, "
+                                      "per_key, pairs, sequences, tokens (default all)")
+
 
 def run(args) -> int:
-    if args.store_command == "info":
-        from attngeom.store.info import summary
+    from attngeom.store.info import summary
 
+    cmd = args.store_command
+    if cmd == "info":
         print(summary(args.store))
         return 0
-    from attngeom.store.validate import validate
+    if cmd == "validate":
+        from attngeom.store.validate import validate
 
-    problems = validate(args.store)
-    if problems:
-        for line in problems:
-            print(f"attngeom: invalid store: {line}", file=sys.stderr)
-        return 1
-    print(f"{args.store}: valid")
+        problems = validate(args.store)
+        if problems:
+            for line in problems:
+                print(f"attngeom: invalid store: {line}", file=sys.stderr)
+            return 1
+        print(f"{args.store}: valid")
+        return 0
+    if cmd == "merge":
+        from attngeom.store.ops import merge
+
+        merge(args.stores, args.out, copy_files=args.copy, no_text=args.no_text)
+        print(summary(args.out))
+        return 0
+    if cmd == "subset":
+        from attngeom.store.ops import subset
+
+        m = subset(args.store, args.out, layers=args.layers, heads=args.heads,
+                   sequences=args.sequences, variables=args.variables, no_text=args.no_text)
+        added = m["config"]["subset"]["added_for_derived"]
+        if added:
+            print(f"attngeom: also kept {', '.join(added)} (contribution is derived from them)")
+        print(summary(args.out))
+        return 0
+    from attngeom.store.export import export
+
+    if args.tables and args.format != "parquet":
+        raise ValueError("--tables applies to --format parquet only")
+    out = export(args.store, args.out, args.format, tables=args.tables)
+    print(f"{out}: {args.format} export written (see {out}/README.txt)")
     return 0

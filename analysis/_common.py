@@ -1,0 +1,58 @@
+"""Small helpers shared by the analyses: false-discovery control and provenance attributes."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import xarray as xr
+from statsmodels.stats.multitest import multipletests
+
+
+def fdr(p: np.ndarray, method: str = "fdr_bh") -> np.ndarray:
+    """q-values (statsmodels ``multipletests``) over all finite entries of ``p``; NaN stays NaN."""
+    p = np.asarray(p, dtype=float)
+    q = np.full(p.shape, np.nan)
+    ok = np.isfinite(p)
+    if ok.any():
+        q[ok] = multipletests(p[ok], method=method)[1]
+    return q
+
+
+def one_sided_from_two(p_two: float, stat: float, greater: bool) -> float:
+    """One-sided p-value from a symmetric two-sided test (H1: effect > 0 if ``greater``)."""
+    if not np.isfinite(p_two) or not np.isfinite(stat):
+        return np.nan
+    agrees = stat > 0 if greater else stat < 0
+    return p_two / 2 if agrees else 1 - p_two / 2
+
+
+def json_attrs(attrs: dict) -> dict:
+    """The JSON-serializable store attributes, as netCDF-storable values (dicts become JSON)."""
+    out = {}
+    for key, value in attrs.items():
+        if isinstance(value, np.generic):
+            value = value.item()
+        if isinstance(value, np.ndarray):
+            value = value.tolist()
+        try:
+            json.dumps(value)
+        except (TypeError, ValueError):
+            continue
+        if isinstance(value, bool):
+            value = int(value)
+        elif value is None:
+            value = "null"
+        elif isinstance(value, (dict, list, tuple)) and not (
+                isinstance(value, (list, tuple)) and value
+                and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)):
+            value = json.dumps(value)
+        out[str(key)] = value
+    return out
+
+
+def with_provenance(result: xr.Dataset, store_attrs: dict, **params) -> xr.Dataset:
+    """Attach the store's provenance and the analysis parameters (``analysis_`` prefix)."""
+    result.attrs = {**json_attrs(store_attrs), **result.attrs,
+                    **{f"analysis_{k}": v for k, v in json_attrs(params).items()}}
+    return result

@@ -1,0 +1,185 @@
+"""Anti-alignment of the sink value with semantic values and with the non-sink output.
+
+Sequences are the unit of replication. Per (layer, head) and sequence:
+
+* value cosine: the mean of cos(v~_0, v~_j) (``sink_value_cosine``) over semantic keys j >= k
+  within the sequence's length, excluding special tokens when the store has a ``special`` mask;
+* residual cosine: the mean of cos(v~_0, r_i) (``sink_residual_cosine``) over queries i >= k, with
+  r_i the non-sink part of the head output (as stored: it excludes the store's k sink keys).
+
+Across sequences, per (layer, head): one-sided t-test and Wilcoxon signed-rank test (H1: mean < 0),
+Cohen's d = mean / sd with a normal-approximation CI (se = sqrt(1/n + d^2 / (2n))),
+Benjamini-Hochberg (``q_value``) and Benjamini-Yekutieli (``q_value_by``) over layer x head. Per
+layer, a statsmodels MixedLM of the per-(sequence, head) means on an intercept with a random
+intercept per sequence (robustness check; one-sided z-test of the intercept < 0). MixedLM's cost
+grows faster than linearly in the number of groups, so it is fitted to a seeded random subset of
+at most ``mixed_max_sequences`` sequences (default 500; the t and Wilcoxon tests use all).
+
+Output names (stable), :func:`anti_alignment`; the residual cosine uses the same names with the
+prefix ``residual_``: over (layer, head) ``mean_cos sd_cos n_sequences t_stat p_value
+wilcoxon_p_value cohens_d cohens_d_ci_low cohens_d_ci_high q_value q_value_by wilcoxon_q_value
+anti_aligned`` (mean < 0 and q_value < level); over (layer) ``mixed_mean_cos mixed_se
+mixed_p_value mixed_converged``.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import statsmodels.api as sm
+import xarray as xr
+from scipy import stats
+
+from ._common import fdr, with_provenance
+from ._views import DEFAULT_BLOCK_ELEMENTS, Block, describe, require, run_pass
+
+HEAD_NAMES = ("mean_cos", "sd_cos", "n_sequences", "t_stat", "p_value", "wilcoxon_p_value",
+              "cohens_d", "cohens_d_ci_low", "cohens_d_ci_high")
+MIXED_NAMES = ("mixed_mean_cos", "mixed_se", "mixed_p_value", "mixed_converged")
+PREFIXES = ("", "residual_")
+
+
+def one_sample_less(values: np.ndarray, level: float = 0.05) -> dict[str, float]:
+    """One-sample tests of mean < 0 on per-sequence means (NaNs dropped)."""
+    v = np.asarray(values, float)
+    v = v[np.isfinite(v)]
+    n = len(v)
+    out = dict.fromkeys(HEAD_NAMES, np.nan)
+    out["n_sequences"] = float(n)
+    if n < 3:
+        return out
+    mean, sd = v.mean(), v.std(ddof=1)
+    out.update(mean_cos=mean, sd_cos=sd)
+    if sd == 0:
+        return out
+    t = stats.ttest_1samp(v, 0.0, alternative="less")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        w = stats.wilcoxon(v, alternative="less") if np.any(v != 0) else None
+    d = mean / sd
+    half = stats.norm.ppf(1 - level / 2) * np.sqrt(1 / n + d**2 / (2 * n))
+    out.update(t_stat=t.statistic, p_value=t.pvalue, cohens_d=d, cohens_d_ci_low=d - half,
+               cohens_d_ci_high=d + half, wilcoxon_p_value=w.pvalue if w else np.nan)
+    return out
+
+
+def mixed_less_than_zero(values: np.ndarray, sequence: np.ndarray) -> dict[str, float]:
+    """MixedLM ``value ~ 1 + (1 | sequence)``; one-sided z-test of the intercept < 0."""
+    ok = np.isfinite(values)
+    y, g = values[ok], sequence[ok]
+    out = dict.fromkeys(MIXED_NAMES, np.nan)
+    if len(np.unique(g)) < 3:
+        return out
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            res = sm.MixedLM(y, np.ones((len(y), 1)), groups=g).fit(reml=True)
+        except (np.linalg.LinAlgError, ValueError):
+            return out
+    est, se = float(res.fe_params[0]), float(res.bse_fe[0])
+    converged = bool(res.converged) and not any(
+        "converge" in str(w.message).lower() for w in caught)
+    p = stats.norm.cdf(est / se) if se > 0 else np.nan
+    out.update(mixed_mean_cos=est, mixed_se=se, mixed_p_value=p, mixed_converged=float(converged))
+    return out
+
+
+def _sequence_means(cos: np.ndarray, ok: np.ndarray) -> np.ndarray:
+    """(S, H) mean of cos (S, H, X) over cells where ok (S, X) and cos is finite."""
+    mask = ok[:, None] & np.isfinite(cos)
+    n = mask.sum(-1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(n > 0, np.where(mask, cos, 0).sum(-1) / n, np.nan)
+
+
+class AntiAlignmentAccumulator:
+    """Per-sequence mean cosines per head, tested across sequences at the end of each layer."""
+
+    needs_pairs = False
+    reads = ("sink_value_cosine", "sink_residual_cosine")
+
+    def __init__(self, heads, *, level: float = 0.05, mixed: bool = True,
+                 mixed_max_sequences: int = 500, seed: int = 0):
+        self.heads, self.level, self.mixed = heads, level, mixed
+        self.mixed_max_sequences, self.seed = mixed_max_sequences, seed
+        self.layers: list = []
+        self.rows: dict[str, list] = {p: [] for p in PREFIXES}
+        self.mixed_rows: dict[str, list] = {p: [] for p in PREFIXES}
+        self._means: dict[str, list] = {p: [] for p in PREFIXES}
+        self._seq: list[np.ndarray] = []
+
+    def update(self, block: Block) -> None:
+        keep = block.ok
+        value = _sequence_means(block.per_key("sink_value_cosine"), block.semantic_key)
+        resid = _sequence_means(block.per_query("sink_residual_cosine"), block.query_ok)
+        self._means[""].append(value[keep])
+        self._means["residual_"].append(resid[keep])
+        self._seq.append(block.sequence[keep])
+
+    def end_layer(self, layer) -> None:
+        seq = np.concatenate(self._seq)
+        for p in PREFIXES:
+            means = np.concatenate(self._means[p])  # (S, H)
+            self.rows[p].append([one_sample_less(means[:, h], self.level)
+                                 for h in range(len(self.heads))])
+            if self.mixed:
+                pick = np.arange(len(seq))
+                if len(seq) > self.mixed_max_sequences:
+                    rng = np.random.default_rng([self.seed, len(self.layers)])
+                    pick = np.sort(rng.choice(len(seq), self.mixed_max_sequences, replace=False))
+                rows = mixed_less_than_zero(means[pick].ravel(),
+                                            np.repeat(seq[pick], means.shape[1]))
+            else:
+                rows = dict.fromkeys(MIXED_NAMES, np.nan)
+            self.mixed_rows[p].append(rows)
+            self._means[p] = []
+        self._seq = []
+        self.layers.append(layer)
+
+    def result(self) -> xr.Dataset:
+        out = xr.Dataset(coords={"layer": self.layers, "head": self.heads})
+        for p in PREFIXES:
+            for n in HEAD_NAMES:
+                out[p + n] = (("layer", "head"),
+                              np.array([[r[n] for r in rows] for rows in self.rows[p]]))
+            for n in MIXED_NAMES:
+                out[p + n] = (("layer",), np.array([r[n] for r in self.mixed_rows[p]]))
+            out[p + "q_value"] = (("layer", "head"), fdr(out[p + "p_value"].values))
+            out[p + "q_value_by"] = (("layer", "head"), fdr(out[p + "p_value"].values, "fdr_by"))
+            out[p + "wilcoxon_q_value"] = (("layer", "head"),
+                                           fdr(out[p + "wilcoxon_p_value"].values))
+            out[p + "anti_aligned"] = (out[p + "mean_cos"] < 0) & (out[p + "q_value"] < self.level)
+        out["mean_cos"].attrs["description"] = (
+            "mean over sequences of the per-sequence mean cos(v0, v_j), semantic keys j >= k")
+        out["residual_mean_cos"].attrs["description"] = (
+            "mean over sequences of the per-sequence mean cos(v0, r_i), queries i >= k")
+        out["p_value"].attrs["description"] = "one-sided t-test, H1: mean < 0 (sequences = units)"
+        return out
+
+
+def anti_alignment(ds: xr.Dataset, *, sink_k: int | None = None, level: float = 0.05,
+                   mixed: bool = True, mixed_max_sequences: int = 500, seed: int = 0,
+                   layers=None, progress: bool = False,
+                   block_elements: int = DEFAULT_BLOCK_ELEMENTS) -> xr.Dataset:
+    """Test cos(v~_0, v~_j) < 0 and cos(v~_0, r_i) < 0 per (layer, head), sequences as units.
+
+    Parameters
+    ----------
+    ds : an opened attngeom store (dense or compact).
+    sink_k : semantic keys and queries start at k; default the store's k.
+    level : FDR level of ``anti_aligned``; Cohen's d CIs are 1 - level.
+    mixed : also fit the per-layer MixedLM robustness check.
+    mixed_max_sequences, seed : size and seed of the MixedLM's random subset of sequences.
+
+    Returns
+    -------
+    xarray.Dataset with the variables listed in the module docstring.
+    """
+    require(ds, ["sink_value_cosine", "sink_residual_cosine"], "the anti-alignment analysis")
+    info = describe(ds, sink_k, None, layers)
+    acc = AntiAlignmentAccumulator(info.heads, level=level, mixed=mixed,
+                                   mixed_max_sequences=mixed_max_sequences, seed=seed)
+    run_pass(ds, info, [acc], elements=block_elements, progress=progress)
+    return with_provenance(acc.result(), ds.attrs, sink_k=info.k, level=level, seed=seed,
+                           mixed_max_sequences=mixed_max_sequences)

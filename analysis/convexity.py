@@ -1,0 +1,240 @@
+"""Convexity of the head output norm in the sink rate.
+
+Per (layer, head), and pooled over the heads of a layer, ``output_norm ~ b0 + b1 a + b2 a^2`` with
+a = alpha_i0 (queries i >= k), fitted by statsmodels OLS with standard errors clustered by
+sequence (t reference with G - 1 degrees of freedom). Curvature is tested one-sided (H1: b2 > 0),
+with Benjamini-Hochberg q-values over all (layer, head) fits (and separately over layers for the
+pooled fits). The vertex a* = -b1 / (2 b2) gets a delta-method CI (cluster covariance) and a
+percentile CI from a sequence-cluster bootstrap (scipy.stats.bootstrap resampling sequences; each
+resample's OLS fit is solved from per-sequence sums of the normal equations, which equals the OLS
+fit to the resampled rows). The geometry gives each query's own minimizer, with
+r_bar = r / (1 - alpha_0):  a*_i = (|r_bar|^2 - <v_0, r_bar>) / |v_0 - r_bar|^2, computed from
+value_norm (key 0), residual_norm, sink_residual_cosine and alpha_0; it needs a store written with
+k = 1 (``residual_norm`` excludes the k store sink keys) and is NaN otherwise.
+
+Output names (stable), :func:`convexity`, over (layer, head) and with a ``pooled_`` prefix over
+(layer): ``beta0 beta1 beta2 beta2_se p_value q_value vertex vertex_se vertex_ci_low
+vertex_ci_high vertex_boot_ci_low vertex_boot_ci_high convex interior_minimum
+interior_minimum_boot n_obs n_sequences analytic_vertex_median analytic_vertex_iqr_low
+analytic_vertex_iqr_high``; ``lowess`` over (layer, head, grid) and ``pooled_lowess`` over
+(layer, grid). ``convex`` = b2 > 0 and q < level; ``interior_minimum`` = convex and the delta CI
+of the vertex inside (0, 1); ``interior_minimum_boot`` the same with the bootstrap CI.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import statsmodels.api as sm
+import xarray as xr
+from scipy import stats
+from statsmodels.nonparametric.smoothers_lowess import lowess
+
+from ._common import fdr, one_sided_from_two, with_provenance
+from ._views import DEFAULT_BLOCK_ELEMENTS, Block, describe, require, run_pass
+
+FIT_NAMES = ("beta0", "beta1", "beta2", "beta2_se", "p_value", "vertex", "vertex_se",
+             "vertex_ci_low", "vertex_ci_high", "vertex_boot_ci_low", "vertex_boot_ci_high",
+             "n_obs", "n_sequences", "analytic_vertex_median", "analytic_vertex_iqr_low",
+             "analytic_vertex_iqr_high")
+DEFAULT_GRID = np.linspace(0.0, 1.0, 21)
+
+
+def _cluster_sums(x: np.ndarray, y: np.ndarray, groups: np.ndarray) -> np.ndarray:
+    """(G, 8) per-cluster sums [n, x, x^2, x^3, x^4, y, xy, x^2 y] of the normal equations."""
+    _, g = np.unique(groups, return_inverse=True)
+    cols = [np.ones_like(x), x, x**2, x**3, x**4, y, x * y, x**2 * y]
+    return np.stack([np.bincount(g, weights=c) for c in cols], axis=1)
+
+
+def _vertex_from_sums(tot: np.ndarray) -> np.ndarray:
+    """Vertex -b1/(2 b2) of the OLS fit whose normal-equation sums are ``tot`` (..., 8)."""
+    n, s1, s2, s3, s4, t0, t1, t2 = np.moveaxis(tot, -1, 0)
+    xtx = np.stack([np.stack([n, s1, s2], -1), np.stack([s1, s2, s3], -1),
+                    np.stack([s2, s3, s4], -1)], -2)
+    xty = np.stack([t0, t1, t2], -1)[..., None]
+    beta = (np.linalg.pinv(xtx) @ xty)[..., 0]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return -beta[..., 1] / (2 * beta[..., 2])
+
+
+def bootstrap_vertex_ci(x, y, groups, n_boot: int, rng, level: float = 0.05):
+    """Percentile CI of the vertex from a bootstrap that resamples whole clusters (sequences)."""
+    sums = _cluster_sums(x, y, groups)
+    if n_boot <= 0 or len(sums) < 3:
+        return np.nan, np.nan
+
+    def statistic(idx, axis=-1):
+        return _vertex_from_sums(sums[np.asarray(idx, dtype=np.int64)].sum(axis=-2))
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        res = stats.bootstrap((np.arange(len(sums)),), statistic, n_resamples=n_boot,
+                              vectorized=True, batch=64, method="percentile",
+                              confidence_level=1 - level, rng=rng)
+    return float(res.confidence_interval.low), float(res.confidence_interval.high)
+
+
+def fit_quadratic(x: np.ndarray, y: np.ndarray, groups: np.ndarray, *, n_boot: int = 200,
+                  rng=None, level: float = 0.05) -> dict[str, float]:
+    """OLS of y on (1, x, x^2), sequence-clustered; one-sided curvature test and vertex CIs."""
+    out = dict.fromkeys(FIT_NAMES, np.nan)
+    n_groups = len(np.unique(groups))
+    out.update(n_obs=float(len(x)), n_sequences=float(n_groups))
+    if n_groups < 3 or len(x) < 5 or np.ptp(x) == 0:
+        return out
+    X = np.column_stack([np.ones_like(x), x, x**2])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        res = sm.OLS(y, X).fit(cov_type="cluster", cov_kwds={"groups": groups}, use_t=True)
+    b0, b1, b2 = res.params
+    vertex = -b1 / (2 * b2) if b2 != 0 else np.nan
+    grad = np.array([0.0, -1 / (2 * b2), b1 / (2 * b2**2)]) if b2 != 0 else np.full(3, np.nan)
+    se = float(np.sqrt(grad @ res.cov_params() @ grad))
+    crit = stats.t.ppf(1 - level / 2, n_groups - 1)
+    out.update(beta0=b0, beta1=b1, beta2=b2, beta2_se=res.bse[2], vertex=vertex, vertex_se=se,
+               vertex_ci_low=vertex - crit * se, vertex_ci_high=vertex + crit * se,
+               p_value=one_sided_from_two(res.pvalues[2], res.tvalues[2], greater=True))
+    out["vertex_boot_ci_low"], out["vertex_boot_ci_high"] = bootstrap_vertex_ci(
+        x, y, groups, n_boot, rng, level)
+    return out
+
+
+def analytic_vertex(alpha0, value_norm0, residual_norm, sink_residual_cosine) -> np.ndarray:
+    """Per-query minimizer of |a v_0 + (1 - a) r_bar|^2 over a, r_bar = r / (1 - alpha_0)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rbar = residual_norm / (1 - alpha0)
+        dot = value_norm0 * rbar * sink_residual_cosine
+        denom = value_norm0**2 + rbar**2 - 2 * dot
+        out = (rbar**2 - dot) / denom
+    return np.where((alpha0 < 1) & (denom > 0), out, np.nan)
+
+
+def lowess_curve(x, y, grid=DEFAULT_GRID, max_points: int = 2000, rng=None,
+                 frac: float = 0.3) -> np.ndarray:
+    """LOWESS of y on x evaluated on ``grid`` (NaN outside the observed x range)."""
+    if len(x) < 10 or np.ptp(x) == 0:
+        return np.full(len(grid), np.nan)
+    if len(x) > max_points:
+        pick = np.random.default_rng(rng).choice(len(x), max_points, replace=False)
+        x, y = x[pick], y[pick]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        curve = lowess(y, x, frac=frac, it=1, xvals=np.asarray(grid, float))
+    return np.where((grid >= x.min()) & (grid <= x.max()), curve, np.nan)
+
+
+class ConvexityAccumulator:
+    """Collects (sink rate, output norm, sequence, analytic vertex) rows per head of a layer."""
+
+    needs_pairs = False
+    reads = ("alpha", "output_norm", "value_norm", "residual_norm", "sink_residual_cosine")
+
+    def __init__(self, heads, *, n_boot=200, seed=0, level=0.05, grid=DEFAULT_GRID,
+                 analytic=True, lowess_points=2000):
+        self.heads, self.n_boot, self.seed, self.level = heads, n_boot, seed, level
+        self.grid, self.analytic, self.lowess_points = np.asarray(grid), analytic, lowess_points
+        self.layers: list = []
+        self.fits: list[list[dict]] = []
+        self.pooled: list[dict] = []
+        self.curves: list[np.ndarray] = []
+        self.pooled_curves: list[np.ndarray] = []
+        self._rows: list[list[tuple]] = [[] for _ in heads]
+
+    def update(self, block: Block) -> None:
+        x = block.sink_rate  # (S, H, Q)
+        y = block.per_query("output_norm")
+        seq = np.broadcast_to(block.sequence[:, None], x.shape[::2])  # (S, Q)
+        if self.analytic:
+            vn0 = block.per_key("value_norm")[..., :1]  # (S, H, 1)
+            star = analytic_vertex(x, vn0, block.per_query("residual_norm"),
+                                   block.per_query("sink_residual_cosine"))
+        else:
+            star = np.full(x.shape, np.nan)
+        for h in range(len(self.heads)):
+            ok = np.isfinite(x[:, h]) & np.isfinite(y[:, h])
+            self._rows[h].append((x[:, h][ok], y[:, h][ok], seq[ok], star[:, h][ok]))
+
+    def _rng(self, layer_pos: int, head_pos: int):
+        return np.random.default_rng([self.seed, layer_pos, head_pos])
+
+    def _fit(self, rows, rng) -> tuple[dict, np.ndarray]:
+        x, y, g, star = (np.concatenate(c) for c in zip(*rows))
+        fit = fit_quadratic(x, y, g, n_boot=self.n_boot, rng=rng, level=self.level)
+        star = star[np.isfinite(star)]
+        if star.size:
+            lo, med, hi = np.percentile(star, [25, 50, 75])
+            fit.update(analytic_vertex_median=med, analytic_vertex_iqr_low=lo,
+                       analytic_vertex_iqr_high=hi)
+        return fit, lowess_curve(x, y, self.grid, self.lowess_points, rng)
+
+    def end_layer(self, layer) -> None:
+        pos = len(self.layers)
+        fits, curves = zip(*(self._fit(rows, self._rng(pos, h))
+                             for h, rows in enumerate(self._rows)))
+        pooled, curve = self._fit([r for rows in self._rows for r in rows],
+                                  self._rng(pos, len(self.heads)))
+        self.fits.append(list(fits))
+        self.curves.append(np.stack(curves))
+        self.pooled.append(pooled)
+        self.pooled_curves.append(curve)
+        self.layers.append(layer)
+        self._rows = [[] for _ in self.heads]
+
+    def _flags(self, out: xr.Dataset, prefix: str) -> None:
+        convex = (out[f"{prefix}beta2"] > 0) & (out[f"{prefix}q_value"] < self.level)
+        out[f"{prefix}convex"] = convex
+        for suffix, ci in (("", "vertex_ci"), ("_boot", "vertex_boot_ci")):
+            out[f"{prefix}interior_minimum{suffix}"] = (
+                convex & (out[f"{prefix}{ci}_low"] > 0) & (out[f"{prefix}{ci}_high"] < 1))
+
+    def result(self) -> xr.Dataset:
+        coords = {"layer": self.layers, "head": self.heads, "grid": self.grid}
+        data = {n: (("layer", "head"), np.array([[f[n] for f in fl] for fl in self.fits]))
+                for n in FIT_NAMES}
+        data.update({f"pooled_{n}": (("layer",), np.array([f[n] for f in self.pooled]))
+                     for n in FIT_NAMES})
+        data["lowess"] = (("layer", "head", "grid"), np.stack(self.curves))
+        data["pooled_lowess"] = (("layer", "grid"), np.stack(self.pooled_curves))
+        out = xr.Dataset(data, coords=coords)
+        out["q_value"] = (("layer", "head"), fdr(out["p_value"].values))
+        out["pooled_q_value"] = (("layer",), fdr(out["pooled_p_value"].values))
+        self._flags(out, "")
+        self._flags(out, "pooled_")
+        out["p_value"].attrs["description"] = "one-sided p-value of beta2 > 0 (cluster-robust t)"
+        out["q_value"].attrs["description"] = "Benjamini-Hochberg over all (layer, head)"
+        out["vertex"].attrs["description"] = "-beta1 / (2 beta2), the fitted extremum"
+        out["lowess"].attrs["description"] = "LOWESS of output_norm on sink rate at grid"
+        out.attrs["analytic_vertex"] = ("per-query (|r_bar|^2 - <v0, r_bar>) / |v0 - r_bar|^2"
+                                        if self.analytic else "unavailable: store sink_k != 1")
+        return out
+
+
+def convexity(ds: xr.Dataset, *, sink_k: int | None = None, n_boot: int = 200, seed: int = 0,
+              level: float = 0.05, layers=None, grid=DEFAULT_GRID, lowess_points: int = 2000,
+              progress: bool = False,
+              block_elements: int = DEFAULT_BLOCK_ELEMENTS) -> xr.Dataset:
+    """Quadratic fit of output_norm on the sink rate per (layer, head) and pooled per layer.
+
+    Parameters
+    ----------
+    ds : an opened attngeom store (dense or compact).
+    sink_k : queries i < k are excluded; default the store's k.
+    n_boot : sequence-cluster bootstrap resamples (0 disables the bootstrap CI).
+    seed : seed of the bootstrap and the LOWESS subsample.
+    level : test level (FDR level for ``convex``; CIs are 1 - level).
+
+    Returns
+    -------
+    xarray.Dataset with the variables listed in the module docstring.
+    """
+    require(ds, ["alpha", "output_norm"], "the convexity analysis")
+    info = describe(ds, sink_k, None, layers)
+    analytic = info.store_k == 1 and all(
+        n in ds for n in ("value_norm", "residual_norm", "sink_residual_cosine"))
+    acc = ConvexityAccumulator(info.heads, n_boot=n_boot, seed=seed, level=level, grid=grid,
+                               analytic=analytic, lowess_points=lowess_points)
+    run_pass(ds, info, [acc], elements=block_elements, progress=progress)
+    return with_provenance(acc.result(), ds.attrs, sink_k=info.k, n_boot=n_boot, seed=seed,
+                           level=level)

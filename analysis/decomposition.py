@@ -1,0 +1,251 @@
+"""Variance decomposition of log|contribution| for sink, tail and middle keys.
+
+Each contribution factors as c = alpha * (value_norm / output_norm) * cosine, so
+log|c| = log alpha + log ratio + log|cos| exactly (``part`` = alpha, ratio, cosine). Per key group
+(sink: j < k; tail: the w most recent non-sink keys j = i - lag; middle: the rest; queries i >= k)
+and per layer, pooled over heads, queries and sequences, and pooled over all layers:
+
+* ``cov_share``: Cov(part, log|c|) / Var(log|c|); the three sum to one;
+* ``lmg_share``: LMG / Shapley R^2 shares, the marginal R^2 gain of each part averaged over the
+  orders of entering the regression of log|c| on the parts (they sum to the full R^2 = 1).
+
+Both come from the exact covariance matrix of (log alpha, log ratio, log|cos|, log|c|), streamed
+block by block (pairwise merge of means and co-moments); R^2 of a subset S is
+c_S' Sigma_SS^-1 c_S / Var(log|c|). log|c| is taken as the sum of the three logs (equal to the
+log of the stored contribution up to rounding). Pairs where a part is zero or non-finite (alpha
+underflowing to 0, cos = 0) are left out and not counted in ``n_pairs``.
+
+Middle group: elementwise only in dense stores. In compact stores only its per-query totals are
+stored, so its shares, ``n_pairs`` and ``negative_fraction`` are NaN/0 there; ``total_alpha_mean``
+and ``total_contribution_mean`` (per-query sums over the group's keys, averaged over queries) are
+given for all groups in both layouts.
+
+The paper expects sink contributions driven by the norm ratio and the cosine, tail contributions
+by alpha and the cosine. ``top_parts`` names the two parts with the largest LMG shares;
+``paper_pattern`` is "holds" when sink -> ratio+cosine and tail -> alpha+cosine, "partly" when one
+of the two groups matches, "fails" when neither does, "undetermined" when a group has no data.
+
+Output names (stable), :func:`decomposition`, over (layer, group, part): ``cov_share lmg_share``;
+over (layer, group): ``var_log_contribution r2_full n_pairs negative_fraction total_alpha_mean
+total_contribution_mean top_parts``; over (layer): ``paper_pattern paper_pattern_holds``; the same
+with a ``pooled_`` prefix without the layer dimension; attribute ``verdict`` (a sentence).
+"""
+
+from __future__ import annotations
+
+from itertools import combinations
+from math import factorial
+
+import numpy as np
+import xarray as xr
+
+from ._common import with_provenance
+from ._views import DEFAULT_BLOCK_ELEMENTS, GROUPS, Block, describe, require, run_pass
+
+PARTS = ("alpha", "ratio", "cosine")
+EXPECTED = {"sink": {"ratio", "cosine"}, "tail": {"alpha", "cosine"}}
+
+
+class Moments:
+    """Count, mean and co-moment matrix of rows, merged exactly block by block (Chan et al.)."""
+
+    def __init__(self, p: int = 4):
+        self.n = 0
+        self.mean = np.zeros(p)
+        self.comoment = np.zeros((p, p))
+
+    def add(self, rows: np.ndarray) -> None:
+        """Merge the rows (n, p) of a block; ``rows`` is centred in place."""
+        other = Moments(rows.shape[1])
+        if len(rows):
+            other.n, other.mean = len(rows), rows.mean(0)
+            rows -= other.mean
+            other.comoment = rows.T @ rows
+        self.merge(other)
+
+    def merge(self, other: "Moments") -> "Moments":
+        n = self.n + other.n
+        if other.n:
+            delta = other.mean - self.mean
+            self.comoment = (self.comoment + other.comoment
+                             + np.outer(delta, delta) * self.n * other.n / n)
+            self.mean = self.mean + delta * other.n / n
+            self.n = n
+        return self
+
+    @property
+    def cov(self) -> np.ndarray:
+        return self.comoment / (self.n - 1) if self.n > 1 else np.full_like(self.comoment, np.nan)
+
+
+def shares(cov: np.ndarray) -> dict[str, np.ndarray | float]:
+    """Covariance shares and LMG R^2 shares from the 4 x 4 covariance of (parts..., y)."""
+    p = cov.shape[0] - 1
+    var_y = cov[p, p]
+    nan = {"cov_share": np.full(p, np.nan), "lmg_share": np.full(p, np.nan), "r2_full": np.nan,
+           "var_log_contribution": var_y}
+    if not np.isfinite(var_y) or var_y <= 0:
+        return nan
+
+    def r2(subset: tuple[int, ...]) -> float:
+        if not subset:
+            return 0.0
+        s = list(subset)
+        c = cov[s, p]
+        return float(c @ np.linalg.pinv(cov[np.ix_(s, s)]) @ c / var_y)
+
+    lmg = np.zeros(p)
+    for j in range(p):
+        others = [i for i in range(p) if i != j]
+        for size in range(p):
+            weight = factorial(size) * factorial(p - size - 1) / factorial(p)
+            for subset in combinations(others, size):
+                lmg[j] += weight * (r2(tuple(sorted(subset + (j,)))) - r2(subset))
+    return {"cov_share": cov[:p, p] / var_y, "lmg_share": lmg, "r2_full": r2(tuple(range(p))),
+            "var_log_contribution": var_y}
+
+
+def _top_parts(lmg: np.ndarray) -> str:
+    if not np.all(np.isfinite(lmg)):
+        return ""
+    top = set(np.argsort(lmg)[::-1][:2])
+    return "+".join(PARTS[i] for i in sorted(top))
+
+
+def _pattern(top: dict[str, str]) -> str:
+    if not top.get("sink") or not top.get("tail"):
+        return "undetermined"
+    hits = sum(set(top[g].split("+")) == EXPECTED[g] for g in EXPECTED)
+    return {2: "holds", 1: "partly", 0: "fails"}[hits]
+
+
+class DecompositionAccumulator:
+    """Streams moments of the log parts per (layer, group); pooled over layers at the end."""
+
+    reads = ("alpha", "cosine", "contribution", "value_norm", "output_norm", "tail_alpha",
+             "tail_cosine", "tail_contribution", "middle_alpha", "middle_contribution")
+
+    def __init__(self, mode: str):
+        self.mode = mode
+        self.needs_pairs = mode == "dense"
+        self.groups = GROUPS if mode == "dense" else GROUPS[:2]
+        self.layers: list = []
+        self.per_layer: list[dict] = []
+        self._pooled = {g: self._empty() for g in GROUPS}
+        self._cur = {g: self._empty() for g in GROUPS}
+
+    @staticmethod
+    def _empty() -> dict:
+        return {"m": Moments(), "neg": 0, "tot_n": 0, "tot_a": 0.0, "tot_c": 0.0}
+
+    def update(self, block: Block) -> None:
+        for g in GROUPS:
+            cur = self._cur[g]
+            a, c = block.group_total(g, "alpha"), block.group_total(g, "contribution")
+            ok = np.isfinite(a) & np.isfinite(c)
+            cur["tot_n"] += int(ok.sum())
+            cur["tot_a"] += float(a[ok].sum())
+            cur["tot_c"] += float(c[ok].sum())
+            if g not in self.groups:
+                continue
+            raw = [block.group(g, "alpha"), block.group(g, "ratio"),
+                   np.abs(block.group(g, "cosine"))]
+            ok = np.ones(raw[0].shape, bool)
+            for x in raw:  # positive and finite, so that the log is finite
+                ok &= (x > 0) & (x < np.inf)
+            rows = np.empty((int(ok.sum()), 4))
+            for col, x in enumerate(raw):
+                np.log(x[ok], out=rows[:, col])
+            rows[:, 3] = rows[:, :3].sum(1)
+            cur["m"].add(rows)
+            cur["neg"] += int((block.group(g, "contribution")[ok] < 0).sum())
+
+    @staticmethod
+    def _summarize(acc: dict) -> dict:
+        out = shares(acc["m"].cov)
+        n = acc["m"].n
+        out.update(n_pairs=float(n), negative_fraction=acc["neg"] / n if n else np.nan)
+        tn = acc["tot_n"] or np.nan
+        out.update(total_alpha_mean=acc["tot_a"] / tn, total_contribution_mean=acc["tot_c"] / tn)
+        return out
+
+    def end_layer(self, layer) -> None:
+        self.per_layer.append({g: self._summarize(self._cur[g]) for g in GROUPS})
+        for g in GROUPS:
+            pooled, cur = self._pooled[g], self._cur[g]
+            pooled["m"].merge(cur["m"])
+            for key in ("neg", "tot_n", "tot_a", "tot_c"):
+                pooled[key] += cur[key]
+        self._cur = {g: self._empty() for g in GROUPS}
+        self.layers.append(layer)
+
+    def result(self) -> xr.Dataset:
+        pooled = {g: self._summarize(self._pooled[g]) for g in GROUPS}
+        out = xr.Dataset(coords={"layer": self.layers, "group": list(GROUPS),
+                                 "part": list(PARTS)})
+        for name in ("cov_share", "lmg_share"):
+            out[name] = (("layer", "group", "part"),
+                         np.array([[row[g][name] for g in GROUPS] for row in self.per_layer]))
+            out[f"pooled_{name}"] = (("group", "part"), np.array([pooled[g][name]
+                                                                  for g in GROUPS]))
+        for name in ("var_log_contribution", "r2_full", "n_pairs", "negative_fraction",
+                     "total_alpha_mean", "total_contribution_mean"):
+            out[name] = (("layer", "group"),
+                         np.array([[row[g][name] for g in GROUPS] for row in self.per_layer]))
+            out[f"pooled_{name}"] = (("group",), np.array([pooled[g][name] for g in GROUPS]))
+        tops = [{g: _top_parts(row[g]["lmg_share"]) for g in GROUPS} for row in self.per_layer]
+        ptop = {g: _top_parts(pooled[g]["lmg_share"]) for g in GROUPS}
+        out["top_parts"] = (("layer", "group"), np.array([[t[g] for g in GROUPS] for t in tops],
+                                                         dtype=object).astype(str))
+        out["pooled_top_parts"] = (("group",), np.array([ptop[g] for g in GROUPS], dtype=str))
+        out["paper_pattern"] = (("layer",), np.array([_pattern(t) for t in tops], dtype=str))
+        out["paper_pattern_holds"] = out["paper_pattern"] == "holds"
+        out["pooled_paper_pattern"] = ((), _pattern(ptop))
+        out["pooled_paper_pattern_holds"] = ((), _pattern(ptop) == "holds")
+        out.attrs["verdict"] = verdict(ptop)
+        out.attrs["middle_group"] = (
+            "elementwise (dense store)" if self.mode == "dense" else
+            "totals only (compact store): shares NaN, total_*_mean from middle_* variables")
+        out["lmg_share"].attrs["description"] = "LMG/Shapley share of R^2 of log|c| on the parts"
+        out["cov_share"].attrs["description"] = "Cov(log part, log|c|) / Var(log|c|)"
+        return out
+
+
+def verdict(top: dict[str, str]) -> str:
+    """One sentence: does the paper's sink/tail pattern hold for these top parts?"""
+    pattern = _pattern(top)
+    found = (f"sink contributions are driven most by {top.get('sink') or 'n/a'} and tail "
+             f"contributions by {top.get('tail') or 'n/a'} (largest LMG shares)")
+    if pattern == "undetermined":
+        return f"Undetermined: {found}; a group had no usable pairs."
+    words = {"holds": "As the paper expects", "partly": "Partly as the paper expects",
+             "fails": "Unlike the paper's expectation (sink: ratio+cosine, tail: alpha+cosine)"}
+    return f"{words[pattern]}, {found}."
+
+
+def decomposition(ds: xr.Dataset, *, sink_k: int | None = None, tail_w: int | None = None,
+                  layers=None, progress: bool = False,
+                  block_elements: int = DEFAULT_BLOCK_ELEMENTS) -> xr.Dataset:
+    """Split Var(log|c|) into alpha, norm-ratio and cosine parts for sink, tail and middle keys.
+
+    Parameters
+    ----------
+    ds : an opened attngeom store (dense or compact).
+    sink_k : sink keys k; a compact store needs its own k.
+    tail_w : tail window w; default the store's ``tail_w`` attribute, else 8.
+
+    Returns
+    -------
+    xarray.Dataset with the variables listed in the module docstring.
+    """
+    require(ds, ["alpha", "cosine", "value_norm", "output_norm"], "the decomposition")
+    info = describe(ds, sink_k, tail_w, layers)
+    if info.mode == "compact":
+        require(ds, ["tail_alpha", "tail_cosine", "middle_alpha", "middle_contribution"],
+                "the decomposition of a compact store")
+        if info.k != info.store_k:
+            raise ValueError(f"a compact store's groups are fixed by its sink_k = "
+                             f"{info.store_k}; use --sink-k {info.store_k} or a dense store")
+    acc = DecompositionAccumulator(info.mode)
+    run_pass(ds, info, [acc], elements=block_elements, progress=progress)
+    return with_provenance(acc.result(), ds.attrs, sink_k=info.k, tail_w=info.w)

@@ -1,0 +1,215 @@
+"""Statistics of a faithfulness result (``<store>/faithfulness.nc``, see ``extract/faithfulness``).
+
+The per-unit loss is the variable named by the file's ``loss_variable`` attribute: ``delta_ppl``
+(intervened - clean perplexity) or ``accuracy_loss`` (clean_correct - correct); larger means the
+removed keys mattered more. Units (sequences or items) are the replicates.
+
+AOPC (area over the perturbation curve) of a (metric, rank, mode) for one unit is the mean of the
+loss over the swept removal fractions P: AOPC = (1/|P|) sum_{p in P} loss(p). ERASER (DeYoung et
+al. 2020) writes 1/(|P|+1) and counts the trivial p = 0 term (loss 0); the two differ by the
+constant factor |P|/(|P|+1), which changes no comparison.
+
+The paper's order attention < value_weighted < value_weighted_normalized < contribution is tested
+step by step, per (mode, rank), on paired per-unit AOPC differences oriented so that a positive
+*improvement* means the step holds: AOPC(higher) - AOPC(lower) for comprehensiveness (a more
+faithful metric removes more important keys first: larger loss), AOPC(lower) - AOPC(higher) for
+sufficiency (it keeps the important keys: smaller loss). Each step: one-sided Wilcoxon
+signed-rank test (H1: improvement > 0), a bootstrap CI of the mean improvement
+(scipy.stats.bootstrap, BCa), Holm correction over all tested steps (statsmodels). A step
+*holds* when its Holm-adjusted p < level and the CI lies above 0. Steps between metrics whose
+rankings are provably identical (``same_ranking_as``, e.g. value_weighted and
+value_weighted_normalized at head granularity) are reported, not tested.
+
+Output names (stable): :func:`aopc` -> DataArray ``aopc`` (metric, rank, mode, unit);
+:func:`aopc_summary` -> ``aopc_mean aopc_sem n_units`` over (metric, rank, mode);
+:func:`loss_curves` -> ``loss_mean loss_sem`` over (metric, rank, mode, fraction);
+:func:`order_table` -> DataFrame columns ``mode rank lower higher n aopc_lower aopc_higher
+mean_improvement ci_low ci_high statistic p_value p_holm holds note``; :func:`drift_summary` ->
+``cosine_low_before_mean cosine_low_after_mean cosine_low_change_mean cosine_low_p_value
+cosine_low_p_holm cosine_all_before_mean cosine_all_after_mean output_norm_low_before_mean
+output_norm_low_after_mean n_units`` over (layer), attrs ``loss_variable loss_mean
+loss_p_value``.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pandas as pd
+import xarray as xr
+from scipy import stats
+from statsmodels.stats.multitest import multipletests
+
+ORDER = ("attention", "value_weighted", "value_weighted_normalized", "contribution")
+TABLE_COLUMNS = ("mode", "rank", "lower", "higher", "n", "aopc_lower", "aopc_higher",
+                 "mean_improvement", "ci_low", "ci_high", "statistic", "p_value", "p_holm",
+                 "holds", "note")
+
+
+def unit_dim(ds: xr.Dataset) -> str:
+    dim = ds.attrs.get("unit_dim") or ("sequence" if "sequence" in ds.dims else "item")
+    if dim not in ds.dims:
+        raise ValueError(f"faithfulness data has no '{dim}' dimension; is it a faithfulness file?")
+    return dim
+
+
+def loss(ds: xr.Dataset, variable: str | None = None) -> xr.DataArray:
+    """The per-unit loss (metric, rank, mode, fraction, unit), larger = more damage."""
+    name = variable or ds.attrs.get("loss_variable") or (
+        "delta_ppl" if "delta_ppl" in ds else "accuracy_loss")
+    if name not in ds:
+        raise ValueError(f"faithfulness data has no variable '{name}'")
+    return ds[name].astype(float)
+
+
+def aopc(ds: xr.Dataset, variable: str | None = None) -> xr.DataArray:
+    """AOPC per (metric, rank, mode, unit): mean of the loss over the swept fractions."""
+    out = loss(ds, variable).mean("fraction", skipna=False)
+    out.name = "aopc"
+    out.attrs["description"] = "mean over the swept removal fractions of the per-unit loss"
+    return out
+
+
+def aopc_summary(ds: xr.Dataset, variable: str | None = None) -> xr.Dataset:
+    """Mean, standard error and count of the per-unit AOPC over (metric, rank, mode)."""
+    a = aopc(ds, variable)
+    dim = unit_dim(ds)
+    n = a.notnull().sum(dim)
+    return xr.Dataset({"aopc_mean": a.mean(dim), "aopc_sem": a.std(dim, ddof=1) / np.sqrt(n),
+                       "n_units": n})
+
+
+def loss_curves(ds: xr.Dataset, variable: str | None = None) -> xr.Dataset:
+    """Mean and standard error of the loss per (metric, rank, mode, fraction)."""
+    x = loss(ds, variable)
+    dim = unit_dim(ds)
+    n = x.notnull().sum(dim)
+    return xr.Dataset({"loss_mean": x.mean(dim), "loss_sem": x.std(dim, ddof=1) / np.sqrt(n)})
+
+
+def _same_ranking(ds: xr.Dataset, a: str, b: str, rank: str) -> bool:
+    """True when metrics a and b share one computed ranking (recorded in the file)."""
+    if "same_ranking_as" not in ds:
+        return False
+
+    def source(m: str) -> str:
+        s = str(ds["same_ranking_as"].sel(metric=m, rank=rank).item())
+        return s or f"{m}/{rank}"
+    return source(a) == source(b)
+
+
+def _rng(seed: int) -> dict:
+    """scipy >= 1.15 takes ``rng``, older releases ``random_state``."""
+    import inspect
+
+    key = "rng" if "rng" in inspect.signature(stats.bootstrap).parameters else "random_state"
+    return {key: np.random.default_rng(seed)}
+
+
+def _bootstrap_ci(d: np.ndarray, level: float, n_resamples: int, seed: int) -> tuple[float, float]:
+    if len(d) < 2 or np.ptp(d) == 0:
+        return float(d.mean()), float(d.mean())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for method in ("BCa", "percentile"):
+            res = stats.bootstrap((d,), np.mean, n_resamples=n_resamples, method=method,
+                                  confidence_level=1 - level, **_rng(seed))
+            lo, hi = res.confidence_interval
+            if np.isfinite(lo) and np.isfinite(hi):
+                return float(lo), float(hi)
+    return np.nan, np.nan
+
+
+def _step(d: np.ndarray, level: float, n_resamples: int, seed: int) -> dict:
+    if len(d) == 0:
+        return dict(statistic=np.nan, p_value=np.nan, ci_low=np.nan, ci_high=np.nan,
+                    note="no units with finite values")
+    ci_low, ci_high = _bootstrap_ci(d, level, n_resamples, seed)
+    if np.all(d == 0):
+        return dict(statistic=0.0, p_value=1.0, ci_low=ci_low, ci_high=ci_high,
+                    note="no difference in any unit")
+    res = stats.wilcoxon(d, alternative="greater")
+    return dict(statistic=float(res.statistic), p_value=float(res.pvalue), ci_low=ci_low,
+                ci_high=ci_high, note="")
+
+
+def order_table(ds: xr.Dataset, order: tuple[str, ...] = ORDER, level: float = 0.05,
+                n_resamples: int = 9999, seed: int = 0, variable: str | None = None
+                ) -> pd.DataFrame:
+    """Does each step of ``order`` hold, per (mode, rank)? One row per step (see module doc)."""
+    a = aopc(ds, variable)
+    dim = unit_dim(ds)
+    metrics = [m for m in order if m in a["metric"].values]
+    rows = []
+    for mode in a["mode"].values:
+        for rank in a["rank"].values:
+            for lower, higher in zip(metrics[:-1], metrics[1:]):
+                lo = a.sel(metric=lower, rank=rank, mode=mode).transpose(dim).values
+                hi = a.sel(metric=higher, rank=rank, mode=mode).transpose(dim).values
+                ok = np.isfinite(lo) & np.isfinite(hi)
+                sign = 1.0 if mode == "comprehensiveness" else -1.0
+                d = sign * (hi[ok] - lo[ok])
+                row = dict(mode=str(mode), rank=str(rank), lower=lower, higher=higher,
+                           n=int(ok.sum()), aopc_lower=float(np.mean(lo[ok])) if ok.any()
+                           else np.nan, aopc_higher=float(np.mean(hi[ok])) if ok.any()
+                           else np.nan, mean_improvement=float(d.mean()) if len(d) else np.nan)
+                if _same_ranking(ds, lower, higher, str(rank)):
+                    row.update(statistic=np.nan, p_value=np.nan, ci_low=np.nan, ci_high=np.nan,
+                               note=f"identical ranking at {ds.attrs.get('granularity', 'this')} "
+                                    "granularity: not testable")
+                else:
+                    row.update(_step(d, level, n_resamples, seed))
+                rows.append(row)
+    table = pd.DataFrame(rows, columns=[c for c in TABLE_COLUMNS if c not in ("p_holm", "holds")])
+    p = table["p_value"].to_numpy(dtype=float)
+    tested = np.isfinite(p)
+    p_holm = np.full(len(p), np.nan)
+    if tested.any():
+        p_holm[tested] = multipletests(p[tested], alpha=level, method="holm")[1]
+    table["p_holm"] = p_holm
+    table["holds"] = (tested & (np.nan_to_num(p_holm, nan=1.0) < level)
+                      & (table["ci_low"].to_numpy(dtype=float) > 0))
+    table.attrs = {"level": level, "order": ",".join(metrics), "n_resamples": n_resamples,
+                   "loss_variable": loss(ds, variable).name}
+    return table[list(TABLE_COLUMNS)]
+
+
+def drift_summary(ds: xr.Dataset, level: float = 0.05) -> xr.Dataset:
+    """Semantic drift: loss of zeroing the sink values, and the cone cosine per layer.
+
+    ``cosine_low_p_value``: one-sided Wilcoxon over units, H1: the low-norm outputs' cosine to
+    the semantic mean direction grows when the sink values are zeroed; Holm over layers.
+    """
+    if "drift_cosine_low_before" not in ds:
+        raise ValueError("this faithfulness file has no drift results (run without --no-drift)")
+    dim = unit_dim(ds)
+    before, after = ds["drift_cosine_low_before"], ds["drift_cosine_low_after"]
+    change = after - before
+    p = []
+    for layer in ds["layer"].values:
+        d = change.sel(layer=layer).values
+        d = d[np.isfinite(d)]
+        p.append(np.nan if len(d) == 0 or np.all(d == 0) else
+                 float(stats.wilcoxon(d, alternative="greater").pvalue))
+    p = np.asarray(p)
+    p_holm = np.full(len(p), np.nan)
+    if np.isfinite(p).any():
+        p_holm[np.isfinite(p)] = multipletests(p[np.isfinite(p)], method="holm")[1]
+    out = xr.Dataset({
+        "cosine_low_before_mean": before.mean(dim), "cosine_low_after_mean": after.mean(dim),
+        "cosine_low_change_mean": change.mean(dim),
+        "cosine_low_p_value": ("layer", p), "cosine_low_p_holm": ("layer", p_holm),
+        "cosine_all_before_mean": ds["drift_cosine_all_before"].mean(dim),
+        "cosine_all_after_mean": ds["drift_cosine_all_after"].mean(dim),
+        "output_norm_low_before_mean": ds["drift_output_norm_low_before"].mean(dim),
+        "output_norm_low_after_mean": ds["drift_output_norm_low_after"].mean(dim),
+        "n_units": change.notnull().sum(dim)})
+    name = "drift_delta_ppl" if "drift_delta_ppl" in ds else "drift_accuracy_loss"
+    x = ds[name].values.astype(float)
+    x = x[np.isfinite(x)]
+    loss_p = (np.nan if len(x) == 0 or np.all(x == 0)
+              else float(stats.wilcoxon(x, alternative="greater").pvalue))
+    out.attrs = {"loss_variable": name, "loss_mean": float(x.mean()) if len(x) else np.nan,
+                 "loss_p_value": loss_p, "level": level}
+    return out

@@ -1,0 +1,96 @@
+"""Sink rates and sink heads.
+
+The sink rate of head h at query i is alpha_i0^h, the attention to position 0. Only queries
+i >= k count (the sink token attends to itself with alpha = 1), within each sequence's length, in
+sequences with finite activations. A head is a sink head (Gu et al., ICLR 2025) when its mean sink
+rate over all such queries (pooled over sequences) exceeds ``epsilon``.
+
+Output names (stable), :func:`sinks`:
+
+``sink_rate_mean``, ``sink_rate_sd``, ``sink_mass_mean`` (sum of alpha over the k sink keys),
+``n_queries``, ``is_sink_head``                          over (layer, head)
+``sink_head_count``, ``sink_head_fraction``, ``layer_sink_rate_mean``   over (layer)
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import xarray as xr
+
+from ._common import with_provenance
+from ._views import DEFAULT_BLOCK_ELEMENTS, Block, describe, require, run_pass
+
+DEFAULT_EPSILON = 0.3
+
+
+class SinkAccumulator:
+    """Streaming token-pooled moments of the sink rate per (layer, head)."""
+
+    needs_pairs = False
+    reads = ("alpha",)
+
+    def __init__(self, heads: np.ndarray, epsilon: float = DEFAULT_EPSILON):
+        self.heads = heads
+        self.epsilon = epsilon
+        self.layers: list = []
+        self.rows: list[dict[str, np.ndarray]] = []
+        self._reset()
+
+    def _reset(self) -> None:
+        h = len(self.heads)
+        self._n, self._s, self._ss, self._mass = (np.zeros(h) for _ in range(4))
+
+    def update(self, block: Block) -> None:
+        rate = block.sink_rate  # (S, H, Q)
+        ok = np.isfinite(rate)
+        self._n += ok.sum((0, 2))
+        self._s += np.where(ok, rate, 0).sum((0, 2))
+        self._ss += np.where(ok, rate**2, 0).sum((0, 2))
+        self._mass += np.nan_to_num(block.sink_alpha.sum(-1)).sum((0, 2))
+
+    def end_layer(self, layer) -> None:
+        n = np.where(self._n > 0, self._n, np.nan)
+        mean = self._s / n
+        var = (self._ss - n * mean**2) / (n - 1)
+        self.rows.append({"sink_rate_mean": mean,
+                          "sink_rate_sd": np.sqrt(np.clip(var, 0, None)),
+                          "sink_mass_mean": self._mass / n, "n_queries": self._n.copy()})
+        self.layers.append(layer)
+        self._reset()
+
+    def result(self) -> xr.Dataset:
+        data = {name: (("layer", "head"), np.stack([r[name] for r in self.rows]))
+                for name in self.rows[0]}
+        out = xr.Dataset(data, coords={"layer": self.layers, "head": self.heads})
+        out["is_sink_head"] = out["sink_rate_mean"] > self.epsilon
+        out["sink_head_count"] = out["is_sink_head"].sum("head")
+        out["sink_head_fraction"] = out["is_sink_head"].mean("head")
+        out["layer_sink_rate_mean"] = out["sink_rate_mean"].mean("head")
+        out["sink_rate_mean"].attrs["description"] = (
+            "mean of alpha_i0 over queries i >= k of all sequences (token-pooled)")
+        out["is_sink_head"].attrs["description"] = f"sink_rate_mean > epsilon = {self.epsilon}"
+        out["sink_mass_mean"].attrs["description"] = "mean of sum_{j<k} alpha_ij"
+        out.attrs["epsilon"] = self.epsilon
+        return out
+
+
+def sinks(ds: xr.Dataset, *, sink_k: int | None = None, epsilon: float = DEFAULT_EPSILON,
+          layers=None, progress: bool = False,
+          block_elements: int = DEFAULT_BLOCK_ELEMENTS) -> xr.Dataset:
+    """Sink rates per (layer, head) and Gu et al.'s sink heads (mean sink rate > ``epsilon``).
+
+    Parameters
+    ----------
+    ds : an opened attngeom store (dense or compact).
+    sink_k : number of sink keys k (queries i < k are excluded); default the store's.
+    epsilon : sink-head threshold on the mean sink rate.
+
+    Returns
+    -------
+    xarray.Dataset with the variables listed in the module docstring.
+    """
+    require(ds, ["alpha"], "the sink analysis")
+    info = describe(ds, sink_k, None, layers)
+    acc = SinkAccumulator(info.heads, epsilon)
+    run_pass(ds, info, [acc], elements=block_elements, progress=progress)
+    return with_provenance(acc.result(), ds.attrs, sink_k=info.k, epsilon=epsilon)

@@ -1,0 +1,268 @@
+"""The faithfulness experiment: remove the keys each metric ranks first (or last), measure the loss.
+
+One forward pass per (metric, rank, mode, fraction) and batch, plus a clean pass and, with
+``drift``, a sink-zeroed pass (:mod:`.interventions`). Units (texts or items) are processed in
+blocks; each finished block is written atomically to ``<out>/<name>.partial/`` so a killed run
+resumes where it stopped. The result, ``<out>/<name>.nc``, is described in
+:mod:`.faithfulness_output`; its file, checksum and config are recorded in the store manifest
+under ``"faithfulness"`` (a manifest is created when ``out`` is not yet a store).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from .data import Tokenized, batches, load_texts, pad_token_id
+from .interventions import (GRANULARITIES, METRICS, MODES, NONNEGATIVE, RANKS, DriftProbe,
+                            Intervener, Removal, forward_logits)
+from .scoring import (Prepared, items_sha256, prepare_answers, prepare_choices, prepare_texts,
+                      span_logprobs, unit_scores)
+
+TASKS = ("lm", "gsm8k-answer", "mmlu", "winogrande", "boolq")
+
+
+@dataclass
+class FaithConfig:
+    """Options of a faithfulness run; all but batch_size/device shape the numbers."""
+
+    task: str = "lm"
+    metrics: tuple[str, ...] = METRICS
+    modes: tuple[str, ...] = MODES
+    ranks: tuple[str, ...] = RANKS
+    fractions: tuple[float, ...] = (0.1, 0.2, 0.5)
+    granularity: str = "head"
+    layers: tuple[int, ...] | None = None
+    max_length: int = 512
+    limit: int | None = None
+    text_field: str | None = None
+    dev: str | None = None
+    k_shot: int = 5
+    drift: bool = True
+    sink_k: int = 1
+    drift_low_fraction: float = 0.1
+    block_size: int = 16
+    batch_size: int = 4
+    device: str = "cpu"
+    dtype: str = "float32"
+    name: str = "faithfulness"
+
+    def check(self) -> None:
+        for field, allowed in (("metrics", METRICS), ("modes", MODES), ("ranks", RANKS)):
+            values = getattr(self, field)
+            bad = [v for v in values if v not in allowed]
+            if bad or not values or len(set(values)) != len(values):
+                raise ValueError(f"--{field} {','.join(values)}: give distinct values from "
+                                 f"{', '.join(allowed)}")
+        if self.task not in TASKS:
+            raise ValueError(f"--task must be one of {', '.join(TASKS)}, not '{self.task}'")
+        if self.granularity not in GRANULARITIES:
+            raise ValueError(f"--granularity must be one of {', '.join(GRANULARITIES)}")
+        if not self.fractions or any(not 0 <= p <= 1 for p in self.fractions) \
+                or len(set(self.fractions)) != len(self.fractions):
+            raise ValueError("--fractions must be distinct numbers in [0, 1], e.g. 0.1,0.2,0.5")
+        for name in ("max_length", "batch_size", "block_size", "sink_k"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
+        if not 0 < self.drift_low_fraction <= 1:
+            raise ValueError("--drift-low-fraction must be in (0, 1]")
+        if self.limit is not None and self.limit < 1:
+            raise ValueError("--limit must be at least 1")
+        if not self.name.replace("-", "").replace("_", "").isalnum():
+            raise ValueError(f"--name '{self.name}': use letters, digits, '-' and '_' only")
+
+    def options(self) -> dict:
+        """The options that determine the numbers (identity of a run)."""
+        out = {k: v for k, v in asdict(self).items() if k not in ("batch_size", "device", "name")}
+        for k in ("metrics", "modes", "ranks", "fractions", "layers"):
+            out[k] = None if out[k] is None else list(out[k])
+        return out
+
+
+# ------------------------------------------------------------------------------------ plan
+def ranking_plan(metrics, ranks, granularity: str) -> dict[tuple[str, str], tuple[str, str]]:
+    """(metric, rank) -> the (metric, rank) whose forward passes give its results.
+
+    Non-negative metrics rank the same by |score|; at ``head`` granularity
+    value_weighted_normalized ranks as value_weighted (1/||o_i^h|| is constant within a
+    (head, query)). Such pairs are copied, not recomputed.
+    """
+    plan = {}
+    for metric in metrics:
+        for rank in ranks:
+            m, r = metric, rank
+            if granularity == "head" and m == "value_weighted_normalized" \
+                    and "value_weighted" in metrics:
+                m = "value_weighted"
+            if r == "magnitude" and m in NONNEGATIVE and "signed" in ranks:
+                r = "signed"
+            plan[(metric, rank)] = (m, r)
+    return plan
+
+
+def plan_notes(plan: dict) -> list[str]:
+    notes = []
+    for (metric, rank), (m, r) in plan.items():
+        if (m, r) == (metric, rank):
+            continue
+        why = []
+        if m != metric:
+            why.append("at head granularity value_weighted_normalized ranks keys exactly as "
+                       "value_weighted (1/||o_i^h|| is constant within a head and query)")
+        if r != rank:
+            why.append("the score is non-negative, so |score| ranks as score")
+        notes.append(f"{metric}/{rank}: same ranking as {m}/{r}, results copied, not "
+                     f"recomputed ({'; '.join(why)})")
+    return notes
+
+
+# ------------------------------------------------------------------------------------ tasks
+def default_dev(data: str) -> str | None:
+    """``mmlu_dev.jsonl`` next to an ``mmlu_test.jsonl`` file, if present."""
+    path = Path(data)
+    dev = path.with_name(path.name.replace("test", "dev"))
+    return str(dev) if "test" in path.name and dev != path and dev.is_file() else None
+
+
+def load_task(cfg: FaithConfig, data: str, tok) -> tuple[Prepared, dict]:
+    """Prepared rows/spans and the data's provenance."""
+    from . import tasks
+
+    info = {"spec": str(data), "task": cfg.task, "limit": cfg.limit}
+    if cfg.task == "lm":
+        texts = load_texts(data, text_field=cfg.text_field, limit=cfg.limit)
+        if not texts.texts:
+            raise ValueError(f"data '{data}' has no non-empty texts")
+        info.update(sha256=texts.sha256, text_field=cfg.text_field, n_units=len(texts))
+        return prepare_texts(tok, texts.texts, cfg.max_length), info
+    if cfg.task == "gsm8k-answer":
+        items = tasks.gsm8k_items(data, limit=cfg.limit)
+        prepared = prepare_answers(tok, items, cfg.max_length) if items else None
+    elif cfg.task == "mmlu":
+        dev = cfg.dev if cfg.dev is not None else default_dev(data)
+        items = tasks.mmlu_items(data, dev=dev, k_shot=cfg.k_shot if dev else 0, limit=cfg.limit)
+        info.update(dev=dev, k_shot=cfg.k_shot if dev else 0)
+        prepared = prepare_choices(tok, items, cfg.max_length) if items else None
+    else:
+        loader = tasks.winogrande_items if cfg.task == "winogrande" else tasks.boolq_items
+        items = loader(data, limit=cfg.limit)
+        prepared = prepare_choices(tok, items, cfg.max_length) if items else None
+    if not items:
+        raise ValueError(f"data '{data}' has no {cfg.task} items")
+    info.update(sha256=items_sha256(items), n_units=len(items))
+    if prepared.kind == "choice":
+        prepared.unit["item_id"] = np.array([it.id for it in items], dtype=object)
+        prepared.unit["group"] = np.array([it.group for it in items], dtype=object)
+    return prepared, info
+
+
+# ------------------------------------------------------------------------------------ compute
+def _batches(prepared: Prepared, batch_size: int, pad_id: int, device):
+    tokenized = Tokenized(ids=prepared.rows, truncated=[False] * len(prepared.rows))
+    for batch in batches(tokenized, batch_size, pad_id=pad_id):
+        index = batch["index"]
+        inputs = {k: torch.as_tensor(batch[k]).to(device)
+                  for k in ("input_ids", "attention_mask")}
+        yield index, inputs
+
+
+def conditions(cfg: FaithConfig, plan: dict) -> list[Removal]:
+    computed = sorted(set(plan.values()), key=lambda mr: (METRICS.index(mr[0]),
+                                                           RANKS.index(mr[1])))
+    layers = None if cfg.layers is None else frozenset(cfg.layers)
+    return [Removal(m, mode, p, r, cfg.granularity, layers)
+            for m, r in computed for mode in cfg.modes for p in cfg.fractions]
+
+
+def compute_block(model, prepared: Prepared, cfg: FaithConfig, removals: list[Removal],
+                  pad_id: int, bar=None) -> dict:
+    """Span log-probs for the clean, drift and every removal pass, and drift probe sums.
+
+    Returns ``{"clean": (S,), "drift": (S,), "removal": (C, S), "probe": {phase: {stat: (R, L)}}}``
+    with R the rows of the block.
+    """
+    device = next(model.parameters()).device
+    S, R = len(prepared.span_row), len(prepared.rows)
+    out = {"clean": np.zeros(S), "drift": np.zeros(S), "removal": np.zeros((len(removals), S))}
+    probe_rows: dict[str, dict[str, np.ndarray]] = {}
+    for index, inputs in _batches(prepared, cfg.batch_size, pad_id, device):
+        where = {int(r): b for b, r in enumerate(index)}
+        spans = np.flatnonzero(np.isin(prepared.span_row, index))
+        local = np.array([where[int(r)] for r in prepared.span_row[spans]], dtype=np.int64)
+        tokens = [prepared.span_tokens[s] for s in spans]
+
+        def score(handler) -> np.ndarray:
+            logits = forward_logits(model, inputs, handler)
+            if bar is not None:
+                bar.update(1)
+            return span_logprobs(logits, local, prepared.span_start[spans], tokens)
+
+        probe = DriftProbe(cfg.sink_k, cfg.drift_low_fraction) if cfg.drift else None
+        out["clean"][spans] = score(Intervener(model, probe=probe))
+        if cfg.drift:
+            probe.phase = "after"
+            out["drift"][spans] = score(Intervener(model, sink_k=cfg.sink_k, probe=probe))
+            for phase in ("before", "after"):
+                for name, x in probe.collect(phase).items():
+                    arr = probe_rows.setdefault(phase, {}).setdefault(
+                        name, np.zeros((R, x.shape[1])))
+                    arr[index] = x.numpy()
+        for c, removal in enumerate(removals):
+            out["removal"][c, spans] = score(Intervener(model, removal=removal))
+    out["probe"] = probe_rows
+    return out
+
+
+# ------------------------------------------------------------------------------------ run
+def faithfulness(model: str, data: str, out: str | Path, cfg: FaithConfig | None = None,
+                 trust_remote_code: bool = False, progress: bool = True, force: bool = False,
+                 log=print) -> Path:
+    """Run the experiment into ``out/<name>.nc``; return the file's path."""
+    from .faithfulness_output import (assemble, block_dataset, finish, open_partial,
+                                      read_block, write_block)
+    from .models import load
+
+    cfg = cfg or FaithConfig()
+    cfg.check()
+    out = Path(out)
+    loaded = load(model, device=cfg.device, dtype=cfg.dtype, trust_remote_code=trust_remote_code)
+    if not loaded.info["causal"] or loaded.tokenizer is None:
+        raise ValueError(f"faithfulness scores next-token predictions, so it needs a causal "
+                         f"language model; '{model}' is a {loaded.info['model_type']} encoder")
+    n_layers = loaded.info["n_layers"]
+    if cfg.layers is not None and any(not 0 <= i < n_layers for i in cfg.layers):
+        raise ValueError(f"--layers must be in 0..{n_layers - 1} for this model")
+    prepared, data_info = load_task(cfg, data, loaded.tokenizer)
+    config = {"model": loaded.info, "data": data_info, "options": cfg.options()}
+    plan = ranking_plan(cfg.metrics, cfg.ranks, cfg.granularity)
+    notes = plan_notes(plan)
+    for note in notes:
+        log(f"attngeom: note: {note}")
+    partial = open_partial(out, cfg.name, config, force, log)
+    if partial is None:
+        return out / f"{cfg.name}.nc"
+    removals = conditions(cfg, plan)
+    n = prepared.n_units
+    blocks = [(a, min(n, a + cfg.block_size)) for a in range(0, n, cfg.block_size)]
+    n_rows = len(prepared.rows)
+    per_row = len(removals) + 1 + int(cfg.drift)
+    bar = tqdm(total=n_rows * per_row, unit="pass", desc="faithfulness", disable=not progress)
+    parts = []
+    for start, stop in blocks:
+        block = prepared.subset(start, stop)
+        ds = read_block(partial, start, stop)
+        if ds is None:
+            result = compute_block(loaded.model, block, cfg, removals,
+                                   pad_token_id(loaded.tokenizer), bar)
+            ds = block_dataset(block, result, cfg, plan, removals, start, n_layers)
+            write_block(ds, partial, start, stop)
+        else:
+            bar.update(len(block.rows) * per_row)
+        parts.append(ds)
+    bar.close()
+    ds = assemble(parts, prepared, cfg, config, notes)
+    return finish(ds, out, cfg.name, config, loaded.info, partial)

@@ -1,0 +1,304 @@
+"""The faithfulness result file, its resumable partial blocks, and the store manifest entry.
+
+``<name>.nc`` (netCDF4/HDF5, plain xarray) holds, with ``U`` = ``sequence`` (language
+modelling, GSM8K answers) or ``item`` (multiple choice):
+
+language modelling: ``ppl``, ``delta_ppl`` (metric, rank, mode, fraction, sequence);
+``clean_ppl``, ``n_scored``, ``length``, ``truncated`` (sequence).
+multiple choice: ``logprob`` (metric, rank, mode, fraction, item, option), ``correct``,
+``accuracy_loss`` (= clean_correct - correct) (metric, rank, mode, fraction, item), ``accuracy``
+(metric, rank, mode, fraction); ``clean_logprob`` (item, option), ``clean_correct``, ``answer``,
+``n_options``, ``truncated``, ``item_id``, ``group`` (item); ``clean_accuracy`` ().
+both: ``computed`` and ``same_ranking_as`` (metric, rank); semantic drift (sink values zeroed):
+``drift_ppl``/``drift_delta_ppl`` or ``drift_logprob``/``drift_correct``/``drift_accuracy``, and
+per (U, layer) ``drift_cosine_low_before``, ``drift_cosine_low_after``,
+``drift_cosine_all_before``, ``drift_cosine_all_after``, ``drift_output_norm_low_before``,
+``drift_output_norm_low_after``, ``drift_n_low``. Attribute ``loss_variable`` names the per-unit
+loss (larger = more damage) the statistics use: ``delta_ppl`` or ``accuracy_loss``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import xarray as xr
+
+from attngeom import __version__
+from attngeom.store.manifest import (StoreError, canonical, config_difference, config_hash,
+                                     file_sha256, fsync_dir, new_manifest, now, read_manifest,
+                                     write_manifest)
+
+from .interventions import METRICS, RANKS
+from .scoring import Prepared
+
+DESCRIPTIONS = {
+    "ppl": "perplexity exp(mean next-token NLL over the scored positions) under the intervention",
+    "clean_ppl": "perplexity of the unmodified model",
+    "delta_ppl": "ppl - clean_ppl (larger: the removed keys mattered more)",
+    "n_scored": "number of scored (predicted) tokens",
+    "length": "tokens in the model row",
+    "truncated": "1 when the text was cut to max_length",
+    "logprob": "log P(continuation | context) of each option under the intervention",
+    "correct": "1 when the arg-max option is the answer under the intervention",
+    "accuracy": "mean of correct over items",
+    "accuracy_loss": "clean_correct - correct (larger: the removed keys mattered more)",
+    "clean_logprob": "log P(continuation | context) of each option, unmodified model",
+    "clean_correct": "1 when the unmodified model's arg-max option is the answer",
+    "clean_accuracy": "accuracy of the unmodified model",
+    "answer": "index of the correct option",
+    "n_options": "number of options of the item",
+    "item_id": "item id in the source data",
+    "group": "sub-task (MMLU subject) or empty",
+    "computed": "1 when this (metric, rank) was run; 0 when copied from same_ranking_as",
+    "same_ranking_as": "metric/rank whose ranking (hence results) this pair provably equals",
+    "drift_ppl": "perplexity with the sink keys' value vectors zeroed (alpha kept)",
+    "drift_delta_ppl": "drift_ppl - clean_ppl",
+    "drift_logprob": "option log-probs with the sink keys' value vectors zeroed",
+    "drift_correct": "correct with the sink keys' value vectors zeroed",
+    "drift_accuracy": "accuracy with the sink keys' value vectors zeroed",
+    "drift_accuracy_loss": "clean_correct - drift_correct",
+    "drift_cosine_low_before": "mean cos(o_i^h, m_i^h) over the lowest-norm head outputs, clean "
+                               "(m_i^h: mean projected value of the non-sink keys query i sees)",
+    "drift_cosine_low_after": "the same cells' cos(o_i^h, m_i^h) with the sink values zeroed",
+    "drift_cosine_all_before": "mean cos(o_i^h, m_i^h) over all head outputs (queries i >= k)",
+    "drift_cosine_all_after": "the same with the sink values zeroed",
+    "drift_output_norm_low_before": "mean ||o_i^h|| of the lowest-norm head outputs, clean",
+    "drift_output_norm_low_after": "mean ||o_i^h|| of the same cells with the sink values zeroed",
+    "drift_n_low": "number of (head, query) cells in the lowest-norm selection",
+}
+AOPC_NOTE = ("AOPC = mean over the swept fractions p of the loss at p (ERASER's 1/(|P|+1) sum "
+             "also counts the trivial p = 0 term; this differs by the constant factor "
+             "|P|/(|P|+1) only)")
+
+
+# ------------------------------------------------------------------------------------ blocks
+def _unit_dim(kind: str) -> str:
+    return "sequence" if kind == "lm" else "item"
+
+
+def _expand(values: np.ndarray, cfg, plan: dict, removals) -> np.ndarray:
+    """(C, ...) per computed removal -> (metric, rank, mode, fraction, ...) by the plan."""
+    index = {(r.metric, r.rank, r.mode, r.fraction): c for c, r in enumerate(removals)}
+    shape = (len(cfg.metrics), len(cfg.ranks), len(cfg.modes), len(cfg.fractions))
+    out = np.empty(shape + values.shape[1:], dtype=values.dtype)
+    for a, metric in enumerate(cfg.metrics):
+        for b, rank in enumerate(cfg.ranks):
+            m, r = plan[(metric, rank)]
+            for c, mode in enumerate(cfg.modes):
+                for d, p in enumerate(cfg.fractions):
+                    out[a, b, c, d] = values[index[(m, r, mode, p)]]
+    return out
+
+
+def _probe_units(block: Prepared, probe: dict) -> dict[str, np.ndarray]:
+    """Drift probe sums per row (R, L) -> per-unit means (U, L)."""
+    row_unit = np.zeros(len(block.rows), dtype=np.int64)
+    row_unit[block.span_row] = block.span_unit
+    out = {}
+    for phase, stats in probe.items():
+        sums = {}
+        for name, x in stats.items():
+            s = np.zeros((block.n_units, x.shape[1]))
+            np.add.at(s, row_unit, x)
+            sums[name] = s
+        with np.errstate(invalid="ignore", divide="ignore"):
+            out[f"drift_cosine_low_{phase}"] = sums["cosine_low"] / sums["n_low"]
+            out[f"drift_cosine_all_{phase}"] = sums["cosine_all"] / sums["n_all"]
+            out[f"drift_output_norm_low_{phase}"] = sums["output_norm_low"] / sums["n_low"]
+        if phase == "before":
+            out["drift_n_low"] = sums["n_low"]
+    return out
+
+
+def block_dataset(block: Prepared, result: dict, cfg, plan: dict, removals, start: int,
+                  n_layers: int) -> xr.Dataset:
+    """One block of units as a Dataset (no derived variables)."""
+    from .scoring import unit_scores
+
+    U = _unit_dim(block.kind)
+    grid = ("metric", "rank", "mode", "fraction", U)
+    removal = unit_scores(block, result["removal"])
+    clean = unit_scores(block, result["clean"])
+    data = {}
+    if block.kind == "lm":
+        data["ppl"] = (grid, _expand(removal["ppl"], cfg, plan, removals))
+        data["clean_ppl"] = ((U,), clean["ppl"])
+        n_tok = np.zeros(block.n_units, dtype=np.int64)
+        np.add.at(n_tok, block.span_unit, [len(t) for t in block.span_tokens])
+        data["n_scored"] = ((U,), n_tok)
+        data["length"] = ((U,), block.unit["length"].astype(np.int64))
+    else:
+        data["logprob"] = (grid + ("option",), _expand(removal["logprob"], cfg, plan, removals))
+        data["correct"] = (grid, _expand(removal["correct"], cfg, plan, removals))
+        data["clean_logprob"] = ((U, "option"), clean["logprob"])
+        data["clean_correct"] = ((U,), clean["correct"])
+        data["answer"] = ((U,), block.answer)
+        for name in ("n_options", "item_id", "group"):
+            data[name] = ((U,), block.unit[name])
+    data["truncated"] = ((U,), block.unit["truncated"].astype(np.int8))
+    if cfg.drift:
+        drift = unit_scores(block, result["drift"])
+        if block.kind == "lm":
+            data["drift_ppl"] = ((U,), drift["ppl"])
+        else:
+            data["drift_logprob"] = ((U, "option"), drift["logprob"])
+            data["drift_correct"] = ((U,), drift["correct"])
+        for name, x in _probe_units(block, result["probe"]).items():
+            data[name] = ((U, "layer"), x)
+    coords = {"metric": list(cfg.metrics), "rank": list(cfg.ranks), "mode": list(cfg.modes),
+              "fraction": np.asarray(cfg.fractions, dtype=float),
+              U: np.arange(start, start + block.n_units)}
+    if cfg.drift:
+        coords["layer"] = np.arange(n_layers)
+    return xr.Dataset(data, coords=coords)
+
+
+def assemble(parts: list[xr.Dataset], prepared: Prepared, cfg, config: dict,
+             notes: list[str]) -> xr.Dataset:
+    """Concatenate blocks, add derived variables, descriptions and provenance."""
+    from .faithfulness import ranking_plan
+
+    U = _unit_dim(prepared.kind)
+    ds = xr.concat(parts, dim=U, data_vars="minimal", coords="minimal", compat="override",
+                   join="override") if len(parts) > 1 else parts[0]
+    if prepared.kind == "lm":
+        ds["delta_ppl"] = ds["ppl"] - ds["clean_ppl"]
+        if cfg.drift:
+            ds["drift_delta_ppl"] = ds["drift_ppl"] - ds["clean_ppl"]
+        loss = "delta_ppl"
+    else:
+        ds["accuracy"] = ds["correct"].astype(float).mean(U)
+        ds["clean_accuracy"] = ds["clean_correct"].astype(float).mean(U)
+        ds["accuracy_loss"] = (ds["clean_correct"] - ds["correct"]).astype(np.int8)
+        if cfg.drift:
+            ds["drift_accuracy"] = ds["drift_correct"].astype(float).mean(U)
+            ds["drift_accuracy_loss"] = (ds["clean_correct"] - ds["drift_correct"]).astype(np.int8)
+        loss = "accuracy_loss"
+    plan = ranking_plan(cfg.metrics, cfg.ranks, cfg.granularity)
+    same = np.array([[f"{plan[(m, r)][0]}/{plan[(m, r)][1]}" if plan[(m, r)] != (m, r) else ""
+                      for r in cfg.ranks] for m in cfg.metrics], dtype=object)
+    ds["same_ranking_as"] = (("metric", "rank"), same)
+    ds["computed"] = (("metric", "rank"), (same == "").astype(np.int8))
+    for name, var in ds.data_vars.items():
+        var.attrs["description"] = DESCRIPTIONS.get(name, "")
+    ds.attrs = {
+        "attngeom_format": "attngeom-faithfulness", "attngeom_version": __version__,
+        "task": cfg.task, "model": config["model"]["id"], "data": config["data"]["spec"],
+        "data_sha256": config["data"]["sha256"], "granularity": cfg.granularity,
+        "layers": "all" if cfg.layers is None else ",".join(map(str, cfg.layers)),
+        "sink_k": cfg.sink_k, "drift_low_fraction": cfg.drift_low_fraction,
+        "loss_variable": loss, "unit_dim": U, "aopc": AOPC_NOTE,
+        "notes": "\n".join(notes), "config_hash": config_hash(config),
+        "attngeom_config": json.dumps(config, sort_keys=True), "created": now(),
+        "metric_order": ",".join(m for m in METRICS if m in cfg.metrics),
+        "ranks": ",".join(r for r in RANKS if r in cfg.ranks),
+    }
+    return ds
+
+
+# ------------------------------------------------------------------------------------ files
+def write_netcdf_atomic(ds: xr.Dataset, path: Path) -> None:
+    """Temporary file, fsync, rename: a file with the final name is always complete."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    enc = {n: {"zlib": True, "complevel": 4} for n, v in ds.data_vars.items()
+           if v.dtype != object and v.ndim > 0}
+    try:
+        ds.to_netcdf(tmp, engine="h5netcdf", encoding=enc)
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    fsync_dir(path.parent)
+
+
+def _block_path(partial: Path, start: int, stop: int) -> Path:
+    return partial / f"block-{start:07d}-{stop:07d}.nc"
+
+
+def write_block(ds: xr.Dataset, partial: Path, start: int, stop: int) -> None:
+    write_netcdf_atomic(ds, _block_path(partial, start, stop))
+
+
+def read_block(partial: Path, start: int, stop: int) -> xr.Dataset | None:
+    """A finished block, or None (missing or unreadable: it is recomputed)."""
+    path = _block_path(partial, start, stop)
+    if not path.is_file():
+        return None
+    try:
+        with xr.open_dataset(path, engine="h5netcdf") as f:
+            return f.load()
+    except (OSError, ValueError):
+        path.unlink(missing_ok=True)
+        return None
+
+
+def open_partial(out: Path, name: str, config: dict, force: bool, log) -> Path | None:
+    """The partial directory to continue in, or None when the result is already complete."""
+    final, partial = out / f"{name}.nc", out / f"{name}.partial"
+    if (out / "manifest.json").exists():
+        manifest = read_manifest(out)
+        had = manifest["config"].get("model", {}).get("weight_fingerprint")
+        if had and had != config["model"]["weight_fingerprint"]:
+            other = manifest["config"]["model"].get("id")
+            raise StoreError(f"{out} holds results of another model ({other}); "
+                             "use another --out")
+        entry = manifest.get("faithfulness", {}).get(name)
+        if entry and final.is_file() and not force:
+            if canonical(entry["config"]) == canonical(config) \
+                    and file_sha256(final) == entry["sha256"]:
+                log(f"attngeom: {final} is already complete with these settings")
+                return None
+            diff = config_difference(entry["config"], config) or "checksum"
+            raise StoreError(f"{final} exists with other settings ({diff}); pass --force to "
+                             "replace it, or --name to keep both")
+    elif out.exists() and set(p.name for p in out.iterdir()) - {final.name, partial.name}:
+        raise StoreError(f"{out} exists and is not an attngeom store; choose an empty --out")
+    saved = partial / "config.json"
+    if partial.exists():
+        old = json.loads(saved.read_text()) if saved.is_file() else None
+        if old is not None and canonical(old) == canonical(config) and not force:
+            done = len(list(partial.glob("block-*.nc")))
+            log(f"attngeom: resuming an interrupted run ({done} block(s) done)")
+        elif old is None or force:
+            shutil.rmtree(partial)
+        else:
+            raise StoreError(f"{partial}: an interrupted run with other settings "
+                             f"({config_difference(old, config)}); rerun it with its options, "
+                             "or pass --force to discard it")
+    partial.mkdir(parents=True, exist_ok=True)
+    for tmp in partial.glob(".*.tmp-*"):
+        tmp.unlink(missing_ok=True)
+    if not saved.is_file():
+        tmp = partial / f".config.json.tmp-{os.getpid()}"
+        tmp.write_text(json.dumps(config, sort_keys=True))
+        os.replace(tmp, saved)
+    return partial
+
+
+def finish(ds: xr.Dataset, out: Path, name: str, config: dict, info: dict,
+           partial: Path) -> Path:
+    """Write the result, record it in the manifest (creating one if needed), drop partials."""
+    from .run import versions
+
+    final = out / f"{name}.nc"
+    write_netcdf_atomic(ds, final)
+    entry = {"file": final.name, "sha256": file_sha256(final), "config": config,
+             "config_hash": config_hash(config), "created": now(), "versions": versions()}
+    if (out / "manifest.json").exists():
+        manifest = read_manifest(out)
+    else:
+        store_config = {"model": info, "data": config["data"],
+                        "options": {"faithfulness": config["options"]}}
+        manifest = new_manifest(store_config, 0, {"versions": versions(), "counts": {},
+                                                  "kind": "faithfulness"})
+        manifest["complete"] = True             # holds no extraction shards, by design
+    manifest.setdefault("faithfulness", {})[name] = entry
+    write_manifest(out, manifest)
+    shutil.rmtree(partial, ignore_errors=True)
+    return final

@@ -1,0 +1,226 @@
+"""Exporting a store for people and places without attngeom.
+
+``zarr``    the whole store, contributions included, as one Zarr (format 2, consolidated
+            metadata: the most widely read) through ``xarray.Dataset.to_zarr``, chunked by
+            sequences and one layer, for cloud object storage; open with ``xr.open_zarr``.
+``parquet`` long tables for R or pandas, one row per cell inside each sequence's length:
+            ``per_query`` (sequence, layer, head, query, output_norm, ..., layer_output_norm),
+            ``per_key`` (sequence, layer, head, key, value_norm, sink_value_cosine),
+            ``pairs`` (sequence, layer, head, query, key, alpha, cosine, cosine_layer,
+            contribution, contribution_layer; compact stores add ``group`` sink/tail and
+            ``lag``, -1 on sink rows; masked cells are left out), ``sequences`` (one row
+            per sequence) and ``tokens`` (sequence, position, token_id, special, token).
+Both carry the manifest (as attrs / parquet metadata and a copy) and a README.txt.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+
+from . import schema as S
+from .manifest import MANIFEST, StoreError, atomic_write_bytes, read_manifest
+from .readme import README, readme_text
+
+FORMATS = ("zarr", "parquet")
+TABLES = ("per_query", "per_key", "pairs", "sequences", "tokens")
+ZARR_CHUNK_BYTES = 16 << 20
+
+
+def export(store: str | Path, out: str | Path, fmt: str, tables=None) -> Path:
+    """Export ``store`` to ``out`` as ``fmt`` (zarr or parquet); return ``out``."""
+    from .reader import open_store
+
+    store, out = Path(store), Path(out)
+    if fmt not in FORMATS:
+        raise ValueError(f"--format must be one of {', '.join(FORMATS)}, not '{fmt}'")
+    tables = _tables(tables)
+    manifest = read_manifest(store)
+    ds = open_store(store)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise StoreError(f"--out {out} exists and is not empty; choose a new path")
+    if fmt == "zarr":
+        _zarr(ds, out)
+    else:
+        _parquet(ds, out, manifest, tables)
+    atomic_write_bytes(out / MANIFEST.replace(".json", ".source.json"),
+                       json.dumps(manifest, indent=1, sort_keys=True).encode())
+    atomic_write_bytes(out / README, _export_readme(manifest, fmt).encode())
+    return out
+
+
+def _tables(spec) -> list[str]:
+    if spec is None:
+        return list(TABLES)
+    names = [t.strip() for t in (spec.split(",") if isinstance(spec, str) else spec) if t.strip()]
+    bad = [t for t in names if t not in TABLES]
+    if bad or not names:
+        raise ValueError(f"--tables {bad[0] if bad else repr(spec)}: choose from "
+                         f"{', '.join(TABLES)}")
+    return names
+
+
+# ---------------------------------------------------------------------------- zarr
+def zarr_chunks(ds) -> dict[str, int]:
+    """One layer and as many sequences as keep the largest variable's chunk ~16 MiB."""
+    per = max(int(np.prod([ds.sizes[d] for d in v.dims if d not in (S.SEQUENCE, S.LAYER)]))
+              * v.dtype.itemsize for v in ds.data_vars.values())
+    return {**{d: -1 for d in ds.dims},
+            S.SEQUENCE: int(max(1, min(ds.sizes[S.SEQUENCE], ZARR_CHUNK_BYTES // per))),
+            S.LAYER: 1}
+
+
+def _zarr(ds, out: Path) -> None:
+    for var in ds.variables.values():
+        var.encoding = {}
+    ds = ds.chunk(zarr_chunks(ds))
+    try:
+        ds.to_zarr(out, mode="w-", consolidated=True, zarr_format=2)
+    except ImportError:
+        raise ValueError("--format zarr needs the zarr package; pip install zarr") from None
+
+
+# ---------------------------------------------------------------------------- parquet
+def _columns(block, names: list[str], dims: tuple[str, ...], mask: np.ndarray,
+             rename=lambda n: n) -> dict[str, np.ndarray]:
+    """Long columns: one entry per True cell of ``mask`` (shaped like ``dims``)."""
+    where = np.nonzero(mask)
+    cols = {d: block[d].values[w].astype(np.int64 if d == S.SEQUENCE else np.int32)
+            for d, w in zip(dims, where)}
+    for n in names:
+        cols[rename(n)] = block[n].broadcast_like(block[names[0]]).transpose(*dims).values[mask]
+    return cols
+
+
+def _within(block, dims: tuple[str, ...], axis: str) -> np.ndarray:
+    """Mask of cells whose ``axis`` position lies inside the sequence's length."""
+    inside = block[axis] < block["length"]                       # (sequence, axis)
+    return inside.broadcast_like(block[S.LAYER] + block[S.HEAD]).transpose(*dims).values
+
+
+def _present(block, names) -> list[str]:
+    return [n for n in names if n in block]
+
+
+def _pair_columns(block) -> list[dict[str, np.ndarray]]:
+    names = _present(block, list(S.PAIR_VARIABLES) + list(S.DERIVED_PAIR_VARIABLES))
+    if not names:
+        return []
+    if S.SINK not in block[names[0]].dims:                         # dense
+        mask = np.any([np.isfinite(block[n].transpose(*S.PAIR).values) for n in names], 0)
+        return [_columns(block, names, S.PAIR, mask)]
+    out = []
+    mask = np.any([np.isfinite(block[n].transpose(*S.SINK_PAIR).values) for n in names], 0)
+    cols = _columns(block, names, S.SINK_PAIR, mask)
+    cols[S.KEY] = cols.pop(S.SINK)
+    out.append(_pair_order(dict(cols, group=np.full(len(cols[S.KEY]), "sink"),
+                                lag=np.full(len(cols[S.KEY]), -1, dtype=np.int32))))
+    tail = _present(block, ["tail_" + n for n in names])
+    if tail:
+        mask = np.any([np.isfinite(block[n].transpose(*S.TAIL).values) for n in tail], 0)
+        cols = _columns(block, tail, S.TAIL, mask, rename=lambda n: n.removeprefix("tail_"))
+        cols[S.KEY] = (cols[S.QUERY] - cols[S.LAG]).astype(np.int32)
+        out.append(_pair_order(dict(cols, group=np.full(len(cols[S.KEY]), "tail"))))
+    return out
+
+
+def _pair_order(cols: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Sink and tail rows share one column order (one parquet schema)."""
+    first = [S.SEQUENCE, S.LAYER, S.HEAD, S.QUERY, S.KEY, "group", S.LAG]
+    return {**{k: cols[k] for k in first}, **{k: v for k, v in cols.items() if k not in first}}
+
+
+def _block_tables(block) -> dict[str, list[dict[str, np.ndarray]]]:
+    """Columns of every table for one loaded block (one shard, one layer)."""
+    per_query = _present(block, list(S.PER_QUERY_VARIABLES) + list(S.MIDDLE_VARIABLES)
+                         + list(S.PER_LAYER_QUERY_VARIABLES))
+    per_key = _present(block, list(S.PER_KEY_VARIABLES))
+    out = {"per_query": [], "per_key": [], "pairs": _pair_columns(block)}
+    if per_query:
+        ref = next(n for n in per_query if S.HEAD in block[n].dims)
+        names = [ref] + [n for n in per_query if n != ref]
+        out["per_query"].append(_columns(block, names, S.PER_QUERY,
+                                         _within(block, S.PER_QUERY, S.QUERY)))
+    if per_key:
+        out["per_key"].append(_columns(block, per_key, S.PER_KEY, _within(block, S.PER_KEY, S.KEY)))
+    return out
+
+
+def _sequence_tables(block) -> dict[str, list[dict[str, np.ndarray]]]:
+    seq = block[S.SEQUENCE].values.astype(np.int64)
+    rows = {S.SEQUENCE: seq}
+    rows.update({n: block[n].values for n in ("length", "truncated", "finite", "text_index")
+                 if n in block})
+    inside = (block[S.POSITION] < block["length"]).transpose(S.SEQUENCE, S.POSITION).values
+    names = _present(block, ["token_id", "special", "token"])
+    tokens = _columns(block, names, (S.SEQUENCE, S.POSITION), inside)
+    if "token" in tokens:
+        tokens["token"] = tokens["token"].astype(str).astype(object)
+    return {"sequences": [rows], "tokens": [tokens]}
+
+
+def _parquet(ds, out: Path, manifest: dict, tables: list[str]) -> None:
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise ValueError("--format parquet needs pyarrow; pip install pyarrow") from None
+    out.mkdir(parents=True, exist_ok=True)
+    meta = {b"attngeom_config_hash": manifest["config_hash"].encode(),
+            b"attngeom_manifest": json.dumps(manifest, sort_keys=True).encode()}
+    writers: dict[str, object] = {}
+
+    def write(name: str, cols: dict[str, np.ndarray]) -> None:
+        if name not in tables or not cols or not len(next(iter(cols.values()))):
+            return
+        table = pa.table(cols)
+        if name not in writers:
+            writers[name] = pq.ParquetWriter(out / f"{name}.tmp",
+                                             table.schema.with_metadata(meta))
+        writers[name].write_table(table.replace_schema_metadata(meta))
+
+    try:
+        bounds = np.cumsum([0] + [e["sequences"][1] - e["sequences"][0]
+                                  for e in sorted(manifest["shards"],
+                                                  key=lambda e: e["sequences"][0])])
+        for lo, hi in zip(bounds[:-1], bounds[1:]):
+            rows = ds.isel({S.SEQUENCE: slice(int(lo), int(hi))})
+            for name, parts in _sequence_tables(rows.load()).items():
+                for cols in parts:
+                    write(name, cols)
+            if {"per_query", "per_key", "pairs"} & set(tables):
+                for layer in range(rows.sizes[S.LAYER]):
+                    block = rows.isel({S.LAYER: [layer]}).load()
+                    for name, parts in _block_tables(block).items():
+                        for cols in parts:
+                            write(name, cols)
+    finally:
+        for w in writers.values():
+            w.close()
+    for name in writers:
+        shutil.move(out / f"{name}.tmp", out / f"{name}.parquet")
+
+
+def _export_readme(manifest: dict, fmt: str) -> str:
+    if fmt == "zarr":
+        head = ("Zarr export of an attngeom store (Zarr format 2, consolidated metadata).\n"
+                "Open it with:  import xarray as xr; ds = xr.open_zarr('path/to/export')\n"
+                "It holds every variable described below, the derived contribution variables\n"
+                "included (already computed), chunked by sequences and one layer. The source\n"
+                "manifest is in the attribute 'attngeom_manifest' and manifest.source.json.\n")
+    else:
+        head = ("Parquet export of an attngeom store: long tables, one row per cell inside\n"
+                "each sequence's length (masked pairs left out). Open with\n"
+                "pandas.read_parquet('per_query.parquet') or arrow::read_parquet() in R.\n"
+                "  per_query.parquet  sequence, layer, head, query + per-query variables\n"
+                "                     (layer_output_norm repeated over heads)\n"
+                "  per_key.parquet    sequence, layer, head, key + per-key variables\n"
+                "  pairs.parquet      sequence, layer, head, query, key + pair variables\n"
+                "                     (compact: group sink/tail, lag = query - key, -1 on sink)\n"
+                "  sequences.parquet  sequence, length, truncated, finite, text_index\n"
+                "  tokens.parquet     sequence, position, token_id, special, token\n"
+                "Each file's metadata holds 'attngeom_manifest'; see manifest.source.json.\n")
+    return head + "\nThe source store's description follows.\n\n" + readme_text(manifest)

@@ -1,0 +1,416 @@
+"""Store operations: merge stores into one, cut a smaller store out of one.
+
+merge
+    Stores of the same model and options (everything in ``config`` but ``data`` and
+    ``options.shard_size``; a different setting is refused, naming it). Stores with equal
+    ``config_hash`` (the parts of ``extract --shard I/N``, or copies) are one dataset: their
+    shard files are hard-linked (copied across filesystems) under their own sequence ranges,
+    duplicates of a shard kept once, and together they must cover every sequence; the
+    result is the single-process store (same config, ``config_hash`` and shard files).
+    Stores of different data are concatenated in the order given, sequences renumbered,
+    ``text_index`` shifted into the concatenated data; a sequence whose token ids equal
+    those of a sequence of an earlier input is dropped (recorded in ``data.parts``), and a
+    later input whose data has the same sha256 as an earlier one is skipped whole.
+subset
+    Layers, heads (by their labels), sequences (renumbered 0..n-1; ``text_index`` kept) and
+    variables; what was cut is recorded in ``config["subset"]`` (so the hash changes).
+
+Both honour ``no_text`` (leave token strings out; ``options.store_text`` becomes false),
+write a complete manifest, every shard with its sha256, and README.txt.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+import xarray as xr
+
+from . import schema as S
+from .manifest import (StoreError, canonical, config_difference, config_hash, file_sha256,
+                       new_manifest, read_manifest, write_manifest)
+from .readme import write_readme
+from .shards import shard_attrs, shard_name, write_shard
+
+READ_NEEDS = {  # what attngeom.store.open needs to derive contributions on read
+    "alpha": ("value_norm", "cosine", "cosine_layer", "output_norm", "layer_output_norm"),
+    "tail_alpha": ("value_norm", "tail_cosine", "tail_cosine_layer", "output_norm",
+                   "layer_output_norm"),
+}
+
+
+# ---------------------------------------------------------------------------- shared
+def complete_manifest(store: str | Path) -> dict:
+    m = read_manifest(store)
+    if not m["complete"]:
+        raise StoreError(f"{store}: incomplete store; finish it (rerun its extract command) first")
+    return m
+
+
+def prepare_out(out: Path, inputs: Sequence[Path]) -> None:
+    if any(out.resolve() == Path(s).resolve() for s in inputs):
+        raise StoreError(f"--out {out} is one of the input stores; choose a new directory")
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise StoreError(f"--out {out} exists and is not empty; choose a new directory")
+    out.mkdir(parents=True, exist_ok=True)
+
+
+def load_shard(path: Path, select: Callable[[xr.Dataset], xr.Dataset] | None = None):
+    """Read one shard (only what ``select`` keeps) into memory, encodings cleared."""
+    with xr.open_dataset(path, engine="h5netcdf") as ds:
+        ds = (select(ds) if select else ds).load()
+    for var in ds.variables.values():
+        var.encoding = {}
+    ds.encoding = {}
+    return ds
+
+
+def write_entry(ds: xr.Dataset, out: Path, index: int, start: int, manifest: dict,
+                no_text: bool) -> dict:
+    """Renumber ``ds`` from ``start``, stamp the manifest's attrs, write shard ``index``."""
+    if no_text and "token" in ds:
+        ds = ds.drop_vars("token")
+    ds = ds.assign_coords({S.SEQUENCE: np.arange(start, start + ds.sizes[S.SEQUENCE])})
+    ds.attrs = shard_attrs(manifest)
+    name = shard_name(index)
+    write_shard(ds, out / name)
+    return shard_entry(name, start, start + ds.sizes[S.SEQUENCE], file_sha256(out / name),
+                       int(ds["truncated"].sum()), int((ds["finite"] == 0).sum()))
+
+
+def shard_entry(name: str, lo: int, hi: int, sha: str, truncated: int, nonfinite: int) -> dict:
+    return {"file": name, "sequences": [lo, hi], "sha256": sha, "truncated": truncated,
+            "nonfinite": nonfinite}
+
+
+def finish(out: Path, manifest: dict) -> dict:
+    """Counts from the shard entries, complete, manifest and README written."""
+    manifest["shards"].sort(key=lambda e: e["sequences"][0])
+    counts = manifest.setdefault("counts", {})
+    counts["truncated"] = sum(e["truncated"] for e in manifest["shards"])
+    counts["nonfinite"] = sum(e["nonfinite"] for e in manifest["shards"])
+    manifest["complete"] = True
+    write_manifest(out, manifest)
+    write_readme(out, manifest)
+    return manifest
+
+
+def link_or_copy(src: Path, dst: Path, copy_files: bool) -> None:
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    if not copy_files:
+        try:
+            os.link(src, dst)
+            return
+        except OSError:
+            pass
+    shutil.copyfile(src, dst)
+
+
+# ---------------------------------------------------------------------------- merge
+def _output_config(config: dict, no_text: bool) -> dict:
+    config = copy.deepcopy(config)
+    if no_text:
+        config["options"]["store_text"] = False
+    return config
+
+
+def _comparable(config: dict) -> dict:
+    config = copy.deepcopy(config)
+    config.pop("data", None)
+    config["options"].pop("shard_size", None)
+    return config
+
+
+def _groups(stores: list[Path], manifests: list[dict], no_text: bool) -> list[dict]:
+    """Inputs grouped by output config hash (one dataset each), in order of appearance."""
+    ref = _comparable(_output_config(manifests[0]["config"], no_text))
+    groups: dict[str, dict] = {}
+    for store, m in zip(stores, manifests):
+        cfg = _output_config(m["config"], no_text)
+        diff = config_difference(ref, _comparable(cfg))
+        if diff:
+            raise StoreError(f"cannot merge {store} with {stores[0]}: made with other settings "
+                             f"({diff[:160]}); only stores of the same model and options merge")
+        g = groups.setdefault(config_hash(cfg), {"config": cfg, "members": []})
+        g["members"].append((store, m))
+    return list(groups.values())
+
+
+def _union(group: dict) -> list[tuple[Path, dict]]:
+    """The group's shards in sequence order, each range once; all sequences covered."""
+    entries = sorted(((tuple(e["sequences"]), store, e) for store, m in group["members"]
+                      for e in m["shards"]), key=lambda t: t[0])
+    kept: list[tuple[tuple, Path, dict]] = []
+    for rng, store, e in entries:
+        if kept and kept[-1][0] == rng:
+            continue                                   # the same shard from another input
+        if kept and rng[0] < kept[-1][0][1]:
+            raise StoreError(f"{store}: {e['file']} overlaps sequences of {kept[-1][1]} "
+                             "with other boundaries; merge stores made with the same options")
+        kept.append((rng, store, e))
+    n, expected = group["members"][0][1]["n_sequences"], 0
+    for rng, _, _ in kept + [((n, n), None, None)]:
+        if rng[0] > expected:
+            raise StoreError(f"cannot merge: sequences [{expected}, {rng[0]}) of "
+                             f"{group['config']['data'].get('spec')} are in none of the stores"
+                             f"{_missing_parts(group)}")
+        expected = max(expected, rng[1])
+    return [(store, e) for _, store, e in kept]
+
+
+def _missing_parts(group: dict) -> str:
+    parts = [m.get("part") for _, m in group["members"] if m.get("part")]
+    if not parts:
+        return "; add the store that holds them"
+    have = {p["index"] for p in parts}
+    missing = [f"--shard {i}/{parts[0]['count']}" for i in range(parts[0]["count"])
+               if i not in have]
+    return f"; add the part store(s) made with {', '.join(missing)}" if missing else ""
+
+
+def merge(stores: Sequence[str | Path], out: str | Path, copy_files: bool = False,
+          no_text: bool = False) -> dict:
+    """Merge ``stores`` into the new store ``out``; return its manifest (see module doc)."""
+    stores = [Path(s) for s in stores]
+    if not stores:
+        raise ValueError("store merge needs at least one input store")
+    out = Path(out)
+    manifests = [complete_manifest(s) for s in stores]
+    groups = _groups(stores, manifests, no_text)
+    for g in groups:
+        g["shards"] = _union(g)
+    kept, skipped = [groups[0]], []
+    for g in groups[1:]:                           # the same texts again: a duplicate input
+        same = [k for k in kept if k["config"]["data"]["sha256"] == g["config"]["data"]["sha256"]]
+        (skipped if same else kept).append(g)
+    prepare_out(out, stores)
+    record = {"inputs": [{"store": str(s), "config_hash": m["config_hash"],
+                          "n_sequences": m["n_sequences"], "part": m.get("part")}
+                         for s, m in zip(stores, manifests)],
+              "skipped_duplicate_data": [m["config_hash"] for g in skipped
+                                         for _, m in g["members"]]}
+    if len(kept) == 1:
+        return _merge_one(kept[0], out, copy_files, no_text, record)
+    return _merge_many(kept, out, no_text, record)
+
+
+def _merge_one(group: dict, out: Path, copy_files: bool, no_text: bool, record: dict) -> dict:
+    """Parts of one dataset: shard files linked (or rewritten without text) in place."""
+    first = group["members"][0][1]
+    extra = {k: first[k] for k in ("versions", "sources") if k in first}
+    extra["counts"] = {"skipped_empty": first.get("counts", {}).get("skipped_empty", 0)}
+    manifest = new_manifest(group["config"], first["n_sequences"], dict(extra, merge=record))
+    write_manifest(out, manifest)
+    hashes = {store: m["config_hash"] for store, m in group["members"]}
+    for index, (store, e) in enumerate(group["shards"]):
+        src = store / e["file"]
+        if file_sha256(src) != e["sha256"]:
+            raise StoreError(f"{src}: checksum mismatch (damaged); run `attngeom store "
+                             "validate` and re-extract that shard")
+        lo, hi = e["sequences"]
+        if hashes[store] == manifest["config_hash"]:
+            link_or_copy(src, out / shard_name(index), copy_files)
+            manifest["shards"].append(dict(e, file=shard_name(index)))
+        else:                                          # --no-text: rewritten without tokens
+            ds = load_shard(src)
+            manifest["shards"].append(write_entry(ds, out, index, lo, manifest, no_text))
+        write_manifest(out, manifest)
+    return finish(out, manifest)
+
+
+def _token_keys(path: Path) -> tuple[list[bytes], np.ndarray]:
+    import h5netcdf
+
+    with h5netcdf.File(path, "r") as f:
+        ids = np.asarray(f.variables["token_id"][:])
+        lengths = np.asarray(f.variables["length"][:])
+        text_index = np.asarray(f.variables["text_index"][:])
+    keys = [hashlib.sha256(ids[i, :n].astype(np.int64).tobytes()).digest()
+            for i, n in enumerate(lengths)]
+    return keys, text_index
+
+
+def _data_parts(data: dict, offset: int) -> list[dict]:
+    """A group's data as flat parts, ``text_offset`` shifted by ``offset``."""
+    parts = data.get("parts") or [{k: data.get(k) for k in
+                                   ("spec", "sha256", "n_texts", "text_field", "limit")}]
+    return [dict(p, text_offset=offset + p.get("text_offset", 0),
+                 dropped=[offset + t for t in p.get("dropped", [])]) for p in parts]
+
+
+def _merge_many(groups: list[dict], out: Path, no_text: bool, record: dict) -> dict:
+    """Different datasets: concatenate, renumber, drop sequences seen in an earlier input."""
+    seen: set[bytes] = set()
+    plan, parts, offset = [], [], 0
+    for gi, g in enumerate(groups):
+        parts += _data_parts(g["config"]["data"], offset)
+        new: set[bytes] = set()
+        for store, e in g["shards"]:
+            keys, text_index = _token_keys(store / e["file"])
+            keep = np.array([gi == 0 or k not in seen for k in keys], dtype=bool)
+            for t in text_index[~keep]:
+                part = next(p for p in parts if p["text_offset"] <= offset + t
+                            < p["text_offset"] + p["n_texts"])
+                part["dropped"].append(int(offset + t))
+            new.update(keys)
+            plan.append((store / e["file"], keep, offset))
+        seen |= new
+        offset += g["config"]["data"]["n_texts"]
+    config = _merged_config(groups, parts, offset)
+    members = [m for g in groups for _, m in g["members"]]
+    extra = {"versions": members[0].get("versions", {}), "merge": record,
+             "counts": {"skipped_empty": sum(g["members"][0][1].get("counts", {})
+                                             .get("skipped_empty", 0) for g in groups)}}
+    n = int(sum(keep.sum() for _, keep, _ in plan))
+    manifest = new_manifest(config, n, extra)
+    write_manifest(out, manifest)
+    start, index = 0, 0
+    for path, keep, text_offset in plan:
+        if not keep.any():
+            continue
+        ds = load_shard(path, lambda d, k=keep: d.isel({S.SEQUENCE: np.flatnonzero(k)}))
+        ds["text_index"] = ds["text_index"] + np.int32(text_offset)
+        manifest["shards"].append(write_entry(ds, out, index, start, manifest, no_text))
+        write_manifest(out, manifest)
+        start, index = start + int(keep.sum()), index + 1
+    return finish(out, manifest)
+
+
+def _merged_config(groups: list[dict], parts: list[dict], n_texts: int) -> dict:
+    config = copy.deepcopy(groups[0]["config"])
+    sizes = {g["config"]["options"].get("shard_size") for g in groups}
+    config["options"]["shard_size"] = sizes.pop() if len(sizes) == 1 else None
+    fields = {p.get("text_field") for p in parts}
+    config["data"] = {
+        "spec": "merge: " + " + ".join(str(p["spec"]) for p in parts),
+        "text_field": fields.pop() if len(fields) == 1 else None,
+        "sha256": hashlib.sha256(canonical([[p["sha256"], p["text_offset"], p["dropped"]]
+                                            for p in parts]).encode()).hexdigest(),
+        "n_texts": n_texts, "limit": None, "parts": parts}
+    return config
+
+
+# ---------------------------------------------------------------------------- subset
+def parse_ranges(spec, available: Sequence[int], what: str) -> list[int]:
+    """``"0:4,7"`` (half-open ranges and numbers; ``"2:"`` and ``":3"`` too) -> sorted labels."""
+    available = [int(a) for a in available]
+    if spec is None:
+        return available
+    if isinstance(spec, (list, tuple, range, np.ndarray)):
+        values = [int(v) for v in spec]
+    else:
+        values = []
+        for item in str(spec).split(","):
+            m = re.fullmatch(r"\s*(\d*)\s*(:)?\s*(\d*)\s*", item)
+            if not m or not (m.group(1) or m.group(3)) or (not m.group(2) and not m.group(1)):
+                raise ValueError(f"{what} '{spec}': use numbers and half-open ranges, e.g. 0:4,7")
+            lo = int(m.group(1)) if m.group(1) else 0
+            hi = int(m.group(3)) if m.group(3) else (max(available) + 1 if m.group(2) else lo + 1)
+            values += list(range(lo, hi))
+    have = set(available)
+    bad = [v for v in values if v not in have]
+    if bad:
+        raise ValueError(f"{what} {bad[0]} is not in the store (it has {_runs_text(available)})")
+    if not values:
+        raise ValueError(f"{what} '{spec}' selects nothing")
+    return sorted(set(values))
+
+
+def runs(values: Sequence[int]) -> list[list[int]]:
+    """Sorted integers as half-open runs [[lo, hi), ...]."""
+    out: list[list[int]] = []
+    for v in values:
+        if out and out[-1][1] == v:
+            out[-1][1] += 1
+        else:
+            out.append([int(v), int(v) + 1])
+    return out
+
+
+def _runs_text(values: Sequence[int]) -> str:
+    return ",".join(f"{a}" if b == a + 1 else f"{a}:{b}" for a, b in runs(sorted(values)))
+
+
+def _expand(rs: list[list[int]]) -> list[int]:
+    return [v for lo, hi in rs for v in range(lo, hi)]
+
+
+def _variables(spec, present: set[str], mode: str) -> tuple[set[str], list[str]]:
+    """The measured variables to keep, and those added so contributions derive on read."""
+    measured = set(S.variables_for(mode)) & present
+    if spec is None:
+        return measured, []
+    names = [n.strip() for n in (spec.split(",") if isinstance(spec, str) else spec) if n.strip()]
+    always = set(S.SEQUENCE_VARIABLES) | {"token"}
+    derived = set(S.DERIVED) if mode == "compact" else set(S.DERIVED_PAIR_VARIABLES)
+    bad = [n for n in names if n not in measured | derived | always]
+    if bad:
+        raise ValueError(f"--variables {bad[0]} is not in the store; choose from "
+                         f"{', '.join(sorted(measured | derived))}")
+    keep = {n for n in names if n in measured}
+    keep |= {"tail_alpha" if n.startswith("tail_") else "alpha" for n in names if n in derived}
+    asked = set(keep)
+    for name, needs in READ_NEEDS.items():
+        if name in keep:
+            keep |= set(needs)
+    return keep, sorted(keep - asked)
+
+
+def subset(store: str | Path, out: str | Path, layers=None, heads=None, sequences=None,
+           variables=None, no_text: bool = False) -> dict:
+    """Write the smaller store ``out`` cut from ``store``; return its manifest.
+
+    ``layers``/``heads`` select by label (a subset of a subset keeps the model's numbers),
+    ``sequences`` by the store's sequence index (renumbered 0..n-1 in the output), as lists or
+    range strings like ``"0:4,7"``; ``variables`` names measured or derived variables
+    (per-sequence variables are always kept).
+    """
+    src, out = Path(store), Path(out)
+    m = complete_manifest(src)
+    entries = sorted(m["shards"], key=lambda e: e["sequences"][0])
+    if not entries:
+        raise StoreError(f"{src}: the store holds no sequences")
+    with xr.open_dataset(src / entries[0]["file"], engine="h5netcdf") as first:
+        layer_labels, head_labels = first[S.LAYER].values, first[S.HEAD].values
+        present = set(first.data_vars)
+    cfg = m["config"]
+    layer_sel = parse_ranges(layers, layer_labels, "--layers")
+    head_sel = parse_ranges(heads, head_labels, "--heads")
+    seq_all = [s for e in entries for s in range(*e["sequences"])]
+    seq_sel = parse_ranges(sequences, seq_all, "--sequences")
+    keep, added = _variables(variables, present, cfg["options"]["mode"])
+    before = cfg.get("subset") or {}
+    origin = _expand(before["sequences"]) if before else list(range(m["n_sequences"]))
+    position = {s: i for i, s in enumerate(seq_all)}
+    dropped = sorted(set(before.get("dropped_variables", []))
+                     | (set(S.variables_for(cfg["options"]["mode"])) & present) - keep)
+    config = _output_config(cfg, no_text)
+    config["subset"] = {
+        "source_config_hash": before.get("source_config_hash", m["config_hash"]),
+        "layers": [int(v) for v in layer_sel], "heads": [int(v) for v in head_sel],
+        "n_sequences": len(seq_sel), "sequences": runs([origin[position[s]] for s in seq_sel]),
+        "dropped_variables": dropped, "added_for_derived": added, "no_text": bool(no_text)}
+    prepare_out(out, [src])
+    extra = {k: m[k] for k in ("versions", "sources") if k in m}
+    extra["counts"] = {"skipped_empty": m.get("counts", {}).get("skipped_empty", 0)}
+    manifest = new_manifest(config, len(seq_sel), extra)
+    write_manifest(out, manifest)
+    drop = [n for n in present if n in set(dropped)]
+    start, index = 0, 0
+    for e in entries:
+        lo, hi = e["sequences"]
+        mine = [s for s in seq_sel if lo <= s < hi]
+        if not mine:
+            continue
+        ds = load_shard(src / e["file"], lambda d, mine=mine: d.drop_vars(drop).sel(
+            {S.SEQUENCE: mine, S.LAYER: layer_sel, S.HEAD: head_sel}))
+        manifest["shards"].append(write_entry(ds, out, index, start, manifest, no_text))
+        write_manifest(out, manifest)
+        start, index = start + len(mine), index + 1
+    return finish(out, manifest)

@@ -1,0 +1,8 @@
+"""Make the synthetic store builders (tests/analysis/synthetic_stores.py) importable."""
+
+import sys
+from pathlib import Path
+
+HERE = str(Path(__file__).resolve().parent)
+if HERE not in sys.path:
+    sys.path.insert(0, HERE)

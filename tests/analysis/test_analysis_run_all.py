@@ -1,0 +1,106 @@
+"""run_all and `attngeom analyze`: files, names, dims, provenance, summary, errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+import xarray as xr
+
+import attngeom.store
+from attngeom import cli
+from attngeom.analysis import (RESULT_FILES, anti_alignment, convexity, decomposition, run_all,
+                               sinks)
+from attngeom.analysis.summary import __doc__ as SUMMARY_DOC
+from synthetic_stores import geometric_store, to_compact
+
+DIMS = {
+    "sinks.nc": {"sink_rate_mean": ("layer", "head"), "is_sink_head": ("layer", "head"),
+                 "sink_head_fraction": ("layer",)},
+    "convexity.nc": {"beta2": ("layer", "head"), "pooled_beta2": ("layer",),
+                     "vertex_ci_low": ("layer", "head"), "q_value": ("layer", "head"),
+                     "interior_minimum": ("layer", "head"),
+                     "analytic_vertex_iqr_high": ("layer", "head"),
+                     "lowess": ("layer", "head", "grid"), "pooled_q_value": ("layer",)},
+    "anti_alignment.nc": {"mean_cos": ("layer", "head"), "q_value_by": ("layer", "head"),
+                          "residual_p_value": ("layer", "head"), "mixed_p_value": ("layer",)},
+    "decomposition.nc": {"lmg_share": ("layer", "group", "part"),
+                         "pooled_cov_share": ("group", "part"),
+                         "negative_fraction": ("layer", "group"), "paper_pattern": ("layer",)},
+}
+
+
+@pytest.fixture(scope="module")
+def store():
+    ds = geometric_store(n_seq=16, n_layer=2, n_head=3, n_pos=14, seed=12)
+    ds.attrs.update(config={"hidden": 8, "name": "tiny"}, has_output_bias=True,
+                    not_json=object(), shape=[1, 2])
+    return ds
+
+
+@pytest.mark.parametrize("layout", ["dense", "compact"])
+def test_run_all_writes_labeled_files(store, tmp_path, layout):
+    ds = store if layout == "dense" else to_compact(store)
+    results = run_all(ds, tmp_path, n_boot=20, progress=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        list(RESULT_FILES.values()) + ["summary.csv"])
+    for filename, names in DIMS.items():
+        with xr.open_dataset(tmp_path / filename) as res:
+            for name, dims in names.items():
+                assert res[name].dims == dims, (filename, name)
+            assert res.attrs["mode"] == layout and res.attrs["model"] == "synthetic"
+            assert res.attrs["config"] == '{"hidden": 8, "name": "tiny"}'
+            assert res.attrs["has_output_bias"] == 1 and "not_json" not in res.attrs
+            assert list(res.attrs["shape"]) == [1, 2]
+            assert res.attrs["analysis_sink_k"] == 1
+    table = pd.read_csv(tmp_path / "summary.csv")
+    documented = SUMMARY_DOC.split("Columns (stable): ")[1].split(". In row")[0].split()
+    assert list(table.columns) == [c.strip("`") for c in documented]
+    assert list(table["layer"].astype(str)) == ["0", "1", "all"]
+    assert table["verdict"].str.len().min() > 20
+    assert results["sinks"]["sink_head_count"].sum() == table["sink_head_count"].iloc[-1]
+
+
+def test_run_all_equals_the_single_analyses(store):
+    all_ = run_all(store.chunk({"sequence": 5}), None, n_boot=20, seed=4, progress=False)
+    single = {"sinks": sinks(store), "convexity": convexity(store, n_boot=20, seed=4),
+              "anti_alignment": anti_alignment(store, seed=4), "decomposition":
+              decomposition(store)}
+    for name, ref in single.items():
+        for var in ref.data_vars:
+            a, b = all_[name][var].values, ref[var].values
+            if a.dtype.kind in "fc":
+                np.testing.assert_allclose(a, b, rtol=1e-9, err_msg=f"{name}.{var}")
+            else:
+                assert (a == b).all(), f"{name}.{var}"
+
+
+def test_layers_option(store):
+    res = run_all(store, None, layers=[1], n_boot=0, progress=False)
+    assert list(res["convexity"]["layer"].values) == [1]
+    assert list(res["summary"]["layer"].astype(str)) == ["1", "all"]
+
+
+def test_cli_analyze(store, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(attngeom.store, "open", lambda path: store, raising=False)
+    code = cli.main(["analyze", "somewhere", "--out", str(tmp_path), "--bootstrap", "10",
+                     "--seed", "3", "--epsilon", "0.4", "--layers", "0-1", "--no-progress"])
+    assert code == 0
+    with xr.open_dataset(tmp_path / "sinks.nc") as res:
+        assert res.attrs["analysis_epsilon"] == 0.4 and res.attrs["analysis_seed"] == 3
+    assert "summary.csv" in capsys.readouterr().out
+
+
+def test_cli_rejects_an_empty_store(tmp_path, monkeypatch, capsys, store):
+    monkeypatch.setattr(attngeom.store, "open", lambda path: store.isel(sequence=slice(0, 0)),
+                        raising=False)
+    code = cli.main(["analyze", "empty", "--out", str(tmp_path)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "no sequences" in err[0]
+    assert not list(tmp_path.iterdir())
+
+
+def test_cli_rejects_bad_layers(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["analyze", "x", "--out", str(tmp_path), "--layers", "a-b"])
+    assert "--layers" in capsys.readouterr().err

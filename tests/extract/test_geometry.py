@@ -1,0 +1,118 @@
+"""attngeom.extract.capture.measure against the independent naive reference (tests/reference.py).
+
+Every tiny architecture (GQA, value bias, sliding window, q/k norms, Conv1D, encoder, vit), dense
+and compact, sink_k 1 and 2. The expected compact arrays are built from the reference's dense
+(query, key) arrays by plain indexing (tests/store_helpers.expected_compact).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import pytest
+import torch
+
+import reference as ref
+import tiny_models as tm
+from store_helpers import PER_TOKEN, assert_same, cancellation, expected_compact
+from attngeom.extract.capture import Measurer, measure
+from attngeom.extract.hooks import attention_handler
+from attngeom.extract.measure import Options
+
+ARCHS = tm.ARCHITECTURES
+TAIL_W = 4
+
+
+@functools.lru_cache(maxsize=None)
+def _model(arch: str):
+    model = tm.build(arch, seed=0)
+    return model, tm.example_inputs(arch, model, batch=2, seq_len=12, seed=0)
+
+
+@functools.lru_cache(maxsize=None)
+def _reference(arch: str, sink_k: int) -> dict[str, np.ndarray]:
+    model, inputs = _model(arch)
+    return ref.naive_measure(model, inputs, sink_k=sink_k)
+
+
+@functools.lru_cache(maxsize=None)
+def _measured(arch: str, mode: str, sink_k: int) -> dict[str, np.ndarray]:
+    model, inputs = _model(arch)
+    return measure(model, inputs, Options(mode, sink_k, TAIL_W))
+
+
+@pytest.mark.parametrize("sink_k", [1, 2])
+@pytest.mark.parametrize("arch", ARCHS)
+def test_dense_equals_reference(arch, sink_k):
+    r, got = _reference(arch, sink_k), _measured(arch, "dense", sink_k)
+    assert set(got) == set(ref.NAMES)
+    assert all(x.dtype == np.float32 for x in got.values())
+    for name in ref.NAMES:
+        assert_same(got[name], r[name], name)
+
+
+@pytest.mark.parametrize("sink_k", [1, 2])
+@pytest.mark.parametrize("arch", ARCHS)
+def test_compact_equals_reference(arch, sink_k):
+    r, got = _reference(arch, sink_k), _measured(arch, "compact", sink_k)
+    want = expected_compact(r, sink_k, TAIL_W)
+    assert set(got) == set(want) | set(PER_TOKEN)
+    for name, x in want.items():
+        assert_same(got[name], x, name)
+    for name in PER_TOKEN:
+        scale = cancellation(r) if name == "sink_residual_cosine" else 1.0
+        assert_same(got[name], r[name], name, scale)
+
+
+def test_compact_parts_are_not_trivial():
+    """The comparisons above exercise every group: the middle is non-empty, tails hit sinks."""
+    r = expected_compact(_reference("llama", 1), 1, TAIL_W)
+    assert np.nanmax(r["middle_count"]) >= 12 - 1 - TAIL_W
+    assert np.nanmax(np.abs(r["middle_contribution"])) > 1e-2
+    assert np.isnan(r["tail_alpha"][0, 0, 0, TAIL_W - 1]).any()     # lag reaching the sink
+    mistral = _reference("mistral", 1)                              # window 6 hides the sink
+    assert np.isnan(mistral["alpha"][0, 0, 0, 11, 0])
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_contributions_sum_to_one(arch):
+    got = _measured(arch, "dense", 1)
+    real = ~np.isnan(got["output_norm"])                                # (B, L, H, T)
+    np.testing.assert_allclose(np.nansum(got["contribution"], -1)[real], 1.0, atol=1e-4)
+    total = np.nansum(got["contribution_layer"], axis=(2, 4))           # (B, L, T)
+    np.testing.assert_allclose(total[real[:, :, 0]], 1.0, atol=1e-4)
+    np.testing.assert_allclose(np.nansum(got["alpha"], -1)[real], 1.0, atol=1e-5)
+
+
+def _forward(model, inputs, handler=None):
+    with torch.inference_mode():
+        if handler is None:
+            out = model(**inputs)
+        else:
+            with attention_handler(model, handler):
+                out = model(**inputs)
+    return (out.logits if hasattr(out, "logits") else out.last_hidden_state).numpy()
+
+
+@pytest.mark.parametrize("mode", ["dense", "compact"])
+@pytest.mark.parametrize("arch", ARCHS)
+def test_measurement_leaves_forward_unchanged(arch, mode):
+    model, inputs = _model(arch)
+    previous = model.config._attn_implementation
+    handler = Measurer(model, Options(mode, 1, TAIL_W))
+    if "attention_mask" in inputs:
+        handler.token_mask = inputs["attention_mask"].bool()
+    measured = _forward(model, inputs, handler)
+    assert len(handler.results) == model.config.num_hidden_layers      # every layer hooked
+    assert model.config._attn_implementation == previous                # restored afterwards
+    real = (inputs["attention_mask"].bool().numpy() if "attention_mask" in inputs
+            else np.ones(measured.shape[:2], bool))                     # padded rows are free
+    for impl in ("eager", "sdpa"):
+        model.set_attn_implementation(impl)
+        try:
+            plain = _forward(model, inputs)
+        finally:
+            model.set_attn_implementation(previous)
+        np.testing.assert_allclose(measured[real], plain[real], rtol=1e-5, atol=1e-5,
+                                   err_msg=impl)

@@ -1,0 +1,209 @@
+"""The extraction run (attngeom.extract.run.extract): resume, refusal of other settings.
+
+A tiny llama saved to a directory, 3 texts in a JSONL, shards of 2 sequences (2 shard files).
+Numbers of finished stores against the reference are in tests/store/test_roundtrip.py; here a
+resumed store must equal, bit for bit, the store of an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+import attngeom.store
+import tiny_models as tm
+from attngeom.extract import run as run_module
+from attngeom.extract.run import ExtractConfig, extract
+from attngeom.store.manifest import StoreError
+from attngeom.store.validate import validate
+from store_helpers import write_texts
+
+N_WORDS = (3, 12, 6)
+OPTIONS = dict(mode="compact", sink_k=1, tail_w=3, max_length=10, shard_size=2, batch_size=2)
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory):
+    base = tmp_path_factory.mktemp("run")
+    model = tm.save_tiny("llama", base / "model")
+    data = write_texts(base / "texts.jsonl", N_WORDS)
+    clean = base / "clean"
+    extract(str(model), str(data), clean, ExtractConfig(**OPTIONS), progress=False)
+    return model, data, clean
+
+
+def _run(model, data, out, **changes):
+    return extract(str(model), str(data), out, ExtractConfig(**{**OPTIONS, **changes}),
+                   progress=False)
+
+
+def _manifest(store: Path) -> dict:
+    return json.loads((store / "manifest.json").read_text())
+
+
+def _shard_contents(store: Path) -> dict[str, dict[str, np.ndarray]]:
+    """Every dataset of every shard file, read with h5py (fast, and independent of xarray)."""
+    out = {}
+    for path in sorted((store / "shards").glob("*.nc")):
+        with h5py.File(path, "r") as f:
+            out[path.name] = {name: f[name][()] for name in f.keys()}
+            out[path.name]["attrs"] = {k: f.attrs[k] for k in f.attrs if k != "_NCProperties"}
+    return out
+
+
+def _assert_same_store(a: Path, b: Path) -> None:
+    """Same shard files holding the same values (NaN in the same cells) and attributes."""
+    ca, cb = _shard_contents(a), _shard_contents(b)
+    assert list(ca) == list(cb)
+    for shard in ca:
+        assert set(ca[shard]) == set(cb[shard]), shard
+        for name, x in ca[shard].items():
+            if name == "attrs":
+                assert {k: str(v) for k, v in x.items()} == \
+                    {k: str(v) for k, v in cb[shard][name].items()}
+            else:
+                np.testing.assert_array_equal(x, cb[shard][name], err_msg=f"{shard}:{name}")
+    assert _manifest(a)["config_hash"] == _manifest(b)["config_hash"]
+
+
+def _count_writes(monkeypatch, fail_after: int | None = None) -> list[str]:
+    written: list[str] = []
+    real = run_module.write_shard
+
+    def write(ds, path):
+        if fail_after is not None and len(written) >= fail_after:
+            raise RuntimeError("simulated crash while writing a shard")
+        real(ds, path)
+        written.append(Path(path).name)
+
+    monkeypatch.setattr(run_module, "write_shard", write)
+    return written
+
+
+def test_clean_run_layout(inputs):
+    _, _, clean = inputs
+    m = _manifest(clean)
+    assert m["complete"] and m["n_sequences"] == 3
+    assert [e["sequences"] for e in m["shards"]] == [[0, 2], [2, 3]]
+    assert sorted(p.name for p in (clean / "shards").iterdir()) == [
+        "shard-00000.nc", "shard-00001.nc"]
+    assert validate(clean) == []
+
+
+def test_rerun_of_complete_store_writes_nothing(inputs, tmp_path, monkeypatch):
+    model, data, clean = inputs
+    store = Path(shutil.copytree(clean, tmp_path / "store"))
+    written = _count_writes(monkeypatch)
+    _run(model, data, store)
+    assert written == []
+    _assert_same_store(store, clean)
+
+
+def test_resume_after_lost_last_shard(inputs, tmp_path, monkeypatch):
+    model, data, clean = inputs
+    store = Path(shutil.copytree(clean, tmp_path / "store"))
+    (store / "shards" / "shard-00001.nc").unlink()
+    m = _manifest(store)
+    m["complete"] = False
+    (store / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(StoreError, match="incomplete"):
+        attngeom.store.open(store)
+    written = _count_writes(monkeypatch)
+    _run(model, data, store)
+    assert written == ["shard-00001.nc"]                 # finished shards are kept
+    assert _manifest(store)["complete"] and validate(store) == []
+    _assert_same_store(store, clean)
+
+
+def test_resume_after_crash(inputs, tmp_path, monkeypatch):
+    model, data, clean = inputs
+    store = tmp_path / "store"
+    written = _count_writes(monkeypatch, fail_after=1)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        _run(model, data, store)
+    assert written == ["shard-00000.nc"]
+    m = _manifest(store)
+    assert not m["complete"] and [e["sequences"] for e in m["shards"]] == [[0, 2]]
+    assert any("incomplete" in p for p in validate(store))
+    with pytest.raises(StoreError, match="incomplete"):
+        attngeom.store.open(store)
+    assert attngeom.store.open(store, partial=True).sizes["sequence"] == 2
+    leftover = store / "shards" / ".shard-00001.nc.tmp-99999"   # a write cut short
+    leftover.write_bytes(b"half a file")
+    monkeypatch.undo()
+    written = _count_writes(monkeypatch)
+    _run(model, data, store)
+    assert written == ["shard-00001.nc"]
+    assert not leftover.exists()
+    assert validate(store) == []
+    _assert_same_store(store, clean)
+
+
+def test_resume_replaces_a_damaged_shard(inputs, tmp_path, monkeypatch):
+    model, data, clean = inputs
+    store = Path(shutil.copytree(clean, tmp_path / "store"))
+    shard = store / "shards" / "shard-00000.nc"
+    raw = bytearray(shard.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    shard.write_bytes(bytes(raw))
+    m = _manifest(store)
+    m["complete"] = False
+    (store / "manifest.json").write_text(json.dumps(m))
+    written = _count_writes(monkeypatch)
+    _run(model, data, store)
+    assert written == ["shard-00000.nc"]
+    assert validate(store) == []
+    _assert_same_store(store, clean)
+
+
+@pytest.mark.parametrize("change, needle", [
+    ({"tail_w": 4}, "tail_w"),
+    ({"mode": "dense"}, "mode"),
+    ({"sink_k": 2}, "sink_k"),
+    ({"max_length": 12}, "max_length"),
+])
+def test_other_options_refused(inputs, tmp_path, change, needle):
+    model, data, clean = inputs
+    store = Path(shutil.copytree(clean, tmp_path / "store"))
+    before = {p.name: p.read_bytes() for p in (store / "shards").iterdir()}
+    with pytest.raises(StoreError) as info:
+        _run(model, data, store, **change)
+    message = str(info.value)
+    assert "\n" not in message and needle in message and "other settings" in message
+    assert {p.name: p.read_bytes() for p in (store / "shards").iterdir()} == before
+
+
+def test_other_data_or_model_refused(inputs, tmp_path):
+    model, data, clean = inputs
+    store = Path(shutil.copytree(clean, tmp_path / "store"))
+    other = write_texts(tmp_path / "texts.jsonl", N_WORDS, seed=1)
+    with pytest.raises(StoreError, match="sha256"):
+        _run(model, other, store)
+    other_model = tm.save_tiny("llama", tmp_path / "model", seed=1)
+    with pytest.raises(StoreError, match="weight_fingerprint"):
+        _run(other_model, data, store)
+
+
+def test_not_a_store_refused(inputs, tmp_path):
+    model, data, _ = inputs
+    out = tmp_path / "busy"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    with pytest.raises(StoreError, match="not an attngeom store"):
+        _run(model, data, out)
+    assert (out / "notes.txt").read_text() == "mine"
+
+
+def test_bad_options_refused(inputs, tmp_path):
+    model, data, _ = inputs
+    for change, needle in (({"mode": "sparse"}, "--mode"), ({"sink_k": 0}, "--sink-k"),
+                           ({"tail_w": 0}, "--tail-w"), ({"max_length": 0}, "--max-length")):
+        with pytest.raises(ValueError, match=needle):
+            _run(model, data, tmp_path / "out", **change)
+    assert not (tmp_path / "out").exists()
+    np.testing.assert_equal(len(list(tmp_path.iterdir())), 0)

