@@ -77,7 +77,7 @@ def mixed_less_than_zero(values: np.ndarray, sequence: np.ndarray) -> dict[str, 
             res = sm.MixedLM(y, np.ones((len(y), 1)), groups=g).fit(reml=True)
         except (np.linalg.LinAlgError, ValueError):
             return out
-    est, se = float(res.fe_params[0]), float(res.bse_fe[0])
+        est, se = float(res.fe_params[0]), float(res.bse_fe[0])  # bse may warn: keep inside
     converged = bool(res.converged) and not any(
         "converge" in str(w.message).lower() for w in caught)
     p = stats.norm.cdf(est / se) if se > 0 else np.nan

@@ -209,7 +209,8 @@ def measure_peak(fn: Callable[[], object]) -> dict:
             "rss_before_mib": before / MiB, "wall_s": wall, "peak_reset": ok}
 
 
-def run_child_rss(argv: list[str], env: dict | None = None, cwd=None) -> dict:
+def run_child_rss(argv: list[str], env: dict | None = None, cwd=None,
+                  rss_limit_mib: float | None = None) -> dict:
     """Run a command: wall and CPU seconds, exit status, output, and the child's own peak
     RSS (``os.wait4``, so earlier children do not count)."""
     t0 = time.perf_counter()
@@ -226,12 +227,25 @@ def run_child_rss(argv: list[str], env: dict | None = None, cwd=None) -> dict:
                threading.Thread(target=pump, args=(proc.stderr, err_chunks))]
     for t in threads:
         t.start()
-    _, status, usage = os.wait4(proc.pid, 0)
+    killed = False
+    while True:                             # wait4 keeps this child's own rusage
+        pid, status, usage = os.wait4(proc.pid, os.WNOHANG if rss_limit_mib else 0)
+        if pid:
+            break
+        try:                                # watchdog: stop a child that outgrows the limit
+            with open(f"/proc/{proc.pid}/status") as f:
+                rss = next(int(x.split()[1]) for x in f if x.startswith("VmRSS:")) / 1024
+        except (OSError, StopIteration):
+            rss = 0
+        if rss > rss_limit_mib and not killed:
+            proc.kill()
+            killed = True
+        time.sleep(0.2)
     wall = time.perf_counter() - t0
     for t in threads:
         t.join()
     proc.returncode = os.waitstatus_to_exitcode(status)
-    return {"argv": argv, "rc": proc.returncode, "wall_s": wall,
+    return {"argv": argv, "rc": proc.returncode, "wall_s": wall, "killed_over_rss_limit": killed,
             "peak_rss_mib": usage.ru_maxrss / 1024, "cpu_s": usage.ru_utime + usage.ru_stime,
             "stdout": b"".join(out_chunks).decode(errors="replace"),
             "stderr": b"".join(err_chunks).decode(errors="replace")}
@@ -256,3 +270,41 @@ def python() -> str:
 
 def log(msg: str) -> None:
     print(f"# {msg}", file=sys.stderr, flush=True)
+
+
+def ensure_attngeom() -> str:
+    """Make ``attngeom.extract`` importable, installed or straight from this checkout.
+
+    An uninstalled checkout (e.g. a bare GPU machine) lacks the ``package-dir`` mapping that
+    makes ``extract/`` the subpackage ``attngeom.extract``; register it (and ``store/``) by
+    path then. Returns how attngeom was found.
+    """
+    import importlib
+    import importlib.util
+
+    try:
+        importlib.import_module("attngeom.extract.capture")
+        return "installed"
+    except ImportError:
+        for name in [m for m in sys.modules if m == "attngeom" or m.startswith("attngeom.")]:
+            del sys.modules[name]
+    if str(REPO) not in sys.path:
+        sys.path.insert(0, str(REPO))
+    import attngeom
+
+    for sub in ("extract", "store"):
+        folder = REPO / sub
+        spec = importlib.util.spec_from_file_location(
+            f"attngeom.{sub}", folder / "__init__.py", submodule_search_locations=[str(folder)])
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module
+        try:
+            spec.loader.exec_module(module)
+        except ImportError:                     # store/ needs xarray; extract/ does not
+            del sys.modules[spec.name]
+            if sub == "extract":
+                raise
+            continue
+        setattr(attngeom, sub, module)
+    importlib.import_module("attngeom.extract.capture")
+    return "from the source checkout (not installed)"

@@ -21,7 +21,7 @@ from .data import Tokenized, batches, load_texts, pad_token_id
 from .interventions import (GRANULARITIES, METRICS, MODES, NONNEGATIVE, RANKS, DriftProbe,
                             Intervener, Removal, forward_logits)
 from .scoring import (Prepared, items_sha256, prepare_answers, prepare_choices, prepare_texts,
-                      span_logprobs, unit_scores)
+                      span_logprobs)
 
 TASKS = ("lm", "gsm8k-answer", "mmlu", "winogrande", "boolq")
 
@@ -189,6 +189,7 @@ def compute_block(model, prepared: Prepared, cfg: FaithConfig, removals: list[Re
     S, R = len(prepared.span_row), len(prepared.rows)
     out = {"clean": np.zeros(S), "drift": np.zeros(S), "removal": np.zeros((len(removals), S))}
     probe_rows: dict[str, dict[str, np.ndarray]] = {}
+    shared: dict = {}                                  # Gram matrices, once per model
     for index, inputs in _batches(prepared, cfg.batch_size, pad_id, device):
         where = {int(r): b for b, r in enumerate(index)}
         spans = np.flatnonzero(np.isin(prepared.span_row, index))
@@ -202,17 +203,19 @@ def compute_block(model, prepared: Prepared, cfg: FaithConfig, removals: list[Re
             return span_logprobs(logits, local, prepared.span_start[spans], tokens)
 
         probe = DriftProbe(cfg.sink_k, cfg.drift_low_fraction) if cfg.drift else None
-        out["clean"][spans] = score(Intervener(model, probe=probe))
+        out["clean"][spans] = score(Intervener(model, probe=probe, projections=shared))
         if cfg.drift:
             probe.phase = "after"
-            out["drift"][spans] = score(Intervener(model, sink_k=cfg.sink_k, probe=probe))
+            out["drift"][spans] = score(Intervener(model, sink_k=cfg.sink_k, probe=probe,
+                                                       projections=shared))
             for phase in ("before", "after"):
                 for name, x in probe.collect(phase).items():
                     arr = probe_rows.setdefault(phase, {}).setdefault(
                         name, np.zeros((R, x.shape[1])))
                     arr[index] = x.numpy()
         for c, removal in enumerate(removals):
-            out["removal"][c, spans] = score(Intervener(model, removal=removal))
+            out["removal"][c, spans] = score(Intervener(model, removal=removal,
+                                                         projections=shared))
     out["probe"] = probe_rows
     return out
 
@@ -248,12 +251,13 @@ def faithfulness(model: str, data: str, out: str | Path, cfg: FaithConfig | None
     removals = conditions(cfg, plan)
     n = prepared.n_units
     blocks = [(a, min(n, a + cfg.block_size)) for a in range(0, n, cfg.block_size)]
-    n_rows = len(prepared.rows)
-    per_row = len(removals) + 1 + int(cfg.drift)
-    bar = tqdm(total=n_rows * per_row, unit="pass", desc="faithfulness", disable=not progress)
+    per_batch = len(removals) + 1 + int(cfg.drift)                  # forward passes
+    subsets = [prepared.subset(start, stop) for start, stop in blocks]
+    n_batches = [-(-len(b.rows) // cfg.batch_size) for b in subsets]
+    bar = tqdm(total=sum(n_batches) * per_batch, unit="pass", desc="faithfulness",
+               disable=not progress)
     parts = []
-    for start, stop in blocks:
-        block = prepared.subset(start, stop)
+    for (start, stop), block, nb in zip(blocks, subsets, n_batches):
         ds = read_block(partial, start, stop)
         if ds is None:
             result = compute_block(loaded.model, block, cfg, removals,
@@ -261,7 +265,7 @@ def faithfulness(model: str, data: str, out: str | Path, cfg: FaithConfig | None
             ds = block_dataset(block, result, cfg, plan, removals, start, n_layers)
             write_block(ds, partial, start, stop)
         else:
-            bar.update(len(block.rows) * per_row)
+            bar.update(nb * per_batch)
         parts.append(ds)
     bar.close()
     ds = assemble(parts, prepared, cfg, config, notes)

@@ -6,7 +6,8 @@ modelling, GSM8K answers) or ``item`` (multiple choice):
 language modelling: ``ppl``, ``delta_ppl`` (metric, rank, mode, fraction, sequence);
 ``clean_ppl``, ``n_scored``, ``length``, ``truncated`` (sequence).
 multiple choice: ``logprob`` (metric, rank, mode, fraction, item, option), ``correct``,
-``accuracy_loss`` (= clean_correct - correct) (metric, rank, mode, fraction, item), ``accuracy``
+``accuracy_loss`` (= clean_correct - correct), ``answer_logprob_loss`` (clean - intervened
+log-prob of the correct option) (metric, rank, mode, fraction, item), ``accuracy``
 (metric, rank, mode, fraction); ``clean_logprob`` (item, option), ``clean_correct``, ``answer``,
 ``n_options``, ``truncated``, ``item_id``, ``group`` (item); ``clean_accuracy`` ().
 both: ``computed`` and ``same_ranking_as`` (metric, rank); semantic drift (sink values zeroed):
@@ -33,7 +34,7 @@ from attngeom.store.manifest import (StoreError, canonical, config_difference, c
                                      write_manifest)
 
 from .interventions import METRICS, RANKS
-from .scoring import Prepared
+from .scoring import Prepared, unit_scores
 
 DESCRIPTIONS = {
     "ppl": "perplexity exp(mean next-token NLL over the scored positions) under the intervention",
@@ -46,6 +47,8 @@ DESCRIPTIONS = {
     "correct": "1 when the arg-max option is the answer under the intervention",
     "accuracy": "mean of correct over items",
     "accuracy_loss": "clean_correct - correct (larger: the removed keys mattered more)",
+    "answer_logprob_loss": "clean - intervened log P of the correct option (a graded loss; "
+                           "pass it as variable= to the statistics)",
     "clean_logprob": "log P(continuation | context) of each option, unmodified model",
     "clean_correct": "1 when the unmodified model's arg-max option is the answer",
     "clean_accuracy": "accuracy of the unmodified model",
@@ -117,8 +120,6 @@ def _probe_units(block: Prepared, probe: dict) -> dict[str, np.ndarray]:
 def block_dataset(block: Prepared, result: dict, cfg, plan: dict, removals, start: int,
                   n_layers: int) -> xr.Dataset:
     """One block of units as a Dataset (no derived variables)."""
-    from .scoring import unit_scores
-
     U = _unit_dim(block.kind)
     grid = ("metric", "rank", "mode", "fraction", U)
     removal = unit_scores(block, result["removal"])
@@ -174,6 +175,9 @@ def assemble(parts: list[xr.Dataset], prepared: Prepared, cfg, config: dict,
         ds["accuracy"] = ds["correct"].astype(float).mean(U)
         ds["clean_accuracy"] = ds["clean_correct"].astype(float).mean(U)
         ds["accuracy_loss"] = (ds["clean_correct"] - ds["correct"]).astype(np.int8)
+        answer = ds["answer"]
+        ds["answer_logprob_loss"] = (ds["clean_logprob"].isel(option=answer)
+                                     - ds["logprob"].isel(option=answer))
         if cfg.drift:
             ds["drift_accuracy"] = ds["drift_correct"].astype(float).mean(U)
             ds["drift_accuracy_loss"] = (ds["clean_correct"] - ds["drift_correct"]).astype(np.int8)

@@ -161,11 +161,12 @@ class Intervener:
     """
 
     def __init__(self, model: nn.Module, removal: Removal | None = None,
-                 sink_k: int | None = None, probe=None, trace: list | None = None):
+                 sink_k: int | None = None, probe=None, trace: list | None = None,
+                 projections: dict | None = None):
         found = attention_layers(model)
         self.layers = {id(m): (i, w) for i, (m, w, _) in enumerate(found)}
         self.n_layers = len(found)
-        self.projections: dict[int, Projection] = {}
+        self.projections: dict[int, Projection] = {} if projections is None else projections
         self.removal = removal
         self.sink_k = sink_k
         self.probe = probe

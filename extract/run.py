@@ -156,6 +156,9 @@ def extract(model: str, data: str, out: str | Path, cfg: ExtractConfig | None = 
     opts = Options(cfg.mode, cfg.sink_k, cfg.tail_w)
     n = len(texts.texts)
     chosen = range(*part["shards"]) if part is not None else None
+    if chosen is not None and not chosen:
+        tqdm.write(f"attngeom: --shard {part['index']}/{part['count']} gets no shard file (the "
+                   f"data makes {-(-n // shard_size)}); pass a smaller --shard-size")
     total = n if part is None else part["sequences"][1] - part["sequences"][0]
     bar = tqdm(total=total, unit="seq", desc="extract", disable=not progress)
     bar.update(sum(e["sequences"][1] - e["sequences"][0] for e in manifest["shards"]))

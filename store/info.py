@@ -61,7 +61,8 @@ def _origin_lines(m: dict) -> list[str]:
     parts = m["config"]["data"].get("parts")
     if parts:
         dropped = sum(len(q.get("dropped", [])) for q in parts)
-        lines.append(f"merged       {len(parts)} data sets, {dropped} duplicate sequence(s) dropped")
+        lines.append(f"merged       {len(parts)} data sets, {dropped} duplicate sequence(s) "
+                     "dropped")
     elif m.get("merge"):
         lines.append(f"merged       from {len(m['merge'].get('inputs', []))} store(s)")
     cut = m["config"].get("subset")

@@ -97,7 +97,8 @@ def _layout_lines(config: dict) -> list[str]:
         "query and key (token positions 0..max_length-1, padded).",
     ]
     if o["mode"] == "dense":
-        layout = ["Layout: dense. Every (query, key) variable is stored whole on (..., query, key)."]
+        layout = ["Layout: dense. Every (query, key) variable is stored whole on",
+                  "(..., query, key)."]
     else:
         k, w = o["sink_k"], o["tail_w"]
         layout = [

@@ -14,8 +14,10 @@ from . import schema as S
 from .manifest import StoreError, config_hash, file_sha256, read_manifest
 
 
-def _expected_variables(mode: str) -> set[str]:
-    return set(S.variables_for(mode)) | {"token_id", "length"}
+def _expected_variables(mode: str, manifest: dict | None = None) -> set[str]:
+    cut = (manifest or {}).get("config", {}).get("subset") or {}   # store subset --variables
+    dropped = set(cut.get("dropped_variables", []))
+    return set(S.variables_for(mode)) - dropped | {"token_id", "length"}
 
 
 def check_shard(path: Path, entry: dict, manifest: dict) -> list[str]:
@@ -31,7 +33,7 @@ def check_shard(path: Path, entry: dict, manifest: dict) -> list[str]:
     try:
         with h5netcdf.File(path, "r") as f:
             names = set(f.variables)
-            missing = _expected_variables(opts["mode"]) - names
+            missing = _expected_variables(opts["mode"], manifest) - names
             if missing:
                 problems.append(f"{entry['file']}: missing variables {sorted(missing)}")
             seq = np.asarray(f.variables["sequence"][:]) if "sequence" in names else None
@@ -67,13 +69,15 @@ def validate(path: str | Path) -> list[str]:
         problems += check_shard(path / file, entry, manifest)
         covered.append(tuple(entry["sequences"]))
     covered.sort()
-    expected = 0
+    # a part of extract --shard I/N holds only its own block of sequences
+    start, stop = (manifest.get("part") or {}).get("sequences", [0, manifest["n_sequences"]])
+    expected = start
     for lo, hi in covered:
         if lo != expected:
             problems.append(f"sequences [{expected}, {lo}) are in no shard")
         expected = max(expected, hi)
-    if expected != manifest["n_sequences"]:
-        problems.append(f"sequences [{expected}, {manifest['n_sequences']}) are in no shard")
+    if expected != stop:
+        problems.append(f"sequences [{expected}, {stop}) are in no shard")
     if not manifest["complete"]:
         problems.append("store is incomplete (the extraction did not finish); rerun it to resume")
     return problems

@@ -68,7 +68,7 @@ def add_parser(p) -> None:
                    help="lowest-norm share of head outputs whose cone alignment is reported")
     p.add_argument("--name", default="faithfulness", help="result file <name>.nc")
     p.add_argument("--force", action="store_true",
-                   help="replace a result or interrupted run made with other settings")
+                   help="start over: replace an existing result or interrupted run")
     p.add_argument("--trust-remote-code", action="store_true",
                    help="allow model code from the hub (off by default)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")

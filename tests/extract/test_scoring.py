@@ -212,6 +212,9 @@ def test_multiple_choice_run(tiny_dir, tmp_path):
     np.testing.assert_array_equal(ds["clean_correct"],
                                   ds["clean_logprob"].argmax("option") == ds["answer"])
     np.testing.assert_array_equal(ds["accuracy_loss"], ds["clean_correct"] - ds["correct"])
+    lp, clean, ans = ds["logprob"].values, ds["clean_logprob"].values, ds["answer"].values
+    want = np.stack([clean[u, ans[u]] - lp[..., u, ans[u]] for u in range(len(ans))], -1)
+    np.testing.assert_allclose(ds["answer_logprob_loss"].transpose(*ds["correct"].dims), want)
 
 
 def test_cli_errors_are_one_line(tiny_dir, tmp_path, capsys):
@@ -229,3 +232,23 @@ def test_cli_errors_are_one_line(tiny_dir, tmp_path, capsys):
                         "--metrics", "attention,bogus"]) == 2
     lines = error_lines()
     assert len(lines) == 1 and "--metrics" in lines[0]
+
+
+def test_result_is_recorded_in_an_extracted_store(tiny_dir, tmp_path):
+    from attngeom.extract.run import ExtractConfig, extract
+    from attngeom.store.validate import validate
+
+    out, data = tmp_path / "store", str(tiny_dir / "texts.jsonl")
+    extract(str(tiny_dir / "llama"), data, out, ExtractConfig(max_length=16), progress=False)
+    shards = read_manifest(out)["shards"]
+    path = F.faithfulness(str(tiny_dir / "llama"), data, out,
+                          F.FaithConfig(**{**SMALL, "drift": False}), progress=False,
+                          log=lambda m: None)
+    manifest = read_manifest(out)
+    assert manifest["shards"] == shards and manifest["complete"] and "kind" not in manifest
+    assert manifest["faithfulness"]["faithfulness"]["sha256"] == file_sha256(path)
+    assert validate(out) == []
+    tm.save_tiny("llama", tmp_path / "other", seed=5)
+    with pytest.raises(StoreError, match="another model"):
+        F.faithfulness(str(tmp_path / "other"), data, out, F.FaithConfig(**SMALL),
+                       progress=False, log=lambda m: None)

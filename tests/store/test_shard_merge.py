@@ -7,6 +7,7 @@ the single-process store (same shard files, numbers and config_hash).
 from __future__ import annotations
 
 import json
+import os
 import random
 import shutil
 
@@ -77,6 +78,16 @@ def test_merge_of_parts_is_the_single_process_store(ws, tmp_path):
     assert validate(out) == []
     assert (out / "README.txt").is_file()
     xr.testing.assert_identical(plain(out), ws["loaded"])
+    name = "shards/shard-00000.nc"                               # hard-linked, not copied
+    assert os.stat(out / name).st_ino == os.stat(ws["parts"][0] / name).st_ino
+
+
+def test_merge_refuses_an_unfinished_input(ws, tmp_path):
+    broken = shutil.copytree(ws["parts"][0], tmp_path / "broken")
+    manifest = json.loads((broken / "manifest.json").read_text())
+    (broken / "manifest.json").write_text(json.dumps(dict(manifest, complete=False)))
+    with pytest.raises(StoreError, match="incomplete store"):
+        merge([broken, ws["parts"][1]], tmp_path / "out")
 
 
 def test_merge_refuses_a_missing_part_and_other_options(ws, tmp_path):
@@ -149,8 +160,11 @@ def test_cli_shard_and_merge(ws, tmp_path, capsys):
     assert main(["extract", "--model", str(ws["model"]), "--data", str(ws["data"]),
                  "--out", str(tmp_path / "p"), "--shard", "4/3", "--quiet"]) == 2
     assert "--shard 4/3 is out of range" in capsys.readouterr().err
-    rc = main(["store", "merge", *map(str, ws["parts"]), "--out", str(tmp_path / "m")])
+    rc = main(["store", "merge", *map(str, ws["parts"]), "--out", str(tmp_path / "m"), "--copy"])
     assert rc == 0 and "merged       from 2 store(s)" in capsys.readouterr().out
+    name = "shards/shard-00000.nc"
+    assert os.stat(tmp_path / "m" / name).st_ino != os.stat(ws["parts"][0] / name).st_ino
+    assert validate(tmp_path / "m") == []
     assert main(["store", "merge", str(ws["parts"][1]), "--out", str(tmp_path / "x")]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "made with --shard 0/2" in err

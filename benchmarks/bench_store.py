@@ -1,0 +1,117 @@
+"""Store bytes per token and shard write throughput; one JSON object per line.
+
+Real measurements (``smollm2-135m`` over the builtin texts, else a random-init SmolLM2-shaped
+model) are assembled into a shard exactly as ``attngeom extract`` does (``extract_shard``), then
+written with attngeom's writer (gzip level 4 + shuffle, fsync) and, for comparison, with other
+HDF5 filters (gzip 1, lzf, none), interleaved and repeated. Reports bytes per real token,
+uncompressed MB/s and the ratio of each variant's time to attngeom's.
+
+    python benchmarks/bench_store.py --modes compact,dense
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from statistics import median
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import emit, log, machine  # noqa: E402
+
+# mode -> (texts, max_length): dense stores are T x T per head, so they get fewer, shorter texts
+SIZES = {"compact": (8, 512), "dense": (2, 128)}
+
+
+def build(mode: str, model_spec: str):
+    """The shard Dataset ``attngeom extract`` would write, and its real token count."""
+    from tqdm.auto import tqdm
+
+    from attngeom.extract.data import load_texts
+    from attngeom.extract.measure import Options
+    from attngeom.extract.models import load
+    from attngeom.extract.run import ExtractConfig, extract_shard, store_config
+    from attngeom.store.manifest import new_manifest
+
+    n, T = SIZES[mode]
+    cfg = ExtractConfig(mode=mode, max_length=T, limit=n)
+    texts = load_texts("builtin", limit=n)
+    loaded = load(model_spec)
+    manifest = new_manifest(store_config(loaded.info, texts, cfg, n), n, {})
+    ds = extract_shard(loaded, texts.texts, 0, cfg, Options(mode), manifest,
+                       tqdm(disable=True))
+    return ds, int(ds["length"].sum()), loaded.info["spec"]
+
+
+def variants(ds) -> dict:
+    """name -> callable(path) writing ``ds``; ``attngeom`` is the real writer."""
+    from attngeom.store.shards import encoding, write_shard
+
+    def with_filter(**filt):
+        def write(path):
+            enc = encoding(ds)
+            for e in enc.values():
+                e.pop("zlib", None), e.pop("complevel", None)
+                if not filt:
+                    e.pop("shuffle", None)
+                e.update(filt)
+            ds.to_netcdf(path, engine="h5netcdf", encoding=enc, invalid_netcdf=False)
+        return write
+
+    return {"attngeom": lambda path: write_shard(ds, path),
+            "gzip1": with_filter(zlib=True, complevel=1, shuffle=True),
+            "lzf": with_filter(compression="lzf", shuffle=True),
+            "none": with_filter()}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--modes", default="compact,dense")
+    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--repeats", type=int, default=3)
+    a = p.parse_args(argv)
+    emit({"bench": "store", "section": "machine", **machine()})
+    tmp = Path(tempfile.mkdtemp(prefix="attngeom-bench-"))
+    try:
+        for mode in a.modes.split(","):
+            try:
+                ds, tokens, spec = build(mode, a.model)
+            except (ValueError, ImportError) as exc:
+                emit({"bench": "store", "mode": mode, "skipped": f"{a.model}: {exc}"})
+                continue
+            raw = sum(v.nbytes for v in ds.data_vars.values() if v.dtype != object)
+            fns = variants(ds)
+            times = {k: [] for k in fns}
+            sizes = {}
+            for r in range(a.repeats):
+                names = list(fns)[r % len(fns):] + list(fns)[: r % len(fns)]
+                for name in names:
+                    path = tmp / f"{mode}-{name}-{r}.nc"
+                    t0 = time.perf_counter()
+                    fns[name](path)
+                    times[name].append(time.perf_counter() - t0)
+                    sizes[name] = path.stat().st_size
+                    path.unlink()
+                log(f"store {mode} round {r + 1}: " + ", ".join(
+                    f"{k} {v[-1]:.2f}s" for k, v in times.items()))
+            base = times["attngeom"]
+            for name, t in times.items():
+                emit({"bench": "store", "mode": mode, "case": name, "model": spec,
+                      "sequences": int(ds.sizes["sequence"]), "max_length": SIZES[mode][1],
+                      "tokens": tokens, "bytes": sizes[name],
+                      "bytes_per_token": sizes[name] / tokens,
+                      "uncompressed_bytes_per_token": raw / tokens,
+                      "write_median_s": median(t), "write_min_s": min(t),
+                      "write_mb_per_s": raw / 1e6 / median(t),
+                      "tokens_per_s": tokens / median(t),
+                      "ratio_paired_vs_attngeom": median(x / y for x, y in zip(t, base))})
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

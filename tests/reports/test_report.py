@@ -1,0 +1,156 @@
+"""The PDF report (attngeom.reports) and the `report` / `run` commands, on real tiny stores.
+
+Summary numbers are recomputed here from the store and the faithfulness file with plain numpy
+(sink heads, ΔPPL of the drift pass, AOPC) or read from the analysis files, formatted to three
+significant digits, and looked up in the PDF's text.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import xarray as xr
+
+pytest.importorskip("torch")
+pypdf = pytest.importorskip("pypdf")
+
+from attngeom import cli  # noqa: E402
+from attngeom.reports import SECTIONS, build_report  # noqa: E402
+from attngeom.reports.summary import fmt  # noqa: E402
+from attngeom.store import open_store  # noqa: E402
+
+QUIET = dict(progress=False, log=lambda m: None, n_boot=20)
+EPSILON = 0.19             # splits the tiny model's heads into sink and non-sink heads
+
+
+def pdf_text(path) -> str:
+    reader = pypdf.PdfReader(str(path))
+    return " ".join(" ".join((p.extract_text() or "") for p in reader.pages).split())
+
+
+@pytest.fixture(scope="module")
+def full_report(dense_store, tmp_path_factory):
+    path = build_report(dense_store, tmp_path_factory.mktemp("pdf") / "full.pdf",
+                        epsilon=EPSILON, **QUIET)
+    return path, pdf_text(path)
+
+
+def test_format_is_three_significant_digits():
+    assert [fmt(x) for x in (0.123456, -0.0441, 7624.3, 999.5, 1.5e6, 2e-5, np.nan, None,
+                             -0.0)] == ["0.123", "-0.0441", "7620", "1000", "1.5e+06", "2e-05",
+                                        "n/a", "n/a", "0"]
+
+
+def test_full_report_has_every_section_and_embedded_truetype_fonts(full_report):
+    path, text = full_report
+    for title in SECTIONS:
+        assert f"{title}: page" in text, title              # contents line on the title page
+        assert f"· {title} · page" in text, title           # the section's own page header
+    assert "left out" not in text
+    for page in pypdf.PdfReader(str(path)).pages:
+        fonts = page["/Resources"]["/Font"]
+        subtypes = {str(f.get_object()["/Subtype"]) for f in fonts.values()}
+        assert subtypes and subtypes <= {"/TrueType", "/Type0"}, subtypes   # not Type 3
+
+
+def test_sink_heads_sentence_matches_the_store(dense_store, full_report):
+    _, text = full_report
+    ds = open_store(dense_store)
+    alpha0 = ds["alpha"].isel(key=0).transpose("sequence", "layer", "head", "query").values
+    rate = np.nanmean(alpha0[..., 1:], axis=(0, 3))             # queries i >= 1, (L, H)
+    heads = rate > EPSILON
+    assert 0 < heads.sum() < heads.size                          # a check that can fail
+    with xr.open_dataset(dense_store / "analysis" / "sinks.nc") as sinks:
+        np.testing.assert_allclose(sinks["sink_rate_mean"].values, rate, rtol=1e-5)
+    assert (f"Sink heads: {int(heads.sum())} of {heads.size} heads (fraction "
+            f"{fmt(heads.mean())}) attend to the sink with a mean rate above {fmt(EPSILON)}") \
+        in text
+    layer = int(np.argmax(rate.mean(1)))
+    assert f"most sink-heavy layer is layer {layer} (mean sink rate {fmt(rate[layer].mean())})" \
+        in text
+
+
+def test_analysis_sentences_quote_the_analysis_results(dense_store, full_report):
+    _, text = full_report
+    res = dense_store / "analysis"
+    with xr.open_dataset(res / "sinks.nc") as s, xr.open_dataset(res / "convexity.nc") as c, \
+            xr.open_dataset(res / "anti_alignment.nc") as a, \
+            xr.open_dataset(res / "decomposition.nc") as d:
+        layer = int(s["layer"].values[int(np.argmax(s["layer_sink_rate_mean"].values))])
+        v = c.sel(layer=layer)
+        assert (f"in layer {layer} the fitted vertex is α* = {fmt(v['pooled_vertex'])}, 95% CI "
+                f"[{fmt(v['pooled_vertex_ci_low'])}, {fmt(v['pooled_vertex_ci_high'])}]") in text
+        assert f"{int(c['pooled_convex'].sum())} of {c.sizes['layer']} layers" in text
+        assert (f"semantic values is {fmt(a['mean_cos'].mean())} over heads, with "
+                f"{int(a['anti_aligned'].sum())} of {a['mean_cos'].size} heads") in text
+        assert " ".join(d.attrs["verdict"].split()) in text
+
+
+def test_faithfulness_and_drift_numbers_match_the_file(dense_store, full_report):
+    _, text = full_report
+    with xr.open_dataset(dense_store / "faithfulness.nc", engine="h5netcdf") as f:
+        f = f.load()
+    drift = float(np.mean(f["drift_ppl"].values - f["clean_ppl"].values))
+    assert f"ΔPPL = {fmt(drift)}" in text
+    comp = (f["ppl"] - f["clean_ppl"]).sel(mode="comprehensiveness", rank="signed")
+    aopc = comp.mean("fraction").mean("sequence")
+    for metric, label in (("attention", "attention"), ("contribution", "contribution")):
+        assert f"{label} ({fmt(aopc.sel(metric=metric))})" in text
+    assert "AOPC" in text and "Hierarchy test" in text
+
+
+def test_compact_store_without_text_or_faithfulness(compact_store, tmp_path):
+    path = build_report(compact_store, tmp_path / "compact.pdf", **QUIET)
+    text = pdf_text(path)
+    assert "Faithfulness: left out — not run for this store (run `attngeom faithfulness" in text
+    assert "Semantic drift: left out" in text
+    for title in ("Sink heads", "Convexity", "Anti-alignment", "Decomposition",
+                  "Example sequence"):
+        assert f"· {title} · page" in text
+    assert "ΔPPL against removal fraction" not in text     # nothing drawn empty
+    assert "compact store keeps only the sink key" in text
+    assert "token ids (#id)" in text
+    assert "middle keys: no elementwise values" in text
+
+
+def test_report_command_and_one_line_errors(compact_store, dense_store, tmp_path, capsys):
+    out = tmp_path / "cli.pdf"
+    assert cli.main(["report", str(compact_store), "--out", str(out), "--no-progress",
+                     "--bootstrap", "10"]) == 0
+    assert out.is_file() and str(out) in capsys.readouterr().out
+    assert cli.main(["report", str(tmp_path / "nowhere"), "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("attngeom: error:") and "not a store" in err[0]
+    # results of another store are refused, never overwritten
+    build_report(dense_store, tmp_path / "d.pdf", epsilon=EPSILON, **QUIET)
+    assert cli.main(["report", str(compact_store), "--analysis", str(dense_store / "analysis"),
+                     "--out", str(tmp_path / "x.pdf"), "--no-progress"]) == 2
+    assert "another store" in capsys.readouterr().err
+
+
+def test_main_job_runs_every_step_then_skips_them(tiny, tmp_path, capsys, monkeypatch):
+    import torch
+
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        monkeypatch.setenv(var, "1")                 # `run` sets them; restored afterwards
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: None)
+    out = tmp_path / "run"
+    argv = ["run", "--out", str(out), "--model", str(tiny["model"]), "--data",
+            str(tiny["data"]), "--limit", "6", "--max-length", "12", "--faith-limit", "4",
+            "--metrics", "attention,contribution", "--fractions", "0.5", "--bootstrap", "10",
+            "--quiet"]
+    assert cli.main(argv) == 0
+    first = capsys.readouterr().out
+    report = out / "report.pdf"
+    assert report.is_file() and f"report at {report}" in first
+    assert (out / "store" / "faithfulness.nc").is_file()
+    assert (out / "store" / "analysis" / "summary.csv").is_file()
+    stamp = report.stat().st_mtime_ns
+    assert cli.main(argv) == 0
+    second = capsys.readouterr().out
+    for step, status in (("extract", "already complete"), ("faithfulness", "already complete"),
+                         ("analyze", "up to date"), ("report", "up to date")):
+        assert f"{step}: {status}" in second
+    assert report.stat().st_mtime_ns == stamp
+    text = pdf_text(report)
+    assert "· Faithfulness · page" in text and "· Semantic drift · page" in text
