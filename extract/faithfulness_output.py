@@ -30,8 +30,9 @@ import xarray as xr
 
 from attngeom import __version__
 from attngeom.store.manifest import (StoreError, canonical, config_difference, config_hash,
-                                     file_sha256, fsync_dir, new_manifest, now, read_manifest,
+                                     file_sha256, new_manifest, now, read_manifest,
                                      write_manifest)
+from attngeom.store.shards import write_netcdf_atomic as _write_atomic
 
 from .interventions import METRICS, RANKS
 from .scoring import Prepared, unit_scores
@@ -206,19 +207,10 @@ def assemble(parts: list[xr.Dataset], prepared: Prepared, cfg, config: dict,
 
 # ------------------------------------------------------------------------------------ files
 def write_netcdf_atomic(ds: xr.Dataset, path: Path) -> None:
-    """Temporary file, fsync, rename: a file with the final name is always complete."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    """gzip-compressed, written atomically (see attngeom.store.shards.write_netcdf_atomic)."""
     enc = {n: {"zlib": True, "complevel": 4} for n, v in ds.data_vars.items()
            if v.dtype != object and v.ndim > 0}
-    try:
-        ds.to_netcdf(tmp, engine="h5netcdf", encoding=enc)
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-    fsync_dir(path.parent)
+    _write_atomic(ds, path, enc)
 
 
 def _block_path(partial: Path, start: int, stop: int) -> Path:

@@ -97,13 +97,16 @@ def encoding(ds: xr.Dataset) -> dict[str, dict]:
     return enc
 
 
-def write_shard(ds: xr.Dataset, path: str | Path) -> None:
-    """Write ``ds`` atomically to ``path`` (temporary file, fsync, rename)."""
+def write_netcdf_atomic(ds: xr.Dataset, path: str | Path, enc: dict | None = None) -> None:
+    """Write ``ds`` to ``path`` via a temporary file, fsync and rename.
+
+    A file with the final name is always complete; a failed write leaves nothing behind.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
-        ds.to_netcdf(tmp, engine="h5netcdf", encoding=encoding(ds), invalid_netcdf=False)
+        ds.to_netcdf(tmp, engine="h5netcdf", encoding=enc or {}, invalid_netcdf=False)
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -111,6 +114,11 @@ def write_shard(ds: xr.Dataset, path: str | Path) -> None:
         if tmp.exists():
             tmp.unlink()
     fsync_dir(path.parent)
+
+
+def write_shard(ds: xr.Dataset, path: str | Path) -> None:
+    """Write a shard atomically with the store's compression and chunking."""
+    write_netcdf_atomic(ds, path, encoding(ds))
 
 
 def remove_temporaries(store: str | Path) -> int:
