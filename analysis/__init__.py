@@ -42,8 +42,12 @@ def run_all(ds: xr.Dataset, out_dir: str | os.PathLike | None = None, *,
             sink_k: int | None = None, tail_w: int | None = None,
             epsilon: float = DEFAULT_EPSILON, n_boot: int = 200, seed: int = 0,
             level: float = 0.05, layers=None, mixed: bool = True, progress: bool = True,
-            block_elements: int = DEFAULT_BLOCK_ELEMENTS) -> dict:
+            block_elements: int = DEFAULT_BLOCK_ELEMENTS, scheduler: str | None = None) -> dict:
     """Run the four analyses in one pass over the store; write them when ``out_dir`` is given.
+
+    ``scheduler``: None (dask's in-process scheduler), ``"local:N"`` (a dask.distributed
+    ``LocalCluster`` of N worker processes, started and closed here) or ``"tcp://HOST:PORT"``
+    (a running dask scheduler): the store is read and reduced there, with identical results.
 
     Returns
     -------
@@ -62,7 +66,10 @@ def run_all(ds: xr.Dataset, out_dir: str | os.PathLike | None = None, *,
             "anti_alignment": AntiAlignmentAccumulator(info.heads, level=level, mixed=mixed,
                                                         seed=seed),
             "decomposition": DecompositionAccumulator(info.mode)}
-    run_pass(ds, info, list(accs.values()), elements=block_elements, progress=progress)
+    from attngeom.store.distributed import scheduler as dask_scheduler
+
+    with dask_scheduler(scheduler):
+        run_pass(ds, info, list(accs.values()), elements=block_elements, progress=progress)
     params = dict(sink_k=info.k, tail_w=info.w, epsilon=epsilon, n_boot=n_boot, seed=seed,
                   level=level)
     results = {name: with_provenance(acc.result(), ds.attrs, **params)

@@ -85,17 +85,19 @@ def fit_quadratic(x: np.ndarray, y: np.ndarray, groups: np.ndarray, *, n_boot: i
     if n_groups < 3 or len(x) < 5 or np.ptp(x) == 0:
         return out
     X = np.column_stack([np.ones_like(x), x, x**2])
-    with warnings.catch_warnings():
+    with warnings.catch_warnings():     # few clusters: a cluster covariance may be singular
         warnings.simplefilter("ignore")
         res = sm.OLS(y, X).fit(cov_type="cluster", cov_kwds={"groups": groups}, use_t=True)
+        bse, pvalues, tvalues, cov = res.bse, res.pvalues, res.tvalues, res.cov_params()
     b0, b1, b2 = res.params
     vertex = -b1 / (2 * b2) if b2 != 0 else np.nan
     grad = np.array([0.0, -1 / (2 * b2), b1 / (2 * b2**2)]) if b2 != 0 else np.full(3, np.nan)
-    se = float(np.sqrt(grad @ res.cov_params() @ grad))
+    with np.errstate(invalid="ignore"):
+        se = float(np.sqrt(grad @ cov @ grad))            # NaN when not positive
     crit = stats.t.ppf(1 - level / 2, n_groups - 1)
-    out.update(beta0=b0, beta1=b1, beta2=b2, beta2_se=res.bse[2], vertex=vertex, vertex_se=se,
+    out.update(beta0=b0, beta1=b1, beta2=b2, beta2_se=bse[2], vertex=vertex, vertex_se=se,
                vertex_ci_low=vertex - crit * se, vertex_ci_high=vertex + crit * se,
-               p_value=one_sided_from_two(res.pvalues[2], res.tvalues[2], greater=True))
+               p_value=one_sided_from_two(pvalues[2], tvalues[2], greater=True))
     out["vertex_boot_ci_low"], out["vertex_boot_ci_high"] = bootstrap_vertex_ci(
         x, y, groups, n_boot, rng, level)
     return out

@@ -22,6 +22,7 @@ value_weighted_normalized at head granularity) are reported, not tested.
 
 Output names (stable): :func:`aopc` -> DataArray ``aopc`` (metric, rank, mode, unit);
 :func:`aopc_summary` -> ``aopc_mean aopc_sem n_units`` over (metric, rank, mode);
+:func:`aopc_table` -> DataFrame of mean AOPC, metrics by (mode, rank) columns;
 :func:`loss_curves` -> ``loss_mean loss_sem`` over (metric, rank, mode, fraction);
 :func:`order_table` -> DataFrame columns ``mode rank lower higher n aopc_lower aopc_higher
 mean_improvement ci_low ci_high statistic p_value p_holm holds note``; :func:`drift_summary` ->
@@ -78,6 +79,19 @@ def aopc_summary(ds: xr.Dataset, variable: str | None = None) -> xr.Dataset:
     n = a.notnull().sum(dim)
     return xr.Dataset({"aopc_mean": a.mean(dim), "aopc_sem": a.std(dim, ddof=1) / np.sqrt(n),
                        "n_units": n})
+
+
+def aopc_table(ds: xr.Dataset, variable: str | None = None) -> pd.DataFrame:
+    """Mean per-unit AOPC, one row per metric, the rankings side by side within each mode.
+
+    Columns are (mode, rank) pairs, e.g. ``("comprehensiveness", "signed")`` next to
+    ``("comprehensiveness", "magnitude")``; metrics keep the paper's order.
+    """
+    mean = aopc_summary(ds, variable)["aopc_mean"]
+    table = mean.to_dataframe()["aopc_mean"].unstack(["mode", "rank"])
+    modes, ranks = list(mean["mode"].values), list(mean["rank"].values)
+    table = table[[(m, r) for m in modes for r in ranks]]
+    return table.loc[list(mean["metric"].values)]
 
 
 def loss_curves(ds: xr.Dataset, variable: str | None = None) -> xr.Dataset:

@@ -26,8 +26,22 @@ class UserError(Exception):
     """A problem with the user's input: printed as one line, exit status 2."""
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse with a one-line usage error: ``PROG: error: MESSAGE (see PROG --help)``."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        message = " ".join(message.split())
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+MAX_MESSAGE = 600
+# errors that describe the user's input or machine (one line), not a bug in attngeom
+USER_ERRORS: tuple[type[BaseException], ...] = (UserError, ValueError, OSError, LookupError,
+                                               MemoryError)
+
+
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="attngeom", description=__doc__.splitlines()[0])
+    parser = OneLineParser(prog="attngeom", description=__doc__.splitlines()[0])
     parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     wanted = next((a for a in argv if a in COMMANDS), None)
@@ -49,8 +63,11 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv                    # accepted anywhere on the line
+    argv = [a for a in argv if a != "--debug"]
     parser = build_parser(argv)
     args = parser.parse_args(argv)
+    args.debug = debug
     if not getattr(args, "_run", None):
         parser.print_help()
         return 2
@@ -62,13 +79,18 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # one line for users, the traceback with --debug
         if args.debug:
             raise
-        message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        kind = "error" if isinstance(exc, (UserError, ValueError, FileNotFoundError,
-                                           PermissionError, OSError)) else "internal error"
-        print(f"attngeom: {kind}: {message}", file=sys.stderr)
-        if kind == "internal error":
-            print("attngeom: rerun with --debug for the traceback", file=sys.stderr)
+        print(error_line(exc), file=sys.stderr)
         return 2
+
+
+def error_line(exc: BaseException) -> str:
+    """One stderr line for an exception: the first line of its message, or its type."""
+    text = " ".join(str(exc).split()) if str(exc).strip() else type(exc).__name__
+    text = text if len(text) <= MAX_MESSAGE else text[: MAX_MESSAGE - 3] + "..."
+    if isinstance(exc, USER_ERRORS):
+        return f"attngeom: error: {text}"
+    return (f"attngeom: internal error: {type(exc).__name__}: {text} "
+            "(rerun with --debug for the traceback)")
 
 
 if __name__ == "__main__":

@@ -2,12 +2,12 @@
 
 Sections (``--sections``, default all):
 
-``check``     the prototype in ``proto_compact.py`` gives attngeom's compact numbers.
 ``time``      in-process, random-init SmolLM2-135M-shaped Llama (fp32), T x batch tokens:
               SDPA forward (also without the LM head's logits), eager forward,
-              ``attngeom.extract.capture.measure`` compact and
-              dense, the naive per-head model-space implementation (``naive.py``), and the
-              prototype (with and without the LM head), interleaved and repeated.
+              ``attngeom.extract.capture.measure`` compact and dense as ``attngeom extract``
+              runs them (``derived=False``: no contributions the store derives on read),
+              compact returning every name (``compact_derived``), and the naive per-head
+              model-space implementation (``naive.py``), interleaved and repeated.
 ``memory``    peak RSS of one call of each case, each in a fresh subprocess.
 ``command``   the whole ``attngeom extract --model smollm2-135m --data builtin ...`` command
               (load, tokenize, extract, write) against a plain eager forward over the same
@@ -36,8 +36,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import (SMOLLM2, emit, interleaved, json_lines, log, machine,  # noqa: E402
                      measure_peak, random_llama, random_tokens, run_child_rss, summarize)
 
-CASES = ("sdpa", "sdpa_nologits", "eager", "compact", "dense", "naive", "compact_proto", "compact_proto_nologits")
-SECTIONS = ("check", "time", "memory", "command", "phases")
+CASES = ("sdpa", "sdpa_nologits", "eager", "compact", "compact_derived", "dense", "naive")
+SECTIONS = ("time", "memory", "command", "phases")
 COMMAND_ARGS = ["--model", "smollm2-135m", "--data", "builtin", "--limit", "8",
                 "--max-length", "512", "--quiet"]
 
@@ -50,7 +50,6 @@ def make_cases(model, batch) -> dict:
     from attngeom.extract.capture import measure
     from attngeom.extract.measure import Options
     from naive import naive_measure
-    from proto_compact import proto_measure
 
     def forward(impl, **kw):
         def run():
@@ -63,11 +62,10 @@ def make_cases(model, batch) -> dict:
         "sdpa": forward("sdpa"),
         "sdpa_nologits": forward("sdpa", logits_to_keep=1),
         "eager": forward("eager"),
-        "compact": lambda: measure(model, batch, Options("compact")),
-        "dense": lambda: measure(model, batch, Options("dense")),
+        "compact": lambda: measure(model, batch, Options("compact", derived=False)),
+        "compact_derived": lambda: measure(model, batch, Options("compact")),
+        "dense": lambda: measure(model, batch, Options("dense", derived=False)),
         "naive": lambda: naive_measure(model, batch),
-        "compact_proto": lambda: proto_measure(model, batch),
-        "compact_proto_nologits": lambda: proto_measure(model, batch, no_logits=True),
     }
 
 
@@ -90,17 +88,6 @@ def shape_of(args) -> dict:
 
 
 # ------------------------------------------------------------------------------------ sections
-def section_check(args) -> None:
-    from proto_compact import check
-
-    model = random_llama(SMOLLM2, layers=2)
-    batch = random_tokens(2, 96, SMOLLM2["vocab_size"])
-    batch["attention_mask"][1, 70:] = 0                      # right padding in row 1
-    emit({"bench": "extract", "section": "check", "what": "proto_compact vs attngeom compact",
-          "padded": check(model, batch), "plain": check(model, random_tokens(
-              2, 96, SMOLLM2["vocab_size"], seed=1))})
-
-
 def section_time(args, cases: list[str]) -> None:
     model, batch = setup(args)
     fns = make_cases(model, batch)
@@ -339,9 +326,7 @@ def main(argv=None) -> int:
     emit({"bench": "extract", "section": "machine", **machine()})
     for section in sections:
         log(f"extract: {section}")
-        if section == "check":
-            section_check(args)
-        elif section == "time":
+        if section == "time":
             section_time(args, cases)
         elif section == "memory":
             section_memory(args, cases)

@@ -9,8 +9,7 @@ separate call of each case):
 
 ``full``     the whole 32-layer model at T = 2048 and 4096: SDPA forward (with and without the
              LM head's logits), eager forward,
-             attngeom compact (``capture.measure``), and the prototype compact handler of
-             ``proto_compact.py`` with and without the LM head's logits.
+             attngeom compact (``capture.measure``, as ``attngeom extract`` runs it).
 ``reduced``  dense extraction and the naive per-head model-space implementation keep every
              layer's (H, T, T) arrays, so they run on a 2-layer model of the same shape with
              the LM head replaced by identity (same for every case in the group): SDPA,
@@ -192,10 +191,8 @@ def main(argv=None) -> int:
         if time.perf_counter() - T0 > a.budget_s:
             emit(out, {"group": "full", "T": T, "skipped": "time budget"})
             continue
-        full[T] = run_group(out, "full", model, T, ["sdpa", "sdpa_nologits", "eager", "compact",
-                                                    "compact_proto", "compact_proto_nologits"],
-                            a.repeats,
-                            SHAPE["num_hidden_layers"])
+        full[T] = run_group(out, "full", model, T, ["sdpa", "sdpa_nologits", "eager", "compact"],
+                            a.repeats, SHAPE["num_hidden_layers"])
     del model
     gc.collect()
     if DEVICE == "cuda":
@@ -225,9 +222,6 @@ def targets(full: dict, reduced: dict) -> dict:
             res[f"T{T}_compact_throughput_vs_sdpa (>=0.85)"] = c["throughput_vs_sdpa"]
             if "peak_mib" in s and "peak_mib" in c:
                 res[f"T{T}_compact_peak_vs_sdpa (<=1.10)"] = c["peak_mib"] / s["peak_mib"]
-        pc = cases.get("compact_proto")
-        if s and pc:
-            res[f"T{T}_proto_throughput_vs_sdpa"] = pc["throughput_vs_sdpa"]
     for T, cases in reduced.items():
         e, d, n = cases.get("eager"), cases.get("dense"), cases.get("naive")
         if e and d:

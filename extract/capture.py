@@ -6,31 +6,50 @@
 
 from __future__ import annotations
 
+import inspect
+
 import numpy as np
 import torch
 from torch import nn
 
 from .archs import attention_layers
-from .geometry import Projection
+from .geometry import Projection, cached_projection
 from .hooks import attention_handler
-from .measure import Options, measure_layer
+from .measure import Masks, Options, measure_layer, prepare_masks
 
 
 class Measurer:
-    """Attention handler that measures each layer and keeps the results on device."""
+    """Attention handler that measures each layer.
 
-    def __init__(self, model: nn.Module, opts: Options):
+    Masks are prepared once per distinct attention mask of a forward pass; Gram matrices once
+    per model (cached on the weight). Each layer's results are copied to host arrays
+    preallocated for all layers: at ``collect`` when ``keep_on_device`` (``results`` then
+    holds every layer), else as soon as the layer is done (bounded memory, one copy).
+    """
+
+    def __init__(self, model: nn.Module, opts: Options, keep_on_device: bool = True):
         self.opts = opts
-        self.layers = {id(m): (i, w) for i, (m, w, _) in enumerate(attention_layers(model))}
-        self.projections: dict[int, Projection] = {}
+        found = attention_layers(model)
+        self.layers = {id(m): (i, w) for i, (m, w, _) in enumerate(found)}
+        self.n_layers = len(found)
         self.token_mask: torch.Tensor | None = None
+        self.keep_on_device = keep_on_device
         self.results: dict[int, dict[str, torch.Tensor]] = {}
+        self.host: dict[str, np.ndarray] = {}
+        self._masks: list[tuple[torch.Tensor, Masks]] = []
 
     def projection(self, module: nn.Module, n_heads: int) -> Projection:
-        key = id(module)
-        if key not in self.projections:           # Gram matrices once per model
-            self.projections[key] = Projection.from_weight(self.layers[key][1], n_heads)
-        return self.projections[key]
+        return cached_projection(self.layers[id(module)][1], n_heads)
+
+    def masks(self, allowed: torch.Tensor, token_mask: torch.Tensor, dtype) -> Masks:
+        """Masks for this mask tensor, made once (the model passes each layer the same one)."""
+        for seen, masks in self._masks:
+            if (seen.data_ptr() == allowed.data_ptr() and seen.shape == allowed.shape
+                    and seen.stride() == allowed.stride()):
+                return masks
+        masks = prepare_masks(allowed, token_mask, self.opts, dtype)
+        self._masks.append((allowed, masks))       # keeps the tensor (and its address) alive
+        return masks
 
     def attend(self, module, query, key, value, allowed, scaling, softcap):
         if id(module) not in self.layers:
@@ -41,23 +60,45 @@ class Measurer:
         if token_mask is None:
             token_mask = torch.ones(query.shape[0], query.shape[2], dtype=torch.bool,
                                     device=query.device)
-        z, out = measure_layer(query, key, value, allowed, token_mask.to(query.device),
-                               scaling, proj, self.opts, softcap)
-        self.results[layer] = out
+        masks = self.masks(allowed, token_mask.to(query.device), query.dtype)
+        z, out = measure_layer(query, key, value, masks, scaling, proj, self.opts, softcap)
+        if self.keep_on_device:
+            self.results[layer] = out
+        else:
+            self._to_host(layer, out)
         return z
 
+    def _to_host(self, layer: int, out: dict[str, torch.Tensor]) -> None:
+        """Copy one layer into the (B, L, ...) host arrays, allocated at the first layer."""
+        for name, x in out.items():
+            if name not in self.host:
+                shape = (x.shape[0], self.n_layers) + tuple(x.shape[1:])
+                self.host[name] = np.empty(shape, dtype=np.float32)
+            torch.from_numpy(self.host[name])[:, layer].copy_(x)
+
     def collect(self) -> dict[str, np.ndarray]:
-        """Stack layers: every array becomes (B, L, ...) float32 numpy."""
-        layers = [self.results[i] for i in sorted(self.results)]
-        self.results = {}
-        return {name: torch.stack([r[name] for r in layers], dim=1).cpu().numpy()
-                for name in layers[0]}
+        """Every array as (B, L, ...) float32 numpy."""
+        for layer in sorted(self.results):
+            self._to_host(layer, self.results[layer])
+        host, self.host, self.results, self._masks = self.host, {}, {}, []
+        return host
 
 
 def model_inputs(batch: dict, device: torch.device | str) -> dict[str, torch.Tensor]:
     """Tensors for the model's forward from a batch dict (numpy or torch)."""
     keep = ("input_ids", "attention_mask", "pixel_values", "token_type_ids")
     return {k: torch.as_tensor(v).to(device) for k, v in batch.items() if k in keep}
+
+
+def _forward_options(model: nn.Module, inputs: dict) -> dict:
+    """No KV cache, and logits for one position only: extraction never reads the LM head."""
+    if "input_ids" not in inputs:
+        return {}
+    params = inspect.signature(model.forward).parameters
+    extra = {"use_cache": False}
+    if "logits_to_keep" in params:
+        extra["logits_to_keep"] = 1
+    return extra
 
 
 @torch.inference_mode()
@@ -76,10 +117,11 @@ def measure(model: nn.Module, batch: dict, opts: Options = Options()) -> dict[st
     """
     device = next(model.parameters()).device
     inputs = model_inputs(batch, device)
-    handler = Measurer(model, opts)
+    # on an accelerator, compact results stay there until the end (no host sync per layer)
+    handler = Measurer(model, opts, keep_on_device=device.type != "cpu" and opts.mode == "compact")
     mask = inputs.get("attention_mask")
     if mask is not None:
         handler.token_mask = mask.bool()
     with attention_handler(model, handler):
-        model(**inputs, use_cache=False) if "input_ids" in inputs else model(**inputs)
+        model(**inputs, **_forward_options(model, inputs))
     return handler.collect()

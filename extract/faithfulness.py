@@ -10,6 +10,7 @@ under ``"faithfulness"`` (a manifest is created when ``out`` is not yet a store)
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -221,6 +222,14 @@ def compute_block(model, prepared: Prepared, cfg: FaithConfig, removals: list[Re
 
 
 # ------------------------------------------------------------------------------------ run
+def _remove_temporaries(out: Path) -> None:
+    """Temporary files (``.NAME.tmp-PID``) a killed run left in ``out``: never read, removed."""
+    from attngeom.store.shards import remove_temporaries
+
+    if out.is_dir():
+        remove_temporaries(out)
+
+
 def faithfulness(model: str, data: str, out: str | Path, cfg: FaithConfig | None = None,
                  trust_remote_code: bool = False, progress: bool = True, force: bool = False,
                  log=print) -> Path:
@@ -245,8 +254,10 @@ def faithfulness(model: str, data: str, out: str | Path, cfg: FaithConfig | None
     notes = plan_notes(plan)
     for note in notes:
         log(f"attngeom: note: {note}")
+    _remove_temporaries(out)
     partial = open_partial(out, cfg.name, config, force, log)
-    if partial is None:
+    if partial is None:                       # complete; a run killed after its manifest
+        shutil.rmtree(out / f"{cfg.name}.partial", ignore_errors=True)   # left partials
         return out / f"{cfg.name}.nc"
     removals = conditions(cfg, plan)
     n = prepared.n_units

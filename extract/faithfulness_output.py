@@ -10,7 +10,8 @@ multiple choice: ``logprob`` (metric, rank, mode, fraction, item, option), ``cor
 log-prob of the correct option) (metric, rank, mode, fraction, item), ``accuracy``
 (metric, rank, mode, fraction); ``clean_logprob`` (item, option), ``clean_correct``, ``answer``,
 ``n_options``, ``truncated``, ``item_id``, ``group`` (item); ``clean_accuracy`` ().
-both: ``computed`` and ``same_ranking_as`` (metric, rank); semantic drift (sink values zeroed):
+both: ``aopc`` (metric, rank, mode, U), the per-unit mean of the loss over the swept
+fractions; ``computed`` and ``same_ranking_as`` (metric, rank); semantic drift (sink values zeroed):
 ``drift_ppl``/``drift_delta_ppl`` or ``drift_logprob``/``drift_correct``/``drift_accuracy``, and
 per (U, layer) ``drift_cosine_low_before``, ``drift_cosine_low_after``,
 ``drift_cosine_all_before``, ``drift_cosine_all_after``, ``drift_output_norm_low_before``,
@@ -21,7 +22,6 @@ loss (larger = more damage) the statistics use: ``delta_ppl`` or ``accuracy_loss
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path
 
@@ -29,9 +29,9 @@ import numpy as np
 import xarray as xr
 
 from attngeom import __version__
-from attngeom.store.manifest import (StoreError, canonical, config_difference, config_hash,
-                                     file_sha256, new_manifest, now, read_manifest,
-                                     write_manifest)
+from attngeom.store.manifest import (StoreError, atomic_write_bytes, canonical,
+                                     config_difference, config_hash, file_sha256,
+                                     new_manifest, now, read_manifest, write_manifest)
 from attngeom.store.shards import write_netcdf_atomic as _write_atomic
 
 from .interventions import METRICS, RANKS
@@ -73,6 +73,7 @@ DESCRIPTIONS = {
     "drift_output_norm_low_before": "mean ||o_i^h|| of the lowest-norm head outputs, clean",
     "drift_output_norm_low_after": "mean ||o_i^h|| of the same cells with the sink values zeroed",
     "drift_n_low": "number of (head, query) cells in the lowest-norm selection",
+    "aopc": "per-unit AOPC: mean over the swept fractions of the loss (loss_variable)",
 }
 AOPC_NOTE = ("AOPC = mean over the swept fractions p of the loss at p (ERASER's 1/(|P|+1) sum "
              "also counts the trivial p = 0 term; this differs by the constant factor "
@@ -183,6 +184,7 @@ def assemble(parts: list[xr.Dataset], prepared: Prepared, cfg, config: dict,
             ds["drift_accuracy"] = ds["drift_correct"].astype(float).mean(U)
             ds["drift_accuracy_loss"] = (ds["clean_correct"] - ds["drift_correct"]).astype(np.int8)
         loss = "accuracy_loss"
+    ds["aopc"] = ds[loss].astype(float).mean("fraction", skipna=False)   # (metric, rank, mode, U)
     plan = ranking_plan(cfg.metrics, cfg.ranks, cfg.granularity)
     same = np.array([[f"{plan[(m, r)][0]}/{plan[(m, r)][1]}" if plan[(m, r)] != (m, r) else ""
                       for r in cfg.ranks] for m in cfg.metrics], dtype=object)
@@ -257,7 +259,10 @@ def open_partial(out: Path, name: str, config: dict, force: bool, log) -> Path |
         raise StoreError(f"{out} exists and is not an attngeom store; choose an empty --out")
     saved = partial / "config.json"
     if partial.exists():
-        old = json.loads(saved.read_text()) if saved.is_file() else None
+        try:
+            old = json.loads(saved.read_text()) if saved.is_file() else None
+        except (OSError, UnicodeDecodeError, ValueError):
+            old = None                             # damaged: start the partial run over
         if old is not None and canonical(old) == canonical(config) and not force:
             done = len(list(partial.glob("block-*.nc")))
             log(f"attngeom: resuming an interrupted run ({done} block(s) done)")
@@ -271,9 +276,7 @@ def open_partial(out: Path, name: str, config: dict, force: bool, log) -> Path |
     for tmp in partial.glob(".*.tmp-*"):
         tmp.unlink(missing_ok=True)
     if not saved.is_file():
-        tmp = partial / f".config.json.tmp-{os.getpid()}"
-        tmp.write_text(json.dumps(config, sort_keys=True))
-        os.replace(tmp, saved)
+        atomic_write_bytes(saved, json.dumps(config, sort_keys=True).encode())
     return partial
 
 
@@ -296,5 +299,8 @@ def finish(ds: xr.Dataset, out: Path, name: str, config: dict, info: dict,
         manifest["complete"] = True             # holds no extraction shards, by design
     manifest.setdefault("faithfulness", {})[name] = entry
     write_manifest(out, manifest)
+    from attngeom.store.readme import write_readme
+
+    write_readme(out, manifest)                 # README.txt now lists this result too
     shutil.rmtree(partial, ignore_errors=True)
     return final

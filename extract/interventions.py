@@ -12,7 +12,8 @@ already changed), every eligible key j of every query i gets a score (see :data:
 ``contribution_layer``         C_ij^h = alpha <o_i, v~_j^h> / ||o_i||^2       signed
 =============================  =====================================  ====================
 
-all from head-space Gram identities (:mod:`.geometry`). Eligible keys: those the model's mask
+all from head-space Gram identities (:mod:`.geometry`), in float64 whatever the model's dtype
+(so that float32 roundoff does not decide near-ties of the ranking). Eligible keys: those the model's mask
 allows (causal, sliding window) that are real tokens, for real queries. ``n_remove =
 floor(p * n_eligible + 0.5)``; ranking puts higher scores first, ties to the lower position
 (``rank="magnitude"`` ranks by |score|). Comprehensiveness removes the ``n_remove`` top-ranked
@@ -33,7 +34,7 @@ import torch
 from torch import nn
 
 from .archs import attention_layers
-from .geometry import Projection, norm_from_gram, repeat_kv, scores, softmax_masked
+from .geometry import Projection, norm_from_gram, repeat_kv, softmax_masked
 
 Tensor = torch.Tensor
 METRICS = ("attention", "value_weighted", "value_weighted_normalized", "contribution",
@@ -73,11 +74,11 @@ def _finite(x: Tensor) -> Tensor:
 
 
 def metric_scores(metric: str, alpha: Tensor, vf: Tensor, z: Tensor, proj: Projection) -> Tensor:
-    """Score of every (head, query, key): (B, H, T, T) float32.
+    """Score of every (head, query, key): (B, H, T, T), in the inputs' dtype.
 
     Parameters
     ----------
-    alpha : (B, H, T, T) clean attention; vf : (B, H, T, dh) values per query head (float32);
+    alpha : (B, H, T, T) clean attention; vf : (B, H, T, dh) values per query head;
     z : (B, H, T, dh) clean head outputs before W_O (``alpha @ vf``).
     """
     if metric == "attention":
@@ -152,6 +153,16 @@ def eligible_keys(allowed: Tensor, token_mask: Tensor) -> Tensor:
 
 
 # ------------------------------------------------------------------------------------ handler
+def _logits64(q: Tensor, k: Tensor, scale: float, softcap: float | None) -> Tensor:
+    """Attention logits (B, H, Tq, Tk) in float64.
+
+    Rankings decide which keys are removed; float64 keeps near-ties from being decided by
+    float32 roundoff (alpha, scores and the intervened head outputs are all float64).
+    """
+    s = (q.double() @ k.double().transpose(-1, -2)) * scale
+    return s if softcap is None else torch.tanh(s / softcap) * softcap
+
+
 class Intervener:
     """Attention handler that runs each layer densely and applies one intervention.
 
@@ -174,9 +185,14 @@ class Intervener:
         self.token_mask: Tensor | None = None
 
     def projection(self, module: nn.Module, n_heads: int) -> Projection:
+        """W_O and its per-head Gram matrices in float64 (built once per module)."""
         if id(module) not in self.projections:
-            self.projections[id(module)] = Projection.from_weight(self.layers[id(module)][1],
-                                                                  n_heads)
+            w = self.layers[id(module)][1].detach().double()              # (H*dh, d)
+            full = w @ w.T
+            dh = w.shape[0] // n_heads
+            blocks = full.view(n_heads, dh, n_heads, dh)
+            gram = torch.stack([blocks[h, :, h] for h in range(n_heads)])
+            self.projections[id(module)] = Projection(weight=w, gram=gram, full=full)
         return self.projections[id(module)]
 
     def attend(self, module, query, key, value, allowed, scaling, softcap):
@@ -189,8 +205,8 @@ class Intervener:
         mask = (torch.ones(B, T, dtype=torch.bool, device=query.device) if mask is None
                 else mask.to(query.device))
         allowed = allowed & mask[:, None, None, :]
-        alpha = softmax_masked(scores(query, repeat_kv(key, H), scaling, softcap), allowed)
-        vf = repeat_kv(value, H).float()                                 # (B, H, T, dh)
+        alpha = softmax_masked(_logits64(query, repeat_kv(key, H), scaling, softcap), allowed)
+        vf = repeat_kv(value, H).double()                                # (B, H, T, dh)
         weights, remove = alpha, None
         r = self.removal
         if r is not None and (r.layers is None or layer in r.layers):
@@ -235,7 +251,7 @@ class DriftProbe:
         B, H, T, _ = z.shape
         semantic = eligible.clone()
         semantic[..., : self.sink_k] = False
-        semantic = semantic.float()                                      # (B, 1|H, T, T)
+        semantic = semantic.to(vf.dtype)                                 # (B, 1|H, T, T)
         n = semantic.sum(-1)
         m = (semantic @ vf) / n[..., None]                               # (B, H, T, dh)
         zg, output_norm = norm_from_gram(z, proj.gram)

@@ -4,6 +4,9 @@
 ``compact`` runs the fused SDPA kernel, which also returns each query's log-sum-exp, and
 evaluates alpha only for the sink keys and the tail window; totals over the middle keys
 follow from the exact sums (sum_j alpha = 1, sum_j c = 1, sum_j C^h = head_share).
+
+Masks are prepared once per forward pass (:func:`prepare_masks`), never per layer, and never
+expanded to the heads.
 """
 
 from __future__ import annotations
@@ -12,36 +15,76 @@ from dataclasses import dataclass
 
 import torch
 
-from .geometry import (Projection, fused_attention, pair_terms, per_token, repeat_kv, scores,
-                       softmax_masked, tail_index)
+from .geometry import (Projection, attention_bias, band, band_values, fused_attention,
+                       per_token, repeat_kv, scores, softmax_masked, tail_index)
 
 Tensor = torch.Tensor
 PAIR_NAMES = ("alpha", "cosine", "cosine_layer", "contribution", "contribution_layer")
+DERIVED_NAMES = ("contribution", "contribution_layer", "tail_contribution",
+                 "tail_contribution_layer")
+NAN = float("nan")
 
 
 @dataclass(frozen=True)
 class Options:
-    """What to measure: the layout and the sink/tail group sizes."""
+    """What to measure: the layout, the sink/tail group sizes, and whether to return the
+    contributions that a store derives on read (``derived=False`` skips them)."""
 
     mode: str = "compact"
     sink_k: int = 1
     tail_w: int = 8
+    derived: bool = True
 
 
-def _nan_where(x: Tensor, keep: Tensor) -> Tensor:
-    return x.masked_fill(~keep, float("nan"))
+@dataclass
+class Masks:
+    """Everything one layer needs from the attention mask, made once per forward.
+
+    Shapes: allowed (B, 1|H, T, T); sink_ok (B, 1|H, T, k); tail_ok (B, 1|H, T, w);
+    count, rest (B, 1|H, T); query (B, 1, T) real queries; token (B, T).
+    """
+
+    allowed: Tensor
+    bias: Tensor | None          # None: plain causal, no padding (fused kernel's is_causal)
+    sink_ok: Tensor
+    tail_ok: Tensor
+    tail_key: Tensor             # (T, w) key index of each (query, lag), clamped at 0
+    count: Tensor
+    rest: Tensor
+    query: Tensor
+    token: Tensor
 
 
-def measure_layer(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor, token_mask: Tensor,
-                  scale: float, proj: Projection, opts: Options,
+def prepare_masks(allowed: Tensor, token_mask: Tensor, opts: Options,
+                  dtype: torch.dtype) -> Masks:
+    """Masks of one forward pass from the model's boolean mask and the real tokens."""
+    a = allowed & token_mask[:, None, None, :]                          # key must be real
+    T = a.shape[-1]
+    k = min(opts.sink_k, T)
+    causal = torch.ones(T, T, dtype=torch.bool, device=a.device).tril()
+    plain = (a.shape[1] == 1 and a.shape[-2] == T and bool(token_mask.all())
+             and bool((a == causal).all()))
+    key, non_sink = tail_index(T, opts.sink_k, opts.tail_w, a.device)   # (T, w)
+    tail_ok = a.gather(-1, key.expand(*a.shape[:-1], -1)) & non_sink
+    sink_ok = a[..., :k]
+    count = a.sum(-1) - sink_ok.sum(-1) - tail_ok.sum(-1)
+    # a query with no allowed key (left padding) attends to every key in the kernel, as
+    # transformers' SDPA does: an all-masked row gives NaN, which would reach later layers
+    kernel = None if plain else attention_bias(a | ~a.any(-1, keepdim=True), dtype)
+    return Masks(allowed=a, bias=kernel, sink_ok=sink_ok,
+                 tail_ok=tail_ok, tail_key=key, count=count.float(), rest=a[..., k:].any(-1),
+                 query=token_mask[:, None, :], token=token_mask)
+
+
+def measure_layer(q: Tensor, k: Tensor, v: Tensor, masks: Masks, scale: float,
+                  proj: Projection, opts: Options,
                   softcap: float | None = None) -> tuple[Tensor, dict[str, Tensor]]:
     """Attention output and measurements of one layer.
 
     Parameters
     ----------
     q : (B, H, T, dh) queries; k, v : (B, G, T, dh) keys and values (G divides H).
-    allowed : (B, 1 or H, T, T) bool, the model's attention mask (True = attends).
-    token_mask : (B, T) bool, real (non-padding) tokens.
+    masks : from :func:`prepare_masks` for this layer's attention mask.
 
     Returns
     -------
@@ -49,71 +92,90 @@ def measure_layer(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor, token_mask: 
     out : dict of float32 tensors named as in ``attngeom.store.schema`` (layer dim absent).
     """
     H = q.shape[1]
-    allowed = allowed & token_mask[:, None, None, :]
-    vf = repeat_kv(v, H).float()
+    kr, vr = repeat_kv(k, H), repeat_kv(v, H)
+    kk = masks.sink_ok.shape[-1]
     if opts.mode == "dense" or softcap is not None:
-        alpha = softmax_masked(scores(q, repeat_kv(k, H), scale, softcap), allowed)
-        z = alpha @ vf
-        lse = None
+        alpha = softmax_masked(scores(q, kr, scale, softcap), masks.allowed)
+        vf = vr.float()
+        z, zf, lse = None, alpha @ vf, None
+        sink_alpha = alpha[..., :kk]
     else:
-        z, lse = fused_attention(q, repeat_kv(k, H), repeat_kv(v, H), allowed, scale)
-        alpha = None
-    zf = z.float()
-    kk = min(opts.sink_k, q.shape[2])
-    sink_alpha = alpha[..., :kk] if alpha is not None else _alpha_at(
-        q, repeat_kv(k, H)[:, :, :kk], lse, allowed[..., :kk], scale)
-    tok = per_token(zf, vf, sink_alpha, proj)
-    rest = allowed[..., kk:].any(-1)                                    # any non-sink key
-    tok["residual_norm"] = tok["residual_norm"].masked_fill(~rest, 0.0)  # not roundoff
-    tok["sink_residual_cosine"] = tok["sink_residual_cosine"].masked_fill(~rest, float("nan"))
+        z, lse = fused_attention(q, kr, vr, masks.bias, scale)
+        alpha, zf, lse = None, z.float(), lse.float()
+        logits = q.float() @ kr[:, :, :kk].float().transpose(-1, -2)   # (B, H, T, k)
+        sink_alpha = torch.exp(logits * scale - lse[..., None]).masked_fill(~masks.sink_ok, 0.0)
+    tok = per_token(zf, v.float(), sink_alpha, proj)
     zg, u = tok.pop("_zg"), tok.pop("_u")
-    qv = token_mask[:, None, :]                                         # (B, 1, T)
+    sink_dots = tok.pop("_sink_dot"), tok.pop("_sink_dot_layer")
     if opts.mode == "dense":
-        pairs = pair_terms(alpha, zg, u, vf, tok, tok["value_norm"])
-        keep = allowed & qv[..., None]
-        out = {n: _nan_where(x, keep) for n, x in pairs.items()}
+        out = _dense(alpha, zg, u, vf, tok, masks, opts)
     else:
-        out = _compact(q, repeat_kv(k, H), vf, alpha, lse, allowed, sink_alpha, zg, u, tok,
-                       scale, opts)
-        out = {n: _nan_where(x, qv[..., None] if x.dim() == 4 else qv) for n, x in out.items()}
-    out["value_norm"] = _nan_where(tok["value_norm"], qv)
-    out["sink_value_cosine"] = _nan_where(tok["sink_value_cosine"], qv)
-    for name in ("output_norm", "residual_norm", "sink_residual_cosine", "head_share"):
-        out[name] = _nan_where(tok[name], qv)
-    out["layer_output_norm"] = _nan_where(tok["layer_output_norm"], token_mask)
-    return z.to(q.dtype), out
+        out = _compact(q, k, v, alpha, lse, sink_alpha, sink_dots, zg, u, tok, masks, scale,
+                       opts)
+    out.update(_per_token_out(tok, masks))
+    return (z if z is not None else zf).to(q.dtype), out
 
 
-def _alpha_at(q: Tensor, keys: Tensor, lse: Tensor, allowed: Tensor, scale: float) -> Tensor:
-    """alpha for chosen keys from the log-sum-exp: keys (B,H,K,dh) or (B,H,T,K,dh)."""
-    if keys.dim() == 4:
-        logits = scores(q, keys, scale, None)                           # (B, H, T, K)
+def _per_token_out(tok: dict[str, Tensor], masks: Masks) -> dict[str, Tensor]:
+    """Per-token names with NaN outside the real tokens (residual 0 when only sinks)."""
+    nq = ~masks.query                                                   # (B, 1, T)
+    rest = masks.rest
+    tok["residual_norm"] = tok["residual_norm"].masked_fill(~rest, 0.0)  # not roundoff
+    tok["sink_residual_cosine"] = tok["sink_residual_cosine"].masked_fill(~rest, NAN)
+    out = {n: x.masked_fill(nq, NAN) for n, x in tok.items() if n != "layer_output_norm"}
+    out["layer_output_norm"] = tok["layer_output_norm"].masked_fill(~masks.token, NAN)
+    return out
+
+
+def _pairs(alpha: Tensor, dot_head: Tensor, dot_layer: Tensor, on: Tensor, ln: Tensor,
+           vn: Tensor) -> dict[str, Tensor]:
+    """alpha, cosine, cosine_layer, contribution, contribution_layer (B, H, T, K).
+
+    on (B, H, T, 1), ln (B, 1, T, 1), vn broadcastable to (B, H, T, K)."""
+    return {"alpha": alpha, "cosine": dot_head / (on * vn), "cosine_layer": dot_layer / (ln * vn),
+            "contribution": alpha * dot_head / on.square(),
+            "contribution_layer": alpha * dot_layer / ln.square()}
+
+
+def _dense(alpha, zg, u, vf, tok, masks: Masks, opts: Options) -> dict[str, Tensor]:
+    """Every (query, key) pair; NaN where the key is not allowed or the query is padding."""
+    on = tok["output_norm"][..., None]
+    ln = tok["layer_output_norm"][:, None, :, None]
+    pairs = _pairs(alpha, zg @ vf.transpose(-1, -2), u @ vf.transpose(-1, -2), on, ln,
+                   tok["value_norm"][:, :, None, :])
+    bad = ~(masks.allowed & masks.query[..., None])
+    return {n: x.masked_fill(bad, NAN) for n, x in pairs.items()
+            if opts.derived or n in ("alpha", "cosine", "cosine_layer")}
+
+
+def _compact(q, k, v, alpha, lse, sink_alpha, sink_dots, zg, u, tok, masks: Masks, scale,
+             opts: Options) -> dict[str, Tensor]:
+    """Sink pairs, tail pairs (on lag) and middle totals; alpha is None on the fused path.
+
+    k, v : (B, G, T, dh) per kv head."""
+    kk, w = sink_alpha.shape[-1], opts.tail_w
+    H = q.shape[1]
+    on = tok["output_norm"][..., None]
+    ln = tok["layer_output_norm"][:, None, :, None]
+    vn = tok["value_norm"]
+    sink = _pairs(sink_alpha, *sink_dots, on, ln, vn[:, :, None, :kk])
+    t_dh, t_dl = band([zg, u], v.float(), w)                            # (B, H, T, w)
+    if alpha is None:
+        t_qk = band([q.float()], k.float(), w)[0]
+        t_alpha = torch.exp(t_qk * scale - lse[..., None]).masked_fill(~masks.tail_ok, 0.0)
     else:
-        logits = torch.einsum("bhtd,bhtkd->bhtk", q.float(), keys.float()) * scale
-    alpha = torch.exp(logits - lse.float()[..., None])
-    return alpha.masked_fill(~allowed, 0.0)
-
-
-def _compact(q, kf, vf, alpha, lse, allowed, sink_alpha, zg, u, tok, scale, opts):
-    """Sink pairs, tail pairs (on lag) and middle totals; alpha may be None (fused path)."""
-    B, H, T, _ = q.shape
-    kk = sink_alpha.shape[-1]
-    allowed = allowed.expand(B, H, T, T)
-    sink = pair_terms(sink_alpha, zg, u, vf[:, :, :kk], tok, tok["value_norm"][..., :kk])
-    sink = {n: x.masked_fill(~allowed[..., :kk], float("nan")) for n, x in sink.items()}
-    idx, non_sink = tail_index(T, opts.sink_k, opts.tail_w, q.device)     # (T, w)
-    tail_ok = allowed.gather(-1, idx.expand(B, H, T, -1)) & non_sink
-    if alpha is not None:
-        tail_alpha = alpha.gather(-1, idx.expand(B, H, T, -1)).masked_fill(~tail_ok, 0.0)
-    else:
-        tail_alpha = _alpha_at(q, kf[:, :, idx], lse, tail_ok, scale)
-    tail = pair_terms(tail_alpha, zg, u, vf[:, :, idx], tok, tok["value_norm"][:, :, idx])
-    out = {n: x for n, x in sink.items()}
-    out.update({f"tail_{n}": x.masked_fill(~tail_ok, float("nan")) for n, x in tail.items()})
+        idx = masks.tail_key.expand(*alpha.shape[:-1], -1)
+        t_alpha = alpha.gather(-1, idx).masked_fill(~masks.tail_ok, 0.0)
+    tail = _pairs(t_alpha, t_dh, t_dl, on, ln, band_values(vn, w))
+    nq = ~masks.query[..., None]                                        # (B, 1, T, 1)
+    keep = PAIR_NAMES if opts.derived else ("alpha", "cosine", "cosine_layer")
+    out = {n: sink[n].masked_fill(~masks.sink_ok | nq, NAN) for n in keep}
+    out.update({f"tail_{n}": tail[n].masked_fill(~masks.tail_ok | nq, NAN) for n in keep})
     totals = {"alpha": 1.0, "contribution": 1.0, "contribution_layer": tok["head_share"]}
     for name, total in totals.items():
-        known = sink[name].nan_to_num(0.0).sum(-1) + tail[name].masked_fill(~tail_ok, 0).sum(-1)
-        out[f"middle_{name}"] = total - known
-    count = allowed.sum(-1) - allowed[..., :kk].sum(-1) - tail_ok.sum(-1)
-    out["middle_count"] = count.float()
+        known = (sink[name].masked_fill(~masks.sink_ok, 0.0).sum(-1)
+                 + tail[name].masked_fill(~masks.tail_ok, 0.0).sum(-1))
+        out[f"middle_{name}"] = (total - known).masked_fill(nq[..., 0], NAN)
+    B, _, T = tok["value_norm"].shape
+    out["middle_count"] = masks.count.expand(B, H, T).masked_fill(nq[..., 0], NAN)
     return out

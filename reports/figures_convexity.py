@@ -61,12 +61,12 @@ def _panel(ax, ds, conv, layer) -> None:
     ax.set_title(f"layer {layer}: {len(x):,} (head, query) points")
     ax.set_xlabel("sink rate α_i0")
     ax.set_ylabel("output norm ‖o_i^h‖")
-    ax.legend(loc="upper right", fontsize=6.5, frameon=True, framealpha=0.85)
+    legend_below(ax, ncol=2, offset=0.2, fontsize=6.5)          # never over the points
 
 
 def _scatter_page(ds, conv, sinks) -> Page:
     layers = top_layers(sinks, 4)
-    fig = figure(hspace=0.45, wspace=0.22)
+    fig = figure(hspace=0.8, wspace=0.22)
     nrows, ncols = -(-len(layers) // 2), min(2, len(layers))
     for i, layer in enumerate(layers):
         _panel(fig.add_subplot(nrows, ncols, i + 1), ds, conv, layer)
@@ -134,4 +134,12 @@ def _vertex_page(conv) -> Page:
 
 
 def pages(ds, conv, sinks) -> list[Page]:
+    """The scatter page; the per-layer vertex page only when some fit could be made (it needs
+    at least 3 sequences for its clustered errors), never drawn empty."""
+    if not np.isfinite(conv["pooled_vertex"].values).any():
+        page = _scatter_page(ds, conv, sinks)
+        page.caption += (f" No quadratic fit was possible ({ds.sizes['sequence']} sequences; the "
+                         "sequence-clustered fit needs at least 3), so the per-layer vertex page "
+                         "is left out.")
+        return [page]
     return [_scatter_page(ds, conv, sinks), _vertex_page(conv)]

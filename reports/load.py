@@ -19,6 +19,7 @@ import xarray as xr
 from attngeom.analysis import RESULT_FILES, SUMMARY_FILE, run_all
 from attngeom.store import open_store, read_manifest
 from attngeom.store.manifest import file_sha256
+from attngeom.store.results import is_faith_only
 
 ANALYSIS_DIR = "analysis"
 
@@ -28,7 +29,7 @@ class ReportData:
     """The report's inputs; optional parts are None and ``missing[section]`` says why."""
 
     store: Path
-    ds: xr.Dataset                       # the opened store (lazy)
+    ds: xr.Dataset | None                # the opened store (lazy); None: results only
     manifest: dict
     analysis_dir: Path
     analysis: dict | None = None         # sinks, convexity, anti_alignment, decomposition, summary
@@ -134,11 +135,16 @@ def gather(store: str | os.PathLike, analysis_dir: str | os.PathLike | None = No
     """Open the store and collect every result the report can show."""
     store = Path(store)
     manifest = read_manifest(store)
-    ds = open_store(store)
+    only = is_faith_only(manifest)
+    ds = None if only else open_store(store)
     directory = Path(analysis_dir) if analysis_dir is not None else store / ANALYSIS_DIR
     data = ReportData(store=store, ds=ds, manifest=manifest, analysis_dir=directory,
                       faith_name=faithfulness)
-    if run_analysis:
+    if only:
+        data.missing["analysis"] = ("the store holds faithfulness results only (run `attngeom "
+                                    f"extract --model MODEL --data DATA --out {store}` to add "
+                                    "the measurements)")
+    elif run_analysis:
         data.analysis = ensure_analysis(store, ds, manifest, directory, progress=progress,
                                         log=log, **analysis_options)
     elif analysis_state(store, manifest, directory) in ("current", "stale"):
@@ -156,7 +162,7 @@ def gather(store: str | os.PathLike, analysis_dir: str | os.PathLike | None = No
         if data.drift is None:
             data.missing["drift"] = ("the faithfulness run skipped the sink-zeroing pass "
                                      "(rerun it without --no-drift)")
-    if "token" not in ds:
+    if ds is not None and "token" not in ds:
         data.missing["tokens"] = ("the store keeps no token strings (extracted with --no-text); "
                                   "token ids are shown")
     return data

@@ -12,6 +12,7 @@ import os
 import textwrap
 from pathlib import Path
 
+import numpy as np
 
 from . import (figures_anti_alignment, figures_convexity, figures_decomposition, figures_drift,
                figures_example, figures_faithfulness, figures_sinks)
@@ -40,8 +41,13 @@ def section_pages(data: ReportData) -> tuple[dict[str, list[Page]], dict[str, st
     if a is not None:
         pages["Sink heads"] = figures_sinks.pages(a["sinks"])
         pages["Convexity"] = figures_convexity.pages(data.ds, a["convexity"], a["sinks"])
-        pages["Anti-alignment"] = figures_anti_alignment.pages(a["anti_alignment"], data.ds,
-                                                               a["sinks"])
+        anti = a["anti_alignment"]
+        if np.isfinite(anti["mean_cos"].values).any():
+            pages["Anti-alignment"] = figures_anti_alignment.pages(anti, data.ds, a["sinks"])
+        else:
+            left_out["Anti-alignment"] = (
+                f"not testable: {data.ds.sizes['sequence']} sequence(s); sequences are the "
+                "replicates and the per-head tests need at least 3 (extract more texts)")
         pages["Decomposition"] = figures_decomposition.pages(a["decomposition"])
     else:
         for name in ("Sink heads", "Convexity", "Anti-alignment", "Decomposition"):
@@ -50,8 +56,10 @@ def section_pages(data: ReportData) -> tuple[dict[str, list[Page]], dict[str, st
         pages["Semantic drift"] = figures_drift.pages(data.faith, data.drift)
     else:
         left_out["Semantic drift"] = data.missing["drift"]
-    lacking = [n for n in EXAMPLE_NEEDS if n not in data.ds]
-    if lacking:
+    lacking = [n for n in EXAMPLE_NEEDS if data.ds is None or n not in data.ds]
+    if data.ds is None:
+        left_out["Example sequence"] = data.missing["analysis"]
+    elif lacking:
         left_out["Example sequence"] = f"the store lacks {', '.join(lacking)}"
     else:
         pages["Example sequence"] = figures_example.pages(data.ds, a["sinks"] if a else None)
@@ -85,7 +93,9 @@ def provenance(data: ReportData) -> list[tuple[str, str]]:
     m, ds = data.manifest, data.ds
     cfg = m["config"]
     model, d, opts = cfg["model"], cfg["data"], cfg["options"]
-    lengths = ds["length"].values
+    if ds is None:                                  # faithfulness results only
+        ds = {"length": np.zeros(0, dtype=int)}
+    lengths = np.asarray(ds["length"])
     finite = int((ds["finite"].values != 0).sum()) if "finite" in ds else len(lengths)
     rows = [
         ("model", f"{model['id']} ({model.get('architecture')}, {model.get('model_type')}, "
@@ -104,6 +114,10 @@ def provenance(data: ReportData) -> list[tuple[str, str]]:
                   f"{'kept' if opts.get('store_text', True) else 'not kept'}; content hash "
                   f"{m['config_hash'][:16]}, created {m.get('created')}"),
     ]
+    if data.ds is None:
+        rows = [r for r in rows if r[0] not in ("sequences", "store")] + [
+            ("store", f"{data.store} — faithfulness results only (no extracted sequences); "
+                      f"content hash {m['config_hash'][:16]}, created {m.get('created')}")]
     if data.analysis is not None:
         at = data.analysis["sinks"].attrs
         conv = data.analysis["convexity"].attrs

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+MIN_SEQUENCES = 3            # the analyses' clustered fits and per-head tests need this many
 METRIC_LABELS = {"attention": "attention", "value_weighted": "value-weighted",
                  "value_weighted_normalized": "value-weighted normalized",
                  "contribution": "contribution", "contribution_layer": "layer contribution"}
@@ -68,9 +69,13 @@ def convexity_sentence(convexity, sinks) -> str | None:
     analytic = fmt(c["pooled_analytic_vertex_median"])
     text = (f"Convexity: output norm is convex in the sink rate (b2 > 0, q < "
             f"{fmt(convexity.attrs.get('analysis_level', 0.05))}) in {n_layers} of "
-            f"{convexity.sizes['layer']} layers (pooled fits) and {n_heads} of {total} heads; "
-            f"in layer {layer} the fitted vertex is α* = {fmt(c['pooled_vertex'])}, "
-            f"95% CI {ci(c['pooled_vertex_ci_low'], c['pooled_vertex_ci_high'])}")
+            f"{convexity.sizes['layer']} layers (pooled fits) and {n_heads} of {total} heads; ")
+    if not np.isfinite(float(c["pooled_vertex"])):
+        n_seq = int(np.nan_to_num(float(c.get("pooled_n_sequences", np.nan))))
+        return text + (f"in layer {layer} the vertex is not estimable ({n_seq} sequences; the "
+                       f"sequence-clustered fit needs at least {MIN_SEQUENCES}).")
+    text += (f"in layer {layer} the fitted vertex is α* = {fmt(c['pooled_vertex'])}, "
+             f"95% CI {ci(c['pooled_vertex_ci_low'], c['pooled_vertex_ci_high'])}")
     if analytic != "n/a":
         text += f" (geometric prediction, median over queries: {analytic})"
     return text + "."
@@ -81,6 +86,11 @@ def anti_alignment_sentence(anti) -> str | None:
         return None
     level = fmt(anti.attrs.get("analysis_level", 0.05))
     total = int(anti["mean_cos"].size)
+    if not np.isfinite(anti["mean_cos"].values).any():
+        n_seq = int(np.nan_to_num(float(anti["n_sequences"].max()))) if "n_sequences" in anti \
+            else 0
+        return (f"Anti-alignment: not testable with {n_seq} sequences (sequences are the "
+                f"replicates; the per-head tests need at least {MIN_SEQUENCES}).")
     return (f"Anti-alignment: the mean cosine between the sink value and semantic values is "
             f"{fmt(anti['mean_cos'].mean())} over heads, with {int(anti['anti_aligned'].sum())} "
             f"of {total} heads significantly negative (q < {level}); against the non-sink "

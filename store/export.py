@@ -24,6 +24,8 @@ import numpy as np
 from . import schema as S
 from .manifest import MANIFEST, StoreError, atomic_write_bytes, read_manifest
 from .readme import README, readme_text
+from .results import entries as result_entries
+from .results import is_faith_only
 
 FORMATS = ("zarr", "parquet")
 TABLES = ("per_query", "per_key", "pairs", "sequences", "tokens")
@@ -39,16 +41,17 @@ def export(store: str | Path, out: str | Path, fmt: str, tables=None) -> Path:
         raise ValueError(f"--format must be one of {', '.join(FORMATS)}, not '{fmt}'")
     tables = _tables(tables)
     manifest = read_manifest(store)
-    ds = open_store(store)
+    ds = None if is_faith_only(manifest) else open_store(store)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise StoreError(f"--out {out} exists and is not empty; choose a new path")
     if fmt == "zarr":
         _zarr(ds, out)
-    else:
+    elif ds is not None:
         _parquet(ds, out, manifest, tables)
+    _results(store, manifest, out, fmt)
     atomic_write_bytes(out / MANIFEST.replace(".json", ".source.json"),
                        json.dumps(manifest, indent=1, sort_keys=True).encode())
-    atomic_write_bytes(out / README, _export_readme(manifest, fmt).encode())
+    atomic_write_bytes(out / README, _export_readme(manifest, fmt, store).encode())
     return out
 
 
@@ -74,13 +77,55 @@ def zarr_chunks(ds) -> dict[str, int]:
 
 
 def _zarr(ds, out: Path) -> None:
+    if ds is None:                                        # results only: groups added later
+        import xarray as xr
+
+        ds = xr.Dataset()
     for var in ds.variables.values():
         var.encoding = {}
-    ds = ds.chunk(zarr_chunks(ds))
+    ds = ds.chunk(zarr_chunks(ds)) if ds.sizes else ds
     try:
         ds.to_zarr(out, mode="w-", consolidated=True, zarr_format=2)
     except ImportError:
         raise ValueError("--format zarr needs the zarr package; pip install zarr") from None
+
+
+# ---------------------------------------------------------------------------- results
+def _results(store: Path, manifest: dict, out: Path, fmt: str) -> None:
+    """Faithfulness results: Zarr groups ``faithfulness/<name>``, or Parquet tables
+    ``<name>.<dims>.parquet`` (one per set of dims, e.g. ``faithfulness.metric_rank_mode_
+    fraction_sequence.parquet``); the netCDF file itself is copied next to them too."""
+    import xarray as xr
+
+    found = result_entries(manifest)
+    out.mkdir(parents=True, exist_ok=True)
+    for name, entry in found.items():
+        with xr.open_dataset(store / entry["file"], engine="h5netcdf") as f:
+            res = f.load()
+        for var in res.variables.values():
+            var.encoding = {}
+        if fmt == "zarr":
+            res.to_zarr(out, group=f"faithfulness/{name}", mode="w-", consolidated=False,
+                        zarr_format=2)
+            continue
+        shutil.copyfile(store / entry["file"], out / Path(entry["file"]).name)
+        by_dims: dict[tuple, list[str]] = {}
+        for v, da in res.data_vars.items():
+            if da.dims:
+                by_dims.setdefault(tuple(sorted(da.dims, key=_dim_rank)), []).append(v)
+        for dims, names in by_dims.items():
+            res[names].transpose(*dims).to_dataframe().reset_index().to_parquet(
+                out / f"{name}.{'_'.join(dims)}.parquet", index=False)
+    if fmt == "zarr" and found:
+        import zarr
+
+        zarr.consolidate_metadata(str(out), zarr_format=2)
+
+
+def _dim_rank(dim: str) -> tuple[int, str]:
+    """Canonical order of a result's dims: the removal grid, the unit, then the rest."""
+    order = ("metric", "rank", "mode", "fraction", "sequence", "item", "layer", "option")
+    return (order.index(dim) if dim in order else len(order), dim)
 
 
 # ---------------------------------------------------------------------------- parquet
@@ -204,7 +249,7 @@ def _parquet(ds, out: Path, manifest: dict, tables: list[str]) -> None:
         shutil.move(out / f"{name}.tmp", out / f"{name}.parquet")
 
 
-def _export_readme(manifest: dict, fmt: str) -> str:
+def _export_readme(manifest: dict, fmt: str, store: Path | None = None) -> str:
     if fmt == "zarr":
         head = ("Zarr export of an attngeom store (Zarr format 2, consolidated metadata).\n"
                 "Open it with:  import xarray as xr; ds = xr.open_zarr('path/to/export')\n"
@@ -223,4 +268,15 @@ def _export_readme(manifest: dict, fmt: str) -> str:
                 "  sequences.parquet  sequence, length, truncated, finite, text_index\n"
                 "  tokens.parquet     sequence, position, token_id, special, token\n"
                 "Each file's metadata holds 'attngeom_manifest'; see manifest.source.json.\n")
-    return head + "\nThe source store's description follows.\n\n" + readme_text(manifest)
+    if result_entries(manifest):
+        head += ("\nFaithfulness results: " + (
+            "Zarr groups faithfulness/<name>; open one with\n"
+            "xr.open_zarr('path/to/export', group='faithfulness/faithfulness').\n"
+            if fmt == "zarr" else
+            "<name>.nc (the result file itself) and one table per set of\n"
+            "dims, <name>.<dims>.parquet (e.g. faithfulness.metric_rank_mode_fraction_sequence"
+            ".parquet:\nthe loss of every removal condition per sequence).\n"))
+    if is_faith_only(manifest):
+        head += "This store holds faithfulness results only (no extracted sequences).\n"
+    return (head + "\nThe source store's description follows.\n\n"
+            + readme_text(manifest, store))

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .manifest import read_manifest
+from .results import describe, entries, is_faith_only
 
 
 def _size(n: float) -> str:
@@ -19,6 +20,8 @@ def summary(path: str | Path) -> str:
     """Multi-line text describing the store at ``path``."""
     path = Path(path)
     m = read_manifest(path)
+    if is_faith_only(m):
+        return _faith_only_summary(path, m)
     cfg, model, data, opts = m["config"], m["config"]["model"], m["config"]["data"], \
         m["config"]["options"]
     done = sum(e["sequences"][1] - e["sequences"][0] for e in m["shards"])
@@ -45,9 +48,34 @@ def summary(path: str | Path) -> str:
         "open with    xarray.open_mfdataset('"
         f"{path}/shards/*.nc', engine='h5netcdf', combine='nested', concat_dim='sequence')",
     ]
-    return "\n".join(lines[:-1] + _origin_lines(m) + lines[-1:]
+    return "\n".join(lines[:-1] + _origin_lines(m) + _result_lines(m) + lines[-1:]
                       + (["readme       README.txt (variables, layout, provenance)"]
                          if (path / "README.txt").is_file() else []))
+
+
+def _result_lines(m: dict) -> list[str]:
+    """One line per faithfulness result the store holds."""
+    return [f"faithfulness {describe(e)}" for e in entries(m).values()]
+
+
+def _faith_only_summary(path: Path, m: dict) -> str:
+    """A store with faithfulness results only (``attngeom faithfulness --out NEW``)."""
+    model = m["config"].get("model", {})
+    lines = [
+        f"store        {path}",
+        f"status       faithfulness results only (no extracted sequences); "
+        f"{len(entries(m))} result file(s)",
+        f"content hash {m['config_hash'][:16]}",
+        f"model        {model.get('id')} ({model.get('architecture')}, "
+        f"{model.get('model_type')}, {model.get('dtype')}), {model.get('n_layers')} layers x "
+        f"{model.get('n_heads')} heads ({model.get('n_kv_heads')} kv)",
+        f"weights      fingerprint {str(model.get('weight_fingerprint'))[:16]}",
+        f"created      {m['created']} with attngeom {m.get('versions', {}).get('attngeom', '?')}",
+        *_result_lines(m),
+        f"open with    xarray.open_dataset('{path}/<file>.nc', engine='h5netcdf')",
+    ]
+    return "\n".join(lines + (["readme       README.txt (variables, provenance)"]
+                              if (path / "README.txt").is_file() else []))
 
 
 def _origin_lines(m: dict) -> list[str]:
@@ -70,5 +98,7 @@ def _origin_lines(m: dict) -> list[str]:
         lines.append(f"subset       of {str(cut.get('source_config_hash'))[:16]}: layers "
                      f"{cut['layers']}, heads {cut['heads']}, {cut['n_sequences']} sequences"
                      + (f", without {len(cut['dropped_variables'])} variable(s)"
-                        if cut.get("dropped_variables") else ""))
+                        if cut.get("dropped_variables") else "")
+                     + (", faithfulness results kept whole"
+                        if cut.get("faithfulness_kept_whole") else ""))
     return lines

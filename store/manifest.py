@@ -45,15 +45,46 @@ def file_sha256(path: str | Path, block: int = 1 << 22) -> str:
     return h.hexdigest()
 
 
+class StoreWriteError(StoreError):
+    """Writing into a store failed (disk full, read-only folder, ...): names the path."""
+
+
+def write_error(path: str | Path, exc: BaseException) -> StoreWriteError:
+    """A one-line error naming ``path``, the system's reason and the fix."""
+    errno_ = getattr(exc, "errno", None)
+    reason = getattr(exc, "strerror", None) or str(exc).splitlines()[0] or type(exc).__name__
+    fix = {28: "free disk space or choose another --out",
+           30: "the folder is on a read-only file system; choose a writable --out",
+           13: "choose a writable --out or fix the folder's permissions",
+           122: "the disk quota is exceeded; free space or choose another --out"}.get(
+        errno_, "check the folder and choose a writable --out")
+    return StoreWriteError(f"cannot write {path}: {reason}; {fix}")
+
+
+def temporary_name(path: Path) -> Path:
+    """The temporary file a write of ``path`` goes through (removed on a rerun)."""
+    return path.with_name(f".{path.name}.tmp-{os.getpid()}")
+
+
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
-    """Write via a temporary file, fsync, rename: readers see the old or the new file."""
+    """Write via a temporary file, fsync, rename: readers see the old or the new file.
+
+    Raises StoreWriteError naming ``path`` when the disk is full or the folder read-only;
+    the temporary file is removed then.
+    """
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    tmp = temporary_name(path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise write_error(path, exc) from exc
+    finally:
+        if tmp.exists():
+            tmp.unlink(missing_ok=True)
     fsync_dir(path.parent)
 
 
@@ -110,10 +141,31 @@ def read_manifest(store: str | Path) -> dict:
     if version != SCHEMA_VERSION:
         raise StoreError(f"{store}: schema version {version!r}, this attngeom reads "
                          f"{SCHEMA_VERSION}; use the matching attngeom release")
-    for key, kind in (("config", dict), ("shards", list), ("n_sequences", int)):
+    for key, kind in (("config", dict), ("shards", list), ("n_sequences", int),
+                      ("complete", bool), ("config_hash", str)):
         if not isinstance(manifest.get(key), kind):
-            raise StoreError(f"{path}: field '{key}' missing or not a {kind.__name__}")
+            raise StoreError(f"{path}: field '{key}' missing or not a {kind.__name__}; "
+                             "damaged manifest: re-extract or restore it")
+    for entry in manifest["shards"]:
+        check_shard_entry(path, entry)
     return manifest
+
+
+def check_shard_entry(path: Path, entry: Any) -> None:
+    """StoreError unless ``entry`` is ``{"file": relative path in shards/, "sequences": [lo, hi],
+    "sha256": str, ...}``: a manifest never points outside its store."""
+    ok = isinstance(entry, dict) and isinstance(entry.get("file"), str) \
+        and isinstance(entry.get("sha256"), str) and isinstance(entry.get("sequences"), list) \
+        and len(entry["sequences"]) == 2 \
+        and all(type(v) is int and v >= 0 for v in entry["sequences"]) \
+        and entry["sequences"][0] < entry["sequences"][1]
+    if not ok:
+        raise StoreError(f"{path}: malformed shard entry {str(entry)[:80]}; damaged manifest: "
+                         "re-extract or restore it")
+    file = Path(entry["file"])
+    if file.is_absolute() or ".." in file.parts or file.parts[:1] != ("shards",):
+        raise StoreError(f"{path}: shard path {str(file)[:80]} leaves the store's shards/ folder; "
+                         "refusing to read it")
 
 
 def config_difference(a: dict, b: dict, prefix: str = "") -> str | None:

@@ -15,6 +15,11 @@ subset
     Layers, heads (by their labels), sequences (renumbered 0..n-1; ``text_index`` kept) and
     variables; what was cut is recorded in ``config["subset"]`` (so the hash changes).
 
+Faithfulness results (``<name>.nc`` recorded under ``manifest["faithfulness"]``) are
+whole experiments: both copy them unchanged (checksums verified). merge refuses two inputs
+holding different results under one name, and accepts results-only stores (``attngeom
+faithfulness --out NEW``) of the same model, alone or next to extraction stores.
+
 Both honour ``no_text`` (leave token strings out; ``options.store_text`` becomes false),
 write a complete manifest, every shard with its sha256, and README.txt.
 """
@@ -35,6 +40,9 @@ from . import schema as S
 from .manifest import (StoreError, canonical, config_difference, config_hash, file_sha256,
                        new_manifest, read_manifest, write_manifest)
 from .readme import write_readme
+from .results import conflict as results_conflict
+from .results import copy_into as copy_results
+from .results import is_faith_only
 from .shards import shard_attrs, shard_name, write_shard
 
 READ_NEEDS = {  # what attngeom.store.open needs to derive contributions on read
@@ -88,8 +96,12 @@ def shard_entry(name: str, lo: int, hi: int, sha: str, truncated: int, nonfinite
             "nonfinite": nonfinite}
 
 
-def finish(out: Path, manifest: dict) -> dict:
-    """Counts from the shard entries, complete, manifest and README written."""
+def finish(out: Path, manifest: dict, results: list | None = None) -> dict:
+    """Counts from the shard entries, faithfulness ``results`` (store, manifest) copied,
+    complete, manifest and README written."""
+    found = copy_results(out, results or [])
+    if found:
+        manifest["faithfulness"] = found
     manifest["shards"].sort(key=lambda e: e["sequences"][0])
     counts = manifest.setdefault("counts", {})
     counts["truncated"] = sum(e["truncated"] for e in manifest["shards"])
@@ -181,6 +193,14 @@ def merge(stores: Sequence[str | Path], out: str | Path, copy_files: bool = Fals
         raise ValueError("store merge needs at least one input store")
     out = Path(out)
     manifests = [complete_manifest(s) for s in stores]
+    results = list(zip(stores, manifests))             # faithfulness results travel along
+    why = results_conflict(results)
+    if why:
+        raise StoreError(f"cannot merge: {why}")
+    stores, manifests = _extractions(stores, manifests)
+    if not stores:
+        prepare_out(out, [s for s, _ in results])
+        return _merge_results_only(results, out)
     groups = _groups(stores, manifests, no_text)
     for g in groups:
         g["shards"] = _union(g)
@@ -195,11 +215,49 @@ def merge(stores: Sequence[str | Path], out: str | Path, copy_files: bool = Fals
               "skipped_duplicate_data": [m["config_hash"] for g in skipped
                                          for _, m in g["members"]]}
     if len(kept) == 1:
-        return _merge_one(kept[0], out, copy_files, no_text, record)
-    return _merge_many(kept, out, no_text, record)
+        return _merge_one(kept[0], out, copy_files, no_text, record, results)
+    return _merge_many(kept, out, no_text, record, results)
 
 
-def _merge_one(group: dict, out: Path, copy_files: bool, no_text: bool, record: dict) -> dict:
+def _extractions(stores: list[Path], manifests: list[dict]) -> tuple[list, list]:
+    """The inputs holding extracted sequences; results-only inputs must share their model."""
+    both = [(s, m) for s, m in zip(stores, manifests) if not is_faith_only(m)]
+    for store, m in zip(stores, manifests):
+        if both and is_faith_only(m):
+            diff = _model_difference(both[0][1], m)
+            if diff:
+                raise StoreError(f"cannot merge {store} with {both[0][0]}: another model "
+                                 f"(model.{diff[:160]}); only results of the same model merge")
+    return [s for s, _ in both], [m for _, m in both]
+
+
+def _model_difference(a: dict, b: dict) -> str | None:
+    """'key: a != b' when two manifests name other weights or dtype (ids may be paths)."""
+    keep = ("weight_fingerprint", "dtype", "n_layers", "n_heads")
+    return config_difference({k: a["config"]["model"].get(k) for k in keep},
+                             {k: b["config"]["model"].get(k) for k in keep})
+
+
+def _merge_results_only(results: list[tuple[Path, dict]], out: Path) -> dict:
+    """Stores that hold faithfulness results only: one such store with all of them."""
+    first = results[0][1]
+    for store, m in results[1:]:
+        diff = _model_difference(first, m)
+        if diff:
+            raise StoreError(f"cannot merge {store} with {results[0][0]}: another model "
+                             f"(model.{diff[:160]}); only results of the same model merge")
+    names = {n: e.get("config_hash") for _, m in results
+             for n, e in (m.get("faithfulness") or {}).items()}
+    config = {"model": first["config"]["model"], "data": {"spec": "faithfulness results"},
+              "options": {"faithfulness": dict(sorted(names.items()))}}
+    manifest = new_manifest(config, 0, {"versions": first.get("versions", {}), "counts": {},
+                                        "kind": "faithfulness",
+                                        "merge": {"inputs": [str(s) for s, _ in results]}})
+    return finish(out, manifest, results)
+
+
+def _merge_one(group: dict, out: Path, copy_files: bool, no_text: bool, record: dict,
+               results: list) -> dict:
     """Parts of one dataset: shard files linked (or rewritten without text) in place."""
     first = group["members"][0][1]
     extra = {k: first[k] for k in ("versions", "sources") if k in first}
@@ -220,7 +278,7 @@ def _merge_one(group: dict, out: Path, copy_files: bool, no_text: bool, record: 
             ds = load_shard(src)
             manifest["shards"].append(write_entry(ds, out, index, lo, manifest, no_text))
         write_manifest(out, manifest)
-    return finish(out, manifest)
+    return finish(out, manifest, results)
 
 
 def _token_keys(path: Path) -> tuple[list[bytes], np.ndarray]:
@@ -243,7 +301,8 @@ def _data_parts(data: dict, offset: int) -> list[dict]:
                  dropped=[offset + t for t in p.get("dropped", [])]) for p in parts]
 
 
-def _merge_many(groups: list[dict], out: Path, no_text: bool, record: dict) -> dict:
+def _merge_many(groups: list[dict], out: Path, no_text: bool, record: dict,
+                results: list) -> dict:
     """Different datasets: concatenate, renumber, drop sequences seen in an earlier input."""
     seen: set[bytes] = set()
     plan, parts, offset = [], [], 0
@@ -278,7 +337,7 @@ def _merge_many(groups: list[dict], out: Path, no_text: bool, record: dict) -> d
         manifest["shards"].append(write_entry(ds, out, index, start, manifest, no_text))
         write_manifest(out, manifest)
         start, index = start + int(keep.sum()), index + 1
-    return finish(out, manifest)
+    return finish(out, manifest, results)
 
 
 def _merged_config(groups: list[dict], parts: list[dict], n_texts: int) -> dict:

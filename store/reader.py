@@ -12,7 +12,7 @@ from pathlib import Path
 import xarray as xr
 
 from . import schema as S
-from .manifest import StoreError, read_manifest
+from .manifest import StoreError, config_hash, read_manifest
 
 
 def shard_paths(store: str | Path, manifest: dict) -> list[Path]:
@@ -35,6 +35,9 @@ def open_store(path: str | Path, partial: bool = False, derived: bool = True) ->
     ``lag`` in compact stores) and the manifest's provenance in ``attrs``.
     """
     manifest = read_manifest(path)
+    if config_hash(manifest["config"]) != manifest["config_hash"]:
+        raise StoreError(f"{path}: the manifest's config does not match its config_hash "
+                         "(edited or damaged); restore the manifest or re-extract")
     if not manifest["complete"] and not partial:
         done = sum(e["sequences"][1] - e["sequences"][0] for e in manifest["shards"])
         raise StoreError(f"{path}: incomplete store ({done} of {manifest['n_sequences']} "
@@ -46,15 +49,78 @@ def open_store(path: str | Path, partial: bool = False, derived: bool = True) ->
     if missing:
         raise StoreError(f"{missing[0]}: shard listed in the manifest is missing; "
                          "run `attngeom store validate` and re-extract")
+    entries = dict(zip(files, sorted(manifest["shards"], key=lambda e: e["sequences"][0])))
+    try:
+        attrs, check = store_attrs(manifest), ShardCheck(manifest, entries)
+    except (KeyError, TypeError, AttributeError, ValueError) as exc:
+        raise StoreError(f"{path}: manifest config lacks {exc} or has the wrong type; damaged "
+                         "manifest: restore it or re-extract") from None
     try:
         ds = xr.open_mfdataset(files, engine="h5netcdf", combine="nested",
                                concat_dim=S.SEQUENCE, data_vars="minimal", coords="minimal",
                                compat="override", join="override", chunks={},
-                               parallel=False)
-    except (OSError, ValueError) as exc:
-        raise StoreError(f"{path}: cannot read shards ({exc}); run `attngeom store validate`")
-    ds.attrs = store_attrs(manifest)
+                               parallel=False, preprocess=check)
+    except StoreError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - h5py/h5netcdf/xarray reject damaged files
+        text = " ".join(str(exc).split())[:200] or type(exc).__name__
+        raise StoreError(f"{path}: cannot read shards ({text}); run `attngeom store validate` "
+                         "and re-extract the damaged shards") from None
+    ds.attrs = attrs
     return add_derived(ds) if derived else ds
+
+
+class ShardCheck:
+    """``preprocess`` of open_mfdataset: each shard must belong to this store and be whole.
+
+    Checks the config hash (same model, data and options), the sequence range the manifest
+    records, the variables and their dims, and that every shard has the first one's sizes.
+    """
+
+    def __init__(self, manifest: dict, entries: dict[Path, dict]):
+        self.manifest, self.entries, self.sizes = manifest, entries, None
+        self.wanted = _expected_variables(manifest)
+
+    def __call__(self, ds: xr.Dataset) -> xr.Dataset:
+        source = Path(ds.encoding.get("source", ""))
+        entry = next((e for f, e in self.entries.items() if f.name == source.name
+                      and f.parent.name == source.parent.name), None)
+        name = entry["file"] if entry else source.name
+        if ds.attrs.get("attngeom_config_hash") != self.manifest["config_hash"]:
+            raise StoreError(f"{name}: made with another model, data or options than this store "
+                             "(config hash differs); remove it and rerun the extract command")
+        missing = self.wanted - set(ds.variables)
+        if missing:
+            raise StoreError(f"{name}: missing variables {sorted(missing)[:5]}; damaged shard: "
+                             "run `attngeom store validate` and re-extract")
+        for var in self.wanted - {"token_id", "length"}:
+            if ds[var].dims != _dims(var, ds) or ds[var].dtype.kind != "f":
+                raise StoreError(f"{name}: variable {var} has dims {ds[var].dims} and dtype "
+                                 f"{ds[var].dtype}, not the schema's; damaged shard")
+        lo, hi = entry["sequences"] if entry else (None, None)
+        seq = ds[S.SEQUENCE].values if S.SEQUENCE in ds.coords else None
+        if seq is None or entry is None or len(seq) != hi - lo or int(seq[0]) != lo \
+                or int(seq[-1]) != hi - 1:
+            raise StoreError(f"{name}: its sequences do not match the manifest's range "
+                             f"[{lo}, {hi}); damaged or misplaced shard")
+        sizes = {d: n for d, n in ds.sizes.items() if d != S.SEQUENCE}
+        if self.sizes is None:
+            self.sizes = sizes
+        elif sizes != self.sizes:
+            raise StoreError(f"{name}: sizes {sizes} differ from the other shards' "
+                             f"{self.sizes}; shards from different models or options")
+        return ds
+
+
+def _expected_variables(manifest: dict) -> set[str]:
+    from .validate import _expected_variables as expected
+
+    return expected(manifest["config"]["options"]["mode"], manifest)
+
+
+def _dims(name: str, ds: xr.Dataset) -> tuple[str, ...]:
+    dims = S.DIMS[name]
+    return S.SINK_PAIR if dims == S.PAIR and S.SINK in ds.dims else dims
 
 
 def store_attrs(manifest: dict) -> dict:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from . import schema as S
 from .manifest import atomic_write_bytes
+from .results import is_faith_only, readme_lines
 
 README = "README.txt"
 
@@ -161,8 +162,10 @@ def _provenance_lines(manifest: dict) -> list[str]:
     return lines
 
 
-def readme_text(manifest: dict) -> str:
-    """The README.txt of the store described by ``manifest``."""
+def readme_text(manifest: dict, store: str | Path | None = None) -> str:
+    """The README.txt of the store described by ``manifest`` (at ``store``, if given)."""
+    if is_faith_only(manifest):
+        return _faith_only_text(manifest, store)
     cfg = manifest["config"]
     mode = cfg["options"]["mode"]
     derived = S.DERIVED if mode == "compact" else tuple(S.DERIVED_PAIR_VARIABLES)
@@ -203,11 +206,41 @@ def readme_text(manifest: dict) -> str:
         "With attngeom installed: attngeom.store.open('path/to/store') does all of this;",
         "`attngeom store validate path/to/store` checks the checksums.",
     ]
+    faith = readme_lines(store, manifest)
+    return "\n".join(out + ([""] + faith if faith else [])) + "\n"
+
+
+def _faith_only_text(manifest: dict, store) -> str:
+    """README.txt of a store holding faithfulness results only (no extraction shards)."""
+    m, v = manifest["config"].get("model", {}), manifest.get("versions", {})
+    out = [
+        "attngeom store: faithfulness results",
+        "====================================",
+        "How faithful are attention-based token scores? For each metric (raw attention,",
+        "value-weighted attention, its output-normalized form, contribution weights",
+        "c_ij^h = alpha_ij^h * ||v~_j^h|| * cos(o_i^h, v~_j^h) / ||o_i^h||), keys are ranked and",
+        "removed, and the loss of the language model is measured. Plain netCDF4/HDF5 files.",
+        "",
+        "Files",
+        "  manifest.json   provenance, each result file with its sha256 checksum (JSON)",
+        "  <name>.nc       one faithfulness experiment each (below)",
+        "  README.txt      this file",
+        "",
+        "Provenance",
+        f"  content hash   {manifest['config_hash']}",
+        f"  model          {m.get('id')} ({m.get('architecture')}, {m.get('dtype')}), "
+        f"{m.get('n_layers')} layers x {m.get('n_heads')} heads",
+        f"  weights        sha256 fingerprint {m.get('weight_fingerprint')}",
+        f"  created        {manifest.get('created')} with "
+        + ", ".join(f"{k} {v[k]}" for k in sorted(v)),
+        "",
+        *readme_lines(store, manifest),
+    ]
     return "\n".join(out) + "\n"
 
 
 def write_readme(store: str | Path, manifest: dict) -> Path:
     """Write (atomically) the store's README.txt; return its path."""
     path = Path(store) / README
-    atomic_write_bytes(path, readme_text(manifest).encode("utf-8"))
+    atomic_write_bytes(path, readme_text(manifest, store).encode("utf-8"))
     return path

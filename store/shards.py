@@ -8,14 +8,13 @@ fsynced and renamed, so a file with the final name is always complete.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import numpy as np
 import xarray as xr
 
 from . import schema as S
-from .manifest import fsync_dir
+from .manifest import atomic_write_bytes, write_error
 
 SHARD_DIR = "shards"
 CHUNK_BYTES = 8 * 1024 * 1024
@@ -81,17 +80,18 @@ def build_shard(arrays: dict[str, np.ndarray], sequences: np.ndarray, token_ids:
 
 
 def encoding(ds: xr.Dataset) -> dict[str, dict]:
-    """gzip + shuffle, chunks of one layer and as many sequences as fit ~8 MiB."""
+    """gzip + shuffle + Fletcher-32 checksums, chunks of one layer and ~8 MiB of sequences."""
     enc = {}
     for name, var in ds.data_vars.items():
-        if var.dtype == object:
+        if var.dtype == object or var.dtype.kind in "US":   # strings: no filters (HDF5 vlen)
             continue
         shape = list(var.shape)
         if S.LAYER in var.dims:
             shape[var.dims.index(S.LAYER)] = 1
         per_seq = int(np.prod(shape[1:])) * var.dtype.itemsize
         shape[0] = max(1, min(shape[0], CHUNK_BYTES // max(per_seq, 1)))
-        enc[name] = {"zlib": True, "complevel": 4, "shuffle": True, "chunksizes": tuple(shape)}
+        enc[name] = {"zlib": True, "complevel": 4, "shuffle": True, "chunksizes": tuple(shape),
+                     "fletcher32": True}       # a damaged chunk fails to read, never misreads
         if var.dtype.kind == "f":
             enc[name]["_FillValue"] = np.float32(np.nan)
     return enc
@@ -100,20 +100,18 @@ def encoding(ds: xr.Dataset) -> dict[str, dict]:
 def write_netcdf_atomic(ds: xr.Dataset, path: str | Path, enc: dict | None = None) -> None:
     """Write ``ds`` to ``path`` via a temporary file, fsync and rename.
 
-    A file with the final name is always complete; a failed write leaves nothing behind.
+    The file is built in memory and written by :func:`atomic_write_bytes`: a file with the
+    final name is always complete, a failed write (disk full, read-only folder) raises
+    StoreWriteError naming ``path`` and leaves nothing behind. (HDF5 writing straight to a
+    full disk can crash the process when the half-written file is closed.)
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
-        ds.to_netcdf(tmp, engine="h5netcdf", encoding=enc or {}, invalid_netcdf=False)
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-    fsync_dir(path.parent)
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise write_error(path.parent, exc) from exc
+    data = ds.to_netcdf(None, engine="h5netcdf", encoding=enc or {}, invalid_netcdf=False)
+    atomic_write_bytes(path, data)
 
 
 def write_shard(ds: xr.Dataset, path: str | Path) -> None:

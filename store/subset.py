@@ -93,7 +93,8 @@ def subset(store: str | Path, out: str | Path, layers=None, heads=None, sequence
     m = complete_manifest(src)
     entries = sorted(m["shards"], key=lambda e: e["sequences"][0])
     if not entries:
-        raise StoreError(f"{src}: the store holds no sequences")
+        raise StoreError(f"{src}: the store holds no extracted sequences (only faithfulness "
+                         "results?), so there is nothing to cut; send it as it is")
     with xr.open_dataset(src / entries[0]["file"], engine="h5netcdf") as first:
         layer_labels, head_labels = first[S.LAYER].values, first[S.HEAD].values
         present = set(first.data_vars)
@@ -113,7 +114,8 @@ def subset(store: str | Path, out: str | Path, layers=None, heads=None, sequence
         "source_config_hash": before.get("source_config_hash", m["config_hash"]),
         "layers": [int(v) for v in layer_sel], "heads": [int(v) for v in head_sel],
         "n_sequences": len(seq_sel), "sequences": runs([origin[position[s]] for s in seq_sel]),
-        "dropped_variables": dropped, "added_for_derived": added, "no_text": bool(no_text)}
+        "dropped_variables": dropped, "added_for_derived": added, "no_text": bool(no_text),
+        "faithfulness_kept_whole": sorted(m.get("faithfulness") or {})}
     prepare_out(out, [src])
     extra = {k: m[k] for k in ("versions", "sources") if k in m}
     extra["counts"] = {"skipped_empty": m.get("counts", {}).get("skipped_empty", 0)}
@@ -131,4 +133,4 @@ def subset(store: str | Path, out: str | Path, layers=None, heads=None, sequence
         manifest["shards"].append(write_entry(ds, out, index, start, manifest, no_text))
         write_manifest(out, manifest)
         start, index = start + len(mine), index + 1
-    return finish(out, manifest)
+    return finish(out, manifest, [(src, m)])   # faithfulness results: whole experiments

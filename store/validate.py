@@ -12,6 +12,7 @@ import numpy as np
 
 from . import schema as S
 from .manifest import StoreError, config_hash, file_sha256, read_manifest
+from .results import check as check_results
 
 
 def _expected_variables(mode: str, manifest: dict | None = None) -> set[str]:
@@ -28,19 +29,20 @@ def check_shard(path: Path, entry: dict, manifest: dict) -> list[str]:
         return [f"{entry['file']}: missing"]
     if file_sha256(path) != entry.get("sha256"):
         return [f"{entry['file']}: checksum mismatch (damaged or altered)"]
-    opts = manifest["config"]["options"]
     problems = []
     try:
         with h5netcdf.File(path, "r") as f:
             names = set(f.variables)
-            missing = _expected_variables(opts["mode"], manifest) - names
+            missing = _expected_variables(manifest["config"]["options"]["mode"], manifest) \
+                - names
             if missing:
                 problems.append(f"{entry['file']}: missing variables {sorted(missing)}")
             seq = np.asarray(f.variables["sequence"][:]) if "sequence" in names else None
             if f.attrs.get("attngeom_config_hash") != manifest["config_hash"]:
                 problems.append(f"{entry['file']}: made with other settings (config hash)")
-    except (OSError, KeyError, ValueError) as exc:
-        return [f"{entry['file']}: unreadable ({exc})"]
+    except Exception as exc:  # noqa: BLE001 - any failure to parse the file means damage
+        text = " ".join(str(exc).split())[:200] or type(exc).__name__
+        return [f"{entry['file']}: unreadable ({text})"]
     lo, hi = entry["sequences"]
     if seq is None or not np.array_equal(seq, np.arange(lo, hi)):
         problems.append(f"{entry['file']}: sequence coordinate does not match [{lo}, {hi})")
@@ -54,6 +56,14 @@ def validate(path: str | Path) -> list[str]:
         manifest = read_manifest(path)
     except StoreError as exc:
         return [str(exc)]
+    try:
+        return _problems(path, manifest)
+    except (KeyError, TypeError, AttributeError, ValueError) as exc:
+        return [f"manifest: damaged ({type(exc).__name__}: {str(exc)[:80]}); restore it or "
+                "re-extract"]
+
+
+def _problems(path: Path, manifest: dict) -> list[str]:
     problems = []
     if config_hash(manifest["config"]) != manifest.get("config_hash"):
         problems.append("manifest: config does not match its config_hash (edited by hand?)")
@@ -78,6 +88,7 @@ def validate(path: str | Path) -> list[str]:
         expected = max(expected, hi)
     if expected != stop:
         problems.append(f"sequences [{expected}, {stop}) are in no shard")
+    problems += check_results(path, manifest)          # faithfulness result files
     if not manifest["complete"]:
         problems.append("store is incomplete (the extraction did not finish); rerun it to resume")
     return problems

@@ -1,6 +1,13 @@
-"""``attngeom extract``: measure a model over texts into a store."""
+"""``attngeom extract``: measure a model over texts into a store.
+
+Arguments, the model spec, the texts and the output folder are checked before torch is
+imported, so a bad command line fails in a fraction of a second.
+"""
 
 from __future__ import annotations
+
+import os
+from pathlib import Path
 
 
 def add_parser(p) -> None:
@@ -28,7 +35,51 @@ def add_parser(p) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
+def check_at_least_one(args, names: tuple[str, ...]) -> None:
+    """ValueError naming the first option (``--max-length`` ...) below 1."""
+    for name in names:
+        value = getattr(args, name, None)
+        if value is not None and value < 1:
+            flag = "--" + name.replace("_", "-")
+            raise ValueError(f"{flag} must be at least 1, not {value}")
+
+
+def check_out(out: str) -> None:
+    """ValueError when ``out`` cannot become a writable folder (checked without writing)."""
+    path = Path(out).expanduser()
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"--out {path} is a file; give a folder (created if absent)")
+    parent = path
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise ValueError(f"--out {path}: {parent} is not writable; choose a writable folder")
+
+
+def check_model(args) -> None:
+    """Model spec, dtype and device, without importing torch."""
+    from attngeom.extract.models import check_dtype, check_spec
+
+    check_dtype(args.dtype, args.device)
+    check_spec(args.model)
+
+
 def run(args) -> int:
+    from attngeom.extract.data import load_texts
+
+    check_at_least_one(args, ("sink_k", "tail_w", "max_length", "batch_size", "limit",
+                              "shard_size"))
+    if args.shard is not None:
+        from attngeom.store.distributed import parse_shard
+
+        parse_shard(args.shard)
+    check_model(args)
+    check_out(args.out)
+    texts = load_texts(args.data, text_field=args.text_field, limit=args.limit)
+    if not texts.texts:
+        raise ValueError(f"--data {args.data} holds no non-empty text "
+                         f"({texts.skipped_empty} empty skipped); give a file with texts")
+
     from attngeom.extract.run import ExtractConfig, extract
     from attngeom.store.info import summary
 

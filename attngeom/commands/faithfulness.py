@@ -11,10 +11,48 @@ def _names(text: str) -> tuple[str, ...]:
 
 
 def _fractions(text: str) -> tuple[float, ...]:
+    """``"0.1,0.5"`` -> (0.1, 0.5); ValueError unless distinct numbers in [0, 1]."""
     try:
-        return tuple(float(t) for t in _names(text))
+        values = tuple(float(t) for t in _names(text))
     except ValueError:
-        raise ValueError(f"--fractions '{text}': give comma-separated numbers such as 0.1,0.2,0.5")
+        raise ValueError(f"--fractions '{text}': give comma-separated numbers such as "
+                         "0.1,0.2,0.5") from None
+    if not values or any(not 0 <= p <= 1 for p in values) or len(set(values)) != len(values):
+        raise ValueError(f"--fractions '{text}': give distinct numbers in [0, 1], e.g. 0.1,0.2,0.5")
+    return values
+
+
+def check_data(args) -> None:
+    """Parse the texts or task items once before torch loads: bad files fail fast."""
+    from attngeom.extract import tasks
+    from attngeom.extract.data import load_texts
+
+    if args.task == "lm":
+        found = len(load_texts(args.data, text_field=args.text_field, limit=args.limit))
+    else:
+        loader = {"gsm8k-answer": tasks.gsm8k_items, "mmlu": tasks.mmlu_items,
+                  "winogrande": tasks.winogrande_items, "boolq": tasks.boolq_items}[args.task]
+        found = len(loader(args.data, limit=args.limit))
+    if not found:
+        raise ValueError(f"--data {args.data} holds no {args.task} text or item; "
+                         "give a file with some")
+
+
+def check_args(args) -> tuple[float, ...]:
+    """Everything checkable without torch; returns the removal fractions."""
+    from .extract import check_at_least_one, check_model, check_out
+
+    check_at_least_one(args, ("max_length", "batch_size", "block_size", "sink_k", "limit"))
+    if args.k_shot < 0:
+        raise ValueError(f"--k-shot must be 0 or more, not {args.k_shot}")
+    fractions = _fractions(args.fractions)
+    if not 0 < args.drift_low_fraction <= 1:
+        raise ValueError(f"--drift-low-fraction {args.drift_low_fraction} must be in (0, 1]")
+    parse_layers(args.layers)
+    check_model(args)
+    check_out(args.out)
+    check_data(args)
+    return fractions
 
 
 def parse_layers(text: str | None) -> tuple[int, ...] | None:
@@ -77,10 +115,11 @@ def add_parser(p) -> None:
 def run(args) -> int:
     import time
 
+    fractions = check_args(args)
     from attngeom.extract.faithfulness import FaithConfig, faithfulness
 
     cfg = FaithConfig(task=args.task, metrics=_names(args.metrics), modes=_names(args.modes),
-                      ranks=_names(args.ranks), fractions=_fractions(args.fractions),
+                      ranks=_names(args.ranks), fractions=fractions,
                       granularity=args.granularity, layers=parse_layers(args.layers),
                       max_length=args.max_length, limit=args.limit, text_field=args.text_field,
                       dev=args.dev, k_shot=args.k_shot, drift=not args.no_drift,
@@ -101,26 +140,25 @@ def summarize(path) -> str:
     import pandas as pd
     import xarray as xr
 
-    from attngeom.analysis.faithfulness import aopc_summary, drift_summary, order_table
+    from attngeom.analysis.faithfulness import aopc_table, drift_summary, order_table
 
     with xr.open_dataset(path, engine="h5netcdf") as f:
         ds = f.load()
     loss = ds.attrs["loss_variable"]
     lines = [f"task {ds.attrs['task']}, granularity {ds.attrs['granularity']}, "
              f"{ds.sizes[ds.attrs['unit_dim']]} {ds.attrs['unit_dim']}s, loss = {loss}"]
-    same = ds["same_ranking_as"].to_series()
-    copied = [f"{m}/{r} = {src}" for (m, r), src in same.items() if src]
-    if copied:
-        lines.append("identical rankings, copied not recomputed: " + "; ".join(copied))
+    notes = [n for n in str(ds.attrs.get("notes", "")).splitlines() if n]
+    if notes:
+        lines += ["identical rankings (results copied, not recomputed):"] + notes
     clean = ds["clean_ppl"] if "clean_ppl" in ds else ds["clean_accuracy"]
     lines.append(f"clean: mean {clean.name} {float(clean.mean()):.4g}")
     with pd.option_context("display.width", 200, "display.max_columns", 20,
                            "display.float_format", "{:.4g}".format):
-        mean = ds[loss].mean(ds.attrs["unit_dim"]).to_dataframe()[loss].unstack("fraction")
-        lines += [f"mean {loss} by fraction:", mean.to_string()]
-        lines += ["AOPC (mean over fractions, then over units):",
-                  aopc_summary(ds).to_dataframe()[["aopc_mean", "aopc_sem"]]
-                  .unstack("mode").to_string()]
+        mean = ds[loss].mean(ds.attrs["unit_dim"]).to_dataframe()[loss].unstack(
+            ["rank", "fraction"])
+        lines += [f"mean {loss} by rank and fraction:", mean.to_string()]
+        lines += ["AOPC (mean over fractions, then over units; signed and magnitude ranking "
+                  "side by side):", aopc_table(ds).to_string()]
         table = order_table(ds)
         cols = ["mode", "rank", "lower", "higher", "mean_improvement", "ci_low", "ci_high",
                 "p_holm", "holds", "note"]

@@ -56,3 +56,50 @@ def test_both_layouts_give_the_same_statistics(analysed):
         # sum_j c_ij = 1: the groups' mean contribution totals add up to one
         np.testing.assert_allclose(c["total_contribution_mean"].sum("group"), 1.0, atol=1e-4)
         np.testing.assert_allclose(d["total_contribution_mean"].sum("group"), 1.0, atol=1e-4)
+
+
+def test_distributed_scheduler_gives_identical_results(analysed, tmp_path, monkeypatch):
+    """`analyze --scheduler local:1` (a LocalCluster worker process reads the store) equals the
+    in-process run variable by variable, and the CSV summary too."""
+    pytest.importorskip("distributed")
+    from contextlib import contextmanager
+
+    import pandas as pd
+    from distributed import get_task_stream
+
+    from attngeom.store import distributed as dist
+
+    real, tasks = dist.scheduler, []
+
+    @contextmanager
+    def counting(spec):                      # the real cluster, counting the tasks it ran
+        with real(spec) as client, get_task_stream(client) as stream:
+            yield client
+        tasks.append(len(stream.data))
+    monkeypatch.setattr(dist, "scheduler", counting)
+    store = analysed["compact"].parent / "compact"
+    out = tmp_path / "dist"
+    assert cli.main(["analyze", str(store), "--out", str(out), "--bootstrap", "20",
+                     "--no-progress", "--scheduler", "local:1"]) == 0
+    assert len(tasks) == 1 and tasks[0] > 0               # the store was read on the cluster
+    local = analysed["compact"]
+    for name in ("sinks.nc", "convexity.nc", "anti_alignment.nc", "decomposition.nc"):
+        with xr.open_dataset(local / name) as a, xr.open_dataset(out / name) as b:
+            assert set(a.data_vars) == set(b.data_vars)
+            for var in a.data_vars:
+                x, y = a[var].values, b[var].values
+                if x.dtype.kind in "fc":
+                    np.testing.assert_allclose(y, x, rtol=1e-12, atol=0, err_msg=var)
+                else:
+                    assert (x == y).all(), var
+    pd.testing.assert_frame_equal(pd.read_csv(local / "summary.csv"),
+                                  pd.read_csv(out / "summary.csv"))
+
+
+def test_bad_scheduler_is_one_line(analysed, tmp_path, capsys):
+    store = analysed["compact"].parent / "compact"
+    assert cli.main(["analyze", str(store), "--out", str(tmp_path / "x"),
+                     "--scheduler", "local:zero"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--scheduler" in err[0] and "local:N" in err[0]
+    assert not (tmp_path / "x").exists()

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import xarray as xr
 
-from attngeom.analysis.faithfulness import (ORDER, aopc, aopc_summary, drift_summary,
-                                            loss_curves, order_table)
+from attngeom.analysis.faithfulness import (ORDER, aopc, aopc_summary, aopc_table,
+                                            drift_summary, loss_curves, order_table)
 
 METRICS = ("attention", "value_weighted", "value_weighted_normalized", "contribution",
            "contribution_layer")
@@ -59,6 +59,13 @@ def test_aopc_is_the_mean_over_fractions():
     assert s["aopc_sem"].sel(metric="contribution", rank="signed", mode="sufficiency") \
         == pytest.approx(manual.std(ddof=1) / np.sqrt(len(manual)))
     assert loss_curves(ds)["loss_mean"].dims == ("metric", "rank", "mode", "fraction")
+    table = aopc_table(ds)                           # rankings side by side within each mode
+    assert list(table.index) == list(METRICS)
+    assert list(table.columns) == [("comprehensiveness", "signed"),
+                                   ("comprehensiveness", "magnitude"),
+                                   ("sufficiency", "signed"), ("sufficiency", "magnitude")]
+    x = ds["delta_ppl"].sel(metric="contribution", rank="magnitude", mode="sufficiency").values
+    assert table.loc["contribution", ("sufficiency", "magnitude")] == pytest.approx(x.mean())
 
 
 def test_planted_order_holds_at_every_step():

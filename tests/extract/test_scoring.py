@@ -128,6 +128,26 @@ def test_lm_perplexity_matches_each_text_alone(tok):
     np.testing.assert_allclose(ppl, want, rtol=1e-5)
 
 
+# ------------------------------------------------------------------------------ the plan
+def test_plan_copies_provably_identical_rankings_and_says_why():
+    plan = F.ranking_plan(F.METRICS, F.RANKS, "head")
+    assert plan[("value_weighted_normalized", "signed")] == ("value_weighted", "signed")
+    assert plan[("attention", "magnitude")] == ("attention", "signed")
+    assert plan[("contribution", "magnitude")] == ("contribution", "magnitude")   # signed
+    notes = F.plan_notes(plan)
+    assert any(n.startswith("value_weighted_normalized/signed") and "at head granularity "
+               "value_weighted_normalized ranks keys exactly as value_weighted" in n
+               for n in notes)
+    query = F.ranking_plan(F.METRICS, F.RANKS, "query")
+    assert query[("value_weighted_normalized", "signed")] == ("value_weighted_normalized",
+                                                              "signed")
+    assert F.conditions(F.FaithConfig(fractions=(0.1, 0.5)), plan)[0].rank == "signed"
+    assert {(r.metric, r.rank) for r in F.conditions(F.FaithConfig(), plan)} == {
+        ("attention", "signed"), ("value_weighted", "signed"), ("contribution", "signed"),
+        ("contribution", "magnitude"), ("contribution_layer", "signed"),
+        ("contribution_layer", "magnitude")}
+
+
 # ------------------------------------------------------------------------------ the run
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory):
@@ -158,6 +178,9 @@ def test_run_writes_a_labeled_file_and_records_it(tiny_dir, tmp_path, tok):
     want = [_manual_ppl(model, tok(t)["input_ids"]) for t in TEXTS]
     np.testing.assert_allclose(ds["clean_ppl"], want, rtol=1e-5)
     np.testing.assert_allclose(ds["delta_ppl"], ds["ppl"] - ds["clean_ppl"])
+    d = ds["delta_ppl"].transpose("metric", "rank", "mode", "fraction", "sequence").values
+    np.testing.assert_allclose(ds["aopc"].transpose("metric", "rank", "mode", "sequence"),
+                               (d[:, :, :, 0] + d[:, :, :, 1]) / 2)       # fractions 0.2, 0.5
     att = ds["ppl"].sel(metric="attention")
     assert (att.sel(rank="signed") == att.sel(rank="magnitude")).all()      # copied
     c = ds["ppl"].sel(metric="contribution")
@@ -168,6 +191,15 @@ def test_run_writes_a_labeled_file_and_records_it(tiny_dir, tmp_path, tok):
     manifest = read_manifest(out)
     entry = manifest["faithfulness"]["faithfulness"]
     assert entry["sha256"] == file_sha256(path) and manifest["kind"] == "faithfulness"
+    from attngeom.commands.faithfulness import summarize
+
+    text = summarize(path)
+    assert "attention/magnitude: same ranking as attention/signed" in text
+    lines = text.splitlines()
+    aopc_at = next(i for i, ln in enumerate(lines) if ln.startswith("AOPC"))
+    side = next(ln for ln in lines[aopc_at:] if ln.startswith("rank"))   # column header
+    assert side.split()[1:] == ["signed", "magnitude", "signed", "magnitude"]
+    assert "metric order" in text and "semantic drift" in text
     assert not (out / "faithfulness.partial").exists()
 
 

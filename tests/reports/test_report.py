@@ -154,3 +154,37 @@ def test_main_job_runs_every_step_then_skips_them(tiny, tmp_path, capsys, monkey
     assert report.stat().st_mtime_ns == stamp
     text = pdf_text(report)
     assert "· Faithfulness · page" in text and "· Semantic drift · page" in text
+
+
+def test_too_few_sequences_leave_untestable_parts_out(tiny, tmp_path):
+    """Two sequences: no clustered fit, no per-head test; said in words, nothing drawn empty."""
+    from attngeom.extract.run import ExtractConfig, extract
+
+    store = tmp_path / "two"
+    extract(str(tiny["model"]), str(tiny["data"]), store,
+            ExtractConfig(mode="dense", max_length=12, limit=2), progress=False)
+    text = pdf_text(build_report(store, tmp_path / "two.pdf", **QUIET))
+    assert ("Anti-alignment: left out — not testable: 2 sequence(s); sequences are the "
+            "replicates") in text
+    assert "Anti-alignment: not testable with 2 sequences" in text
+    assert "the vertex is not estimable (2 sequences; the sequence-clustered fit needs at " \
+           "least 3)" in text
+    assert "Convexity: the vertex per layer" not in text            # that page is left out
+    assert "so the per-layer vertex page is left out" in text
+
+
+def test_results_only_store_reports_faithfulness_and_says_why_the_rest_is_missing(tiny,
+                                                                                  tmp_path):
+    from attngeom.extract.faithfulness import FaithConfig, faithfulness
+
+    store = tmp_path / "results-only"
+    faithfulness(str(tiny["model"]), str(tiny["data"]), store,
+                 FaithConfig(metrics=("attention", "contribution"), fractions=(0.5,),
+                             max_length=12, limit=4, batch_size=4), progress=False,
+                 log=lambda m: None)
+    text = pdf_text(build_report(store, tmp_path / "r.pdf", **QUIET))
+    assert "· Faithfulness · page" in text and "· Semantic drift · page" in text
+    for title in ("Sink heads", "Convexity", "Anti-alignment", "Decomposition",
+                  "Example sequence"):
+        assert f"{title}: left out — the store holds faithfulness results only" in text
+    assert "faithfulness results only (no extracted sequences)" in text

@@ -1,0 +1,123 @@
+"""Turn a study's stores and analysis files into the committed CSVs (no torch here).
+
+Geometry (``attngeom analyze`` output): every ``<question>.nc`` is split by the dimensions of its
+variables, one CSV per dimension set, e.g. ``geo_wikitext_convexity_layer_head.csv``; the LOWESS
+grids are left out. Faithfulness (``<store>/<name>.nc``): AOPC summary, loss curves, the order
+table (:func:`attngeom.analysis.faithfulness.order_table`), the semantic-drift summary per layer and
+one row per unit (sequence or item) with its clean score, drift loss and AOPCs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import xarray as xr
+from scipy import stats
+
+from attngeom.analysis import faithfulness as faith
+
+QUESTIONS = ("sinks", "convexity", "anti_alignment", "decomposition")
+
+
+def _frame(ds: xr.Dataset, names: list[str]) -> pd.DataFrame:
+    sub = ds[names]
+    if not sub.dims:
+        return pd.DataFrame([{n: sub[n].item() for n in names}])
+    return sub.to_dataframe().reset_index()
+
+
+def export_analysis(directory: Path, results: Path, prefix: str) -> list[Path]:
+    """One CSV per (question, dimension set) and the summary table; return the paths."""
+    written = []
+    for q in QUESTIONS:
+        with xr.open_dataset(directory / f"{q}.nc") as ds:
+            ds = ds.load()
+        by_dims: dict[tuple, list[str]] = {}
+        for name, var in ds.data_vars.items():
+            if "grid" not in var.dims:
+                by_dims.setdefault(var.dims, []).append(name)
+        for dims, names in by_dims.items():
+            path = results / f"{prefix}_{q}_{'_'.join(dims) or 'scalar'}.csv"
+            _frame(ds, names).to_csv(path, index=False)
+            written.append(path)
+    summary = results / f"{prefix}_summary.csv"
+    pd.read_csv(directory / "summary.csv").to_csv(summary, index=False)
+    return written + [summary]
+
+
+def _units(ds: xr.Dataset) -> pd.DataFrame:
+    dim = faith.unit_dim(ds)
+    out = pd.DataFrame({dim: ds[dim].values})
+    for name in ("clean_ppl", "clean_correct", "answer", "drift_delta_ppl", "drift_accuracy_loss",
+                 "length", "truncated"):
+        if name in ds and ds[name].dims == (dim,):
+            out[name] = ds[name].values
+    a = faith.aopc(ds)
+    for m in a["metric"].values:
+        for r in a["rank"].values:
+            for mode in a["mode"].values:
+                out[f"aopc_{m}_{r}_{mode}"] = a.sel(metric=m, rank=r, mode=mode).transpose(dim).values
+    return out
+
+
+def drift_loss_ci(x: np.ndarray, level: float = 0.05, seed: int = 0) -> dict:
+    """Mean drift loss with a BCa bootstrap CI and a one-sided Wilcoxon p (H1: loss > 0)."""
+    x = x[np.isfinite(x)]
+    if len(x) < 2 or np.ptp(x) == 0:
+        return dict(n=len(x), mean=float(x.mean()) if len(x) else np.nan,
+                    ci_low=np.nan, ci_high=np.nan, p_value=np.nan)
+    ci = stats.bootstrap((x,), np.mean, n_resamples=9999, method="BCa", confidence_level=1 - level,
+                         random_state=np.random.default_rng(seed)).confidence_interval
+    return dict(n=len(x), mean=float(x.mean()), median=float(np.median(x)),
+                ci_low=float(ci.low), ci_high=float(ci.high),
+                p_value=float(stats.wilcoxon(x, alternative="greater").pvalue))
+
+
+def export_faithfulness(nc: Path, results: Path, prefix: str, level: float = 0.05) -> list[Path]:
+    """CSVs of one faithfulness result; return the paths."""
+    with xr.open_dataset(nc) as ds:
+        ds = ds.load()
+    files = {"aopc": faith.aopc_summary(ds).to_dataframe().reset_index(),
+             "curves": faith.loss_curves(ds).to_dataframe().reset_index(),
+             "order": faith.order_table(ds, level=level),
+             "units": _units(ds)}
+    if "ppl" in ds and "clean_ppl" in ds:
+        # robustness check: comprehensiveness losses are heavy-tailed (ΔPPL up to 1e4), so the
+        # order is also tested on log(ppl / clean_ppl), which no single exploding text dominates
+        ds["log_ppl_ratio"] = np.log(ds["ppl"] / ds["clean_ppl"])
+        files["order_log"] = faith.order_table(ds, level=level, variable="log_ppl_ratio")
+    info = dict(task=ds.attrs.get("task"), granularity=ds.attrs.get("granularity"),
+                loss_variable=ds.attrs.get("loss_variable"), n_units=ds.sizes[faith.unit_dim(ds)])
+    if "clean_accuracy" in ds:
+        info["clean_accuracy"] = float(ds["clean_accuracy"])
+    if "drift_cosine_low_before" in ds:
+        drift = faith.drift_summary(ds, level=level)
+        files["drift_layers"] = drift.to_dataframe().reset_index()
+        name = drift.attrs["loss_variable"]
+        info.update({f"drift_{k}": v for k, v in drift_loss_ci(ds[name].values.astype(float),
+                                                                  level).items()})
+        info["drift_loss_variable"] = name
+    files["info"] = pd.DataFrame([info])
+    written = []
+    for key, frame in files.items():
+        path = results / f"{prefix}_{key}.csv"
+        frame.to_csv(path, index=False)
+        written.append(path)
+    return written
+
+
+def clean_accuracy(nc: Path, chance: float, level: float = 0.05) -> dict:
+    """Clean accuracy of a multiple-choice run with a Clopper-Pearson CI and a one-sided exact
+    binomial test against ``chance`` (H1: accuracy > chance); also the majority-answer rate."""
+    with xr.open_dataset(nc) as ds:
+        correct = ds["clean_correct"].values.astype(int)
+        answer = ds["answer"].values.astype(int)
+    k, n = int(correct.sum()), len(correct)
+    test = stats.binomtest(k, n, chance, alternative="greater")
+    ci = stats.binomtest(k, n).proportion_ci(confidence_level=1 - level, method="exact")
+    majority = float(np.bincount(answer).max() / n)
+    return dict(n=n, correct=k, accuracy=k / n, ci_low=ci.low, ci_high=ci.high, chance=chance,
+                majority_rate=majority, p_above_chance=test.pvalue,
+                above_chance=bool(test.pvalue < level and ci.low > chance))

@@ -1,0 +1,188 @@
+"""The fast compact path (fused kernel + log-sum-exp, masks once per forward, block-banded
+tail, Gram matrices cached per model) against independent computations: a float64
+model-space reference for any padding (left, right, none), plain indexing for the band
+products, and a fresh Gram after an in-place weight change.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import reference as ref
+import tiny_models as tm
+from store_helpers import PER_TOKEN, assert_same, cancellation, expected_compact
+from attngeom.extract.capture import Measurer, measure
+from attngeom.extract.geometry import band, band_values, cached_projection
+from attngeom.extract.measure import Options
+
+
+def _cos(a, b):
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return (a * b).sum(-1) / (np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1))
+
+
+def reference_masked(model, inputs: dict, sink_k: int) -> dict[str, np.ndarray]:
+    """Float64 model-space values like ``reference.naive_measure`` for any token mask.
+
+    Valid (query, key): both real tokens, causal and window as the module says (written here
+    from ``attention_mask``, not from attngeom).
+    """
+    caps = ref.naive_capture(model, inputs)
+    tok = inputs["attention_mask"].numpy().astype(bool)                    # (B, T)
+    layers = []
+    for cap in caps:
+        B, H, T, _ = cap.alpha.shape
+        i, j = np.arange(T)[:, None], np.arange(T)[None, :]
+        ok = (j <= i) if cap.causal else np.ones((T, T), bool)
+        if cap.window is not None:
+            ok = ok & (i - j < cap.window) & ((j - i < cap.window) | cap.causal)
+        valid = (ok[None] & tok[:, :, None] & tok[:, None, :])[:, None]    # (B, 1, T, T)
+        q_in = tok[:, None]                                                # (B, 1, T)
+        a = np.where(valid, cap.alpha, 0.0)
+        vt = ref.projected_values(cap, H)                                  # (B, H, T, d)
+        o_h = np.einsum("bhij,bhjd->bhid", a, vt)
+        o = o_h.sum(1)
+        r_h = o_h - np.einsum("bhij,bhjd->bhid", a[..., :sink_k], vt[:, :, :sink_k])
+        vj, oi_h, oi = vt[:, :, None], o_h[:, :, :, None], o[:, None, :, None]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            contrib = a * (oi_h * vj).sum(-1) / (o_h ** 2).sum(-1)[..., None]
+            contrib_layer = a * (oi * vj).sum(-1) / (o ** 2).sum(-1)[:, None, :, None]
+            head_share = (o[:, None] * o_h).sum(-1) / (o ** 2).sum(-1)[:, None]
+        pair = {"alpha": cap.alpha, "cosine": _cos(oi_h, vj), "cosine_layer": _cos(oi, vj),
+                "contribution": contrib, "contribution_layer": contrib_layer}
+        token = {"value_norm": np.linalg.norm(vt, axis=-1),
+                 "sink_value_cosine": _cos(vt[:, :, :1], vt),
+                 "output_norm": np.linalg.norm(o_h, axis=-1),
+                 "residual_norm": np.linalg.norm(r_h, axis=-1),
+                 "sink_residual_cosine": _cos(vt[:, :, :1], r_h), "head_share": head_share}
+        out = {n: np.where(valid, x, np.nan) for n, x in pair.items()}
+        out.update({n: np.where(q_in, x, np.nan) for n, x in token.items()})
+        out["layer_output_norm"] = np.where(tok, np.linalg.norm(o, axis=-1), np.nan)
+        layers.append(out)
+    return {n: np.stack([p[n] for p in layers], axis=1) for n in layers[0]}
+
+
+def _inputs(arch: str, model, padding: str) -> dict:
+    inputs = tm.example_inputs(arch, model, batch=3, seq_len=12, seed=1)
+    mask, ids = inputs["attention_mask"], inputs["input_ids"]
+    if padding == "none":
+        mask[:] = 1
+    elif padding == "left":                       # move each row's padding to the front
+        for b in range(ids.shape[0]):
+            n = int(mask[b].sum())
+            ids[b] = torch.cat([ids[b, n:], ids[b, :n]])
+            mask[b] = torch.cat([mask[b, n:], mask[b, :n]])
+    return inputs
+
+
+SINK_VALUE = ("sink_value_cosine", "sink_residual_cosine")
+
+
+def _defined(inputs: dict, n_layers: int) -> np.ndarray:
+    """(B, L): False where the sink key 0 is padding after layer 0.
+
+    A padding token's hidden state beyond layer 0 comes from a query with no allowed key,
+    which implementations define differently (eager: NaN or uniform, SDPA: all keys), so the
+    cosines with its value v_0 are compared only where position 0 is a real token or at
+    layer 0 (embedding only).
+    """
+    real0 = inputs["attention_mask"][:, 0].numpy().astype(bool)[:, None]
+    return real0 | (np.arange(n_layers)[None] == 0)
+
+
+def _check(got: dict, r: dict, sink_k: int, tail_w: int, defined: np.ndarray,
+           names=tuple(ref.NAMES)) -> None:
+    for name in names:
+        if name not in r:
+            continue
+        scale = cancellation(r) if name == "sink_residual_cosine" else 1.0
+        g, w = got[name], r[name]
+        if name in SINK_VALUE:
+            g, w, scale = g[defined], w[defined], np.broadcast_to(scale, w.shape)[defined]
+        assert_same(g, w, name, scale)
+
+
+def _check_compact(got: dict, r: dict, sink_k: int, tail_w: int, defined) -> None:
+    want = expected_compact(r, sink_k, tail_w)
+    assert set(got) == set(want) | set(PER_TOKEN)
+    for name, x in want.items():
+        assert_same(got[name], x, name)
+    _check(got, r, sink_k, tail_w, defined, PER_TOKEN)
+
+
+@pytest.mark.parametrize("arch,padding,sink_k,tail_w", [
+    ("llama", "left", 1, 4), ("llama", "none", 2, 4), ("llama", "right", 3, 20),
+    ("gemma3", "left", 2, 5), ("mistral", "right", 1, 7), ("mistral", "none", 1, 3),
+    ("bert", "left", 2, 4), ("qwen2", "left", 1, 13), ("gpt2", "none", 1, 4)])
+def test_compact_any_padding_equals_reference(arch, padding, sink_k, tail_w):
+    model = tm.build(arch, seed=0)
+    inputs = _inputs(arch, model, padding)
+    r = reference_masked(model, inputs, sink_k)
+    assert np.isnan(r["output_norm"]).any() == (padding != "none")
+    defined = _defined(inputs, r["alpha"].shape[1])
+    assert defined.all() == (padding != "left")
+    compact = measure(model, inputs, Options("compact", sink_k, tail_w))
+    _check_compact(compact, r, sink_k, tail_w, defined)
+    _check(measure(model, inputs, Options("dense", sink_k, tail_w)), r, sink_k, tail_w, defined)
+
+
+def test_plain_causal_takes_the_is_causal_path():
+    """No padding: the fused kernel runs with is_causal and no bias; padding: with a bias."""
+    model = tm.build("llama", seed=0)
+    for padding, plain in (("none", True), ("right", False)):
+        inputs = _inputs("llama", model, padding)
+        handler = Measurer(model, Options("compact"))
+        handler.token_mask = inputs["attention_mask"].bool()
+        from attngeom.extract.hooks import attention_handler
+        with torch.inference_mode(), attention_handler(model, handler):
+            model(**inputs)
+        assert len(handler._masks) == 1                      # once per forward, not per layer
+        assert (handler._masks[0][1].bias is None) == plain
+
+
+def test_without_derived_drops_only_derived():
+    model = tm.build("llama", seed=0)
+    inputs = _inputs("llama", model, "right")
+    full = measure(model, inputs, Options("compact", 1, 4))
+    lean = measure(model, inputs, Options("compact", 1, 4, derived=False))
+    derived = {"contribution", "contribution_layer", "tail_contribution",
+               "tail_contribution_layer"}
+    assert set(full) - set(lean) == derived
+    for name in lean:
+        np.testing.assert_array_equal(lean[name], full[name])
+
+
+@pytest.mark.parametrize("T,w,G,H", [(13, 4, 2, 4), (5, 8, 1, 3), (16, 1, 3, 3), (9, 9, 1, 2)])
+def test_band_equals_plain_indexing(T, w, G, H):
+    gen = torch.Generator().manual_seed(T * w)
+    a, b = (torch.randn(2, H, T, 6, generator=gen) for _ in range(2))
+    x = torch.randn(2, G, T, 6, generator=gen)
+    got_a, got_b = band([a, b], x, w)
+    vals = torch.randn(2, H, T, generator=gen)
+    got_v = band_values(vals, w)
+    for i in range(T):
+        for lag in range(w):
+            j = i - lag
+            for h in range(H):
+                xa = x[:, h // (H // G), j] if j >= 0 else torch.zeros(2, 6)
+                want_a, want_b = (a[:, h, i] * xa).sum(-1), (b[:, h, i] * xa).sum(-1)
+                want_v = vals[:, h, j] if j >= 0 else torch.zeros(2)
+                torch.testing.assert_close(got_a[:, h, i, lag], want_a, rtol=1e-5, atol=1e-5)
+                torch.testing.assert_close(got_b[:, h, i, lag], want_b, rtol=1e-5, atol=1e-5)
+                torch.testing.assert_close(got_v[:, h, i, lag], want_v)
+
+
+def test_gram_cache_follows_weight_changes():
+    lin = torch.nn.Linear(6, 8, bias=False)
+    w = lin.weight.T                                          # (6, 8) view, as archs gives it
+    first = cached_projection(w, 3)
+    assert cached_projection(lin.weight.T, 3) is first        # cached across views
+    with torch.no_grad():
+        lin.weight.mul_(2.0)
+    second = cached_projection(lin.weight.T, 3)
+    blocks = lin.weight.T.detach().view(3, 2, 8)
+    torch.testing.assert_close(second.gram, blocks @ blocks.transpose(1, 2))
+    torch.testing.assert_close(second.full, lin.weight.T @ lin.weight)
+    assert not torch.allclose(second.gram, first.gram)
