@@ -143,21 +143,16 @@ def norm_from_gram(x: Tensor, gram: Tensor) -> tuple[Tensor, Tensor]:
     return xg, vecdot(xg, x).clamp_min(0).sqrt()
 
 
-def _minus(x: Tensor, alpha: Tensor, y: Tensor) -> Tensor:
-    """``x - alpha @ y`` for (B, H, T, k) alpha and (B, H, k, dh) y; one pass when k = 1."""
-    if alpha.shape[-1] == 1:
-        return torch.addcmul(x, alpha, y, value=-1.0)
-    return x - alpha @ y
-
-
-def per_token(z: Tensor, v: Tensor, sink_alpha: Tensor, proj: Projection) -> dict[str, Tensor]:
+def per_token(z: Tensor, v: Tensor, r: Tensor, k: int, proj: Projection) -> dict[str, Tensor]:
     """Per-key and per-query quantities of one layer (no masks applied).
 
     Parameters
     ----------
     z : (B, H, T, dh) head outputs before W_O, float32.
     v : (B, G, T, dh) values per kv head (G divides H), float32.
-    sink_alpha : (B, H, T, k) attention to the sink keys (0 where not allowed).
+    r : (B, H, T, dh) the non-sink part sum_{j >= k} alpha_ij v_j, float32, computed from the
+        non-sink keys (never as z - alpha_i0 v_0, which cancels when alpha_i0 is near 1).
+    k : the number of sink keys.
 
     Returns
     -------
@@ -166,7 +161,7 @@ def per_token(z: Tensor, v: Tensor, sink_alpha: Tensor, proj: Projection) -> dic
     ``_sink_dot_layer`` = <o_i, v~_s^h> for the sink keys s (both (B, H, T, k)).
     """
     B, H, T, dh = z.shape
-    G, k = v.shape[1], sink_alpha.shape[-1]
+    G = v.shape[1]
     R = H // G
     zg = z @ proj.gram[None]                                          # (B, H, T, dh)
     output_norm = vecdot(zg, z).clamp_min(0).sqrt()                  # (B, H, T)
@@ -182,8 +177,7 @@ def per_token(z: Tensor, v: Tensor, sink_alpha: Tensor, proj: Projection) -> dic
     vs = repeat_kv(v[:, :, :k], H)                                    # sink values (B,H,k,dh)
     vsg = vg[:, :, :k].permute(0, 1, 3, 2, 4).reshape(B, H, k, dh)
     sink_dot = zg @ vs.transpose(-1, -2)                              # (B, H, T, k)
-    r = _minus(z, sink_alpha, vs)                                     # non-sink part
-    rg = _minus(zg, sink_alpha, vsg)                                  # r G_h
+    rg = r @ proj.gram[None]                                          # r G_h
     residual_norm = vecdot(rg, r).clamp_min(0).sqrt()
     v0_norm = value_norm[:, :, :1]                                    # (B, H, 1)
     v0g = vsg[:, :, 0].view(B, G, R, dh).transpose(-1, -2)            # (B, G, dh, R)

@@ -98,13 +98,11 @@ def measure_layer(q: Tensor, k: Tensor, v: Tensor, masks: Masks, scale: float,
         alpha = softmax_masked(scores(q, kr, scale, softcap), masks.allowed)
         vf = vr.float()
         z, zf, lse = None, alpha @ vf, None
-        sink_alpha = alpha[..., :kk]
+        sink_alpha, r = alpha[..., :kk], alpha[..., kk:] @ vf[:, :, kk:]
     else:
-        z, lse = fused_attention(q, kr, vr, masks.bias, scale)
-        alpha, zf, lse = None, z.float(), lse.float()
-        logits = q.float() @ kr[:, :, :kk].float().transpose(-1, -2)   # (B, H, T, k)
-        sink_alpha = torch.exp(logits * scale - lse[..., None]).masked_fill(~masks.sink_ok, 0.0)
-    tok = per_token(zf, v.float(), sink_alpha, proj)
+        alpha, z = None, None
+        zf, lse, sink_alpha, r = split_attention(q, kr, vr, masks, scale)
+    tok = per_token(zf, v.float(), r, kk, proj)
     zg, u = tok.pop("_zg"), tok.pop("_u")
     sink_dots = tok.pop("_sink_dot"), tok.pop("_sink_dot_layer")
     if opts.mode == "dense":
@@ -114,6 +112,35 @@ def measure_layer(q: Tensor, k: Tensor, v: Tensor, masks: Masks, scale: float,
                        opts)
     out.update(_per_token_out(tok, masks))
     return (z if z is not None else zf).to(q.dtype), out
+
+
+def split_attention(q: Tensor, k: Tensor, v: Tensor, masks: Masks,
+                    scale: float) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Fused attention over the non-sink keys, combined with the sink keys by log-sum-exp.
+
+    Returns z, lse, sink_alpha (B, H, T, k) and the non-sink part r = sum_{j>=k} alpha_ij v_j,
+    all float32; r comes from its own keys, so it stays exact when alpha_i0 is near 1.
+    q, k, v : (B, H, T, dh) (keys and values repeated to the query heads).
+    """
+    kk, T = masks.sink_ok.shape[-1], q.shape[2]
+    none = ~(masks.rest | masks.sink_ok.any(-1))      # no allowed key at all (padding query)
+    rest = masks.rest | none
+    if kk >= T:                                       # every key is a sink key
+        z_r, lse_r = torch.zeros_like(q), q.new_zeros(q.shape[:3])
+    elif masks.bias is None:                          # causal, no padding: queries i >= k
+        z_r, lse_r = fused_attention(q[:, :, kk:], k[:, :, kk:], v[:, :, kk:], None, scale)
+        z_r = torch.cat([z_r.new_zeros(*z_r.shape[:2], kk, z_r.shape[-1]), z_r], 2)
+        lse_r = torch.cat([lse_r.new_zeros(*lse_r.shape[:2], kk), lse_r], 2)
+    else:
+        z_r, lse_r = fused_attention(q, k[:, :, kk:], v[:, :, kk:], masks.bias[..., kk:], scale)
+    lse_r = lse_r.float().masked_fill(~rest, float("-inf"))
+    logits = (q.float() @ k[:, :, :kk].float().transpose(-1, -2)) * scale  # (B, H, T, k)
+    logits = logits.masked_fill(~masks.sink_ok, float("-inf"))
+    lse = torch.logaddexp(lse_r, torch.logsumexp(logits, -1))            # (B, H, T)
+    sink_alpha = torch.exp(logits - lse[..., None])
+    r = torch.exp(lse_r - lse)[..., None] * z_r.float()
+    z = r + sink_alpha @ v[:, :, :kk].float() if kk else r
+    return z, lse, sink_alpha, r.masked_fill(~masks.rest[..., None], 0.0)
 
 
 def _per_token_out(tok: dict[str, Tensor], masks: Masks) -> dict[str, Tensor]:
