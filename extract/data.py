@@ -182,7 +182,7 @@ def _pick_field(rec: dict[str, Any], where: str, spec: str) -> str:
         if isinstance(value, str):
             return key
     raise ValueError(f"{spec} {where}: record has no string field (fields: {', '.join(rec) or 'none'}); "
-                     "pass --text-field naming the text")
+                     "pass text_field (--text-field) naming the text")
 
 
 def _record_text(rec: dict[str, Any], field: str, where: str, spec: str) -> str:
@@ -191,13 +191,13 @@ def _record_text(rec: dict[str, Any], field: str, where: str, spec: str) -> str:
                f"Answer: {_record_text(rec, 'answer', where, spec)}"
     if field not in rec:
         raise ValueError(f"{spec} {where}: record has no field {field!r} (fields: {', '.join(rec)}); "
-                         "pass --text-field naming one of them")
+                         "pass text_field (--text-field) naming one of them")
     value = rec[field]
     if value is None:
         return ""
     if not isinstance(value, str):
         raise ValueError(f"{spec} {where}: field {field!r} is {type(value).__name__}, not text; "
-                         "pass --text-field naming a string field")
+                         "pass text_field (--text-field) naming a string field")
     return value
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from . import (figures_anti_alignment, figures_convexity, figures_decomposition, figures_drift,
-               figures_example, figures_faithfulness, figures_sinks)
+               figures_example, figures_faithfulness, figures_sink_strip, figures_sinks)
 from ._style import PAGE, PLAIN, Page, figure, style
 from .load import ReportData, gather
 from .summary import fmt, sentences
@@ -62,7 +62,9 @@ def section_pages(data: ReportData) -> tuple[dict[str, list[Page]], dict[str, st
     elif lacking:
         left_out["Example sequence"] = f"the store lacks {', '.join(lacking)}"
     else:
-        pages["Example sequence"] = figures_example.pages(data.ds, a["sinks"] if a else None)
+        sinks = a["sinks"] if a else None
+        pages["Example sequence"] = (figures_example.pages(data.ds, sinks)
+                                     + figures_sink_strip.pages(data.ds, sinks))
     return pages, left_out
 
 

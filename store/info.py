@@ -22,13 +22,12 @@ def summary(path: str | Path) -> str:
     m = read_manifest(path)
     if is_faith_only(m):
         return _faith_only_summary(path, m)
-    cfg, model, data, opts = m["config"], m["config"]["model"], m["config"]["data"], \
-        m["config"]["options"]
+    model, data, opts = m["config"]["model"], m["config"]["data"], m["config"]["options"]
     done = sum(e["sequences"][1] - e["sequences"][0] for e in m["shards"])
     nbytes = sum((path / e["file"]).stat().st_size for e in m["shards"]
                  if (path / e["file"]).is_file())
     counts = m.get("counts", {})
-    layout = (f"dense (query x key)" if opts["mode"] == "dense" else
+    layout = ("dense (query x key)" if opts["mode"] == "dense" else
               f"compact (sink k={opts['sink_k']}, tail w={opts['tail_w']}, middle totals)")
     lines = [
         f"store        {path}",

@@ -122,7 +122,8 @@ def _file_variables(store, entry: dict) -> list[str]:
         return []
     try:
         with h5netcdf.File(_file(Path(store), entry), "r") as f:
-            return [f"{n} ({', '.join(v.dimensions)}): {v.attrs.get('description', '')}" for n, v in f.variables.items()
+            return [f"{n} ({', '.join(v.dimensions)}): {v.attrs['description']}"
+                    for n, v in f.variables.items()
                     if n not in f.dimensions and v.attrs.get("description")]
     except (OSError, StoreError, ValueError):
         return []

@@ -7,15 +7,17 @@ import sys
 
 def add_parser(p) -> None:
     sub = p.add_subparsers(dest="store_command", metavar="ACTION", required=True)
-    info = sub.add_parser("info", help="a readable summary of a store")
-    info.add_argument("store")
+    info = sub.add_parser("info", help="a readable summary of a store (provenance, content "
+                                       "hash, layout, faithfulness results)")
+    info.add_argument("store", help="store directory")
     val = sub.add_parser("validate", help="check schema, checksums and completeness")
-    val.add_argument("store")
+    val.add_argument("store", help="store directory")
 
     merge = sub.add_parser(
         "merge", help="join stores of the same model and options (e.g. the parts of "
                       "extract --shard I/N) into one")
-    merge.add_argument("stores", nargs="+", metavar="STORE")
+    merge.add_argument("stores", nargs="+", metavar="STORE",
+                       help="input stores (parts of one sharded run, or stores of other data)")
     merge.add_argument("--out", required=True, help="new store directory")
     merge.add_argument("--copy", action="store_true",
                        help="copy shard files instead of hard-linking them")
@@ -23,7 +25,7 @@ def add_parser(p) -> None:
 
     cut = sub.add_parser("subset", help="a smaller store: some layers, heads, sequences, "
                                         "variables")
-    cut.add_argument("store")
+    cut.add_argument("store", help="store directory")
     cut.add_argument("--out", required=True, help="new store directory")
     cut.add_argument("--layers", help="layer numbers, e.g. 0:4,7 (half-open ranges)")
     cut.add_argument("--heads", help="head numbers, e.g. 0:8")
@@ -34,7 +36,7 @@ def add_parser(p) -> None:
 
     exp = sub.add_parser("export", help="Zarr (cloud storage) or Parquet long tables (R, "
                                         "pandas)")
-    exp.add_argument("store")
+    exp.add_argument("store", help="store directory")
     exp.add_argument("--format", required=True, choices=["zarr", "parquet"])
     exp.add_argument("--out", required=True, help="new directory (.zarr or tables)")
     exp.add_argument("--tables", help="parquet only: comma-separated subset of per_query, "

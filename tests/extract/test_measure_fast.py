@@ -15,6 +15,7 @@ import tiny_models as tm
 from store_helpers import PER_TOKEN, assert_same, cancellation, expected_compact
 from attngeom.extract.capture import Measurer, measure
 from attngeom.extract.geometry import band, band_values, cached_projection
+from attngeom.extract.hooks import attention_handler
 from attngeom.extract.measure import Options
 
 
@@ -135,7 +136,6 @@ def test_plain_causal_takes_the_is_causal_path():
         inputs = _inputs("llama", model, padding)
         handler = Measurer(model, Options("compact"))
         handler.token_mask = inputs["attention_mask"].bool()
-        from attngeom.extract.hooks import attention_handler
         with torch.inference_mode(), attention_handler(model, handler):
             model(**inputs)
         assert len(handler._masks) == 1                      # once per forward, not per layer

@@ -13,8 +13,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import h5py
 import pytest
 
+from attngeom.store.manifest import file_sha256
 from reliability.rel_helpers import ENV, ROOT, cli_main
 
 
@@ -78,8 +80,7 @@ def bad_stores(base: Path, good: Path) -> dict[str, Path]:
     stores["damaged shard"] = damaged
     other = copy("othershard")                     # a shard made with other options
     manifest = json.loads((other / "manifest.json").read_text())
-    from attngeom.store.manifest import file_sha256
-    with __import__("h5py").File(other / "shards" / "shard-00001.nc", "r+") as f:
+    with h5py.File(other / "shards" / "shard-00001.nc", "r+") as f:
         f.attrs["attngeom_config_hash"] = "0" * 64
     manifest["shards"][1]["sha256"] = file_sha256(other / "shards" / "shard-00001.nc")
     (other / "manifest.json").write_text(json.dumps(manifest))

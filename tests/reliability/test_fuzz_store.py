@@ -169,7 +169,7 @@ def check(store: Path, values: dict, changed_recorded: bool) -> None:
             got, want, equal_nan=True)), name
 
 
-@settings(max_examples=25, deadline=None, derandomize=True,
+@settings(max_examples=20, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(damage=DAMAGE)
 def test_damaged_store_is_rejected_or_read_correctly(pristine, tmp_path, damage):

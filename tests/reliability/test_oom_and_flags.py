@@ -56,13 +56,20 @@ def oom_above(limit: int, error):
     return measure
 
 
-@pytest.mark.parametrize("error", ["cuda", "runtime"])
-def test_out_of_memory_halves_the_batch(error, tiny_model, data, batch_one, tmp_path,
-                                        monkeypatch, capsys):
+def test_what_counts_as_out_of_memory():
     import torch
 
-    exc = (torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
-           if error == "cuda" else RuntimeError("[enforce fail] out of memory on device"))
+    assert run_module.is_out_of_memory(torch.cuda.OutOfMemoryError("CUDA out of memory."))
+    assert run_module.is_out_of_memory(RuntimeError("[enforce fail] out of memory on device"))
+    assert not run_module.is_out_of_memory(RuntimeError("shape mismatch"))
+    assert not run_module.is_out_of_memory(ValueError("out of memory"))
+
+
+def test_out_of_memory_halves_the_batch(tiny_model, data, batch_one, tmp_path, monkeypatch,
+                                        capsys):
+    import torch
+
+    exc = torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
     monkeypatch.setattr(run_module, "measure", oom_above(1, exc))
     cfg = ExtractConfig(**OPTIONS, batch_size=4)
     extract(str(tiny_model), str(data), tmp_path / "halved", cfg, progress=False)

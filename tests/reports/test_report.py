@@ -188,3 +188,19 @@ def test_results_only_store_reports_faithfulness_and_says_why_the_rest_is_missin
                   "Example sequence"):
         assert f"{title}: left out — the store holds faithfulness results only" in text
     assert "faithfulness results only (no extracted sequences)" in text
+
+
+def test_sink_strips_are_the_store_values(compact_store):
+    """α_i0 (mean over heads) and Σ_h C_i0^h per query, against plain numpy on the store."""
+    from attngeom.reports.figures_sink_strip import sink_strips
+
+    ds = open_store(compact_store)
+    alpha, contrib = sink_strips(ds, 1, 0)
+    a = ds["alpha"].isel(sequence=1, layer=0, sink=0).transpose("head", "query").values
+    v = ds["value_norm"].isel(sequence=1, layer=0, key=0).values             # (H,)
+    cos = ds["cosine_layer"].isel(sequence=1, layer=0, sink=0).transpose("head", "query").values
+    norm = ds["layer_output_norm"].isel(sequence=1, layer=0).values          # (Q,)
+    n = int(ds["length"].values[1])
+    np.testing.assert_allclose(alpha[:n], a.mean(0)[:n], rtol=1e-5)
+    np.testing.assert_allclose(contrib[:n], (a * v[:, None] * cos / norm).sum(0)[:n],
+                               rtol=1e-4, atol=1e-6)

@@ -34,6 +34,13 @@ def test_zarr_round_trip(made, tmp_path):
     z = xr.open_zarr(tmp_path / "s.zarr")
     assert z.attrs["config_hash"] == ds.attrs["config_hash"]
     xr.testing.assert_equal(z.load(), ds)                       # derived variables included
+    import zarr                                                  # the zarr library alone
+
+    group = zarr.open_group(str(tmp_path / "s.zarr"), mode="r")
+    for name in ("alpha", "value_norm", "tail_contribution"):
+        raw = np.asarray(group[name][:])
+        dims = group[name].attrs["_ARRAY_DIMENSIONS"]
+        np.testing.assert_array_equal(raw, ds[name].transpose(*dims).values, err_msg=name)
     assert "xr.open_zarr" in (tmp_path / "s.zarr" / "README.txt").read_text()
     with pytest.raises(StoreError, match="not empty"):
         export(path, tmp_path / "s.zarr", "zarr")
