@@ -221,6 +221,31 @@ def compute_block(model, prepared: Prepared, cfg: FaithConfig, removals: list[Re
     return out
 
 
+def compute_retrying(model, prepared: Prepared, cfg: FaithConfig, removals: list[Removal],
+                     pad_id: int, bar=None, log=print) -> dict:
+    """:func:`compute_block`; on out-of-memory halve ``cfg.batch_size`` and redo the block.
+
+    The smaller size is kept for the rest of the run; at batch size 1 it raises MemoryError.
+    Batch size does not shape the numbers (it is not part of the options hash).
+    """
+    from .run import free_memory, is_out_of_memory
+
+    while True:
+        try:
+            return compute_block(model, prepared, cfg, removals, pad_id, bar)
+        except RuntimeError as exc:
+            if not is_out_of_memory(exc):
+                raise
+            free_memory()
+            size = cfg.batch_size
+            if size == 1:
+                raise MemoryError(f"out of memory on {cfg.device} at batch size 1; use a smaller "
+                                  "--max-length, fewer --layers or a larger device") from None
+            cfg.batch_size = size // 2
+            log(f"attngeom: out of memory on {cfg.device} at batch size {size}; "
+                f"redoing the block with batch size {cfg.batch_size}")
+
+
 # ------------------------------------------------------------------------------------ run
 def _remove_temporaries(out: Path) -> None:
     """Temporary files (``.NAME.tmp-PID``) a killed run left in ``out``: never read, removed."""
@@ -271,8 +296,8 @@ def faithfulness(model: str, data: str, out: str | Path, cfg: FaithConfig | None
     for (start, stop), block, nb in zip(blocks, subsets, n_batches):
         ds = read_block(partial, start, stop)
         if ds is None:
-            result = compute_block(loaded.model, block, cfg, removals,
-                                   pad_token_id(loaded.tokenizer), bar)
+            result = compute_retrying(loaded.model, block, cfg, removals,
+                                      pad_token_id(loaded.tokenizer), bar, log)
             ds = block_dataset(block, result, cfg, plan, removals, start, n_layers)
             write_block(ds, partial, start, stop)
         else:

@@ -243,7 +243,7 @@ def measure_batches(model, tokenized, cfg: ExtractConfig, opts: Options, pad_id:
         except RuntimeError as exc:
             if not is_out_of_memory(exc):
                 raise
-            _free_memory()
+            free_memory()
             if size == 1:
                 raise MemoryError(f"out of memory on {cfg.device} at batch size 1; use a smaller "
                                   "--max-length, --dtype bfloat16 or a larger device") from None
@@ -257,7 +257,7 @@ def measure_batches(model, tokenized, cfg: ExtractConfig, opts: Options, pad_id:
         yield arrays
 
 
-def _free_memory() -> None:
+def free_memory() -> None:
     import gc
 
     import torch

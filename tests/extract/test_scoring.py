@@ -284,3 +284,27 @@ def test_result_is_recorded_in_an_extracted_store(tiny_dir, tmp_path):
     with pytest.raises(StoreError, match="another model"):
         F.faithfulness(str(tmp_path / "other"), data, out, F.FaithConfig(**SMALL),
                        progress=False, log=lambda m: None)
+
+
+def test_out_of_memory_halves_the_batch_and_redoes_the_block(tok, monkeypatch):
+    """A forward pass that fails for batches above 1 (as CUDA would) is retried smaller; the
+    perplexities equal each text scored alone."""
+    model = tm.build("llama")
+    prep = prepare_texts(tok, TEXTS, 64)
+    real = F.forward_logits
+
+    def forward_logits(model, inputs, handler):
+        if inputs["input_ids"].shape[0] > 1:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 1 GiB")
+        return real(model, inputs, handler)
+
+    monkeypatch.setattr(F, "forward_logits", forward_logits)
+    cfg, log = F.FaithConfig(drift=False, batch_size=4), []
+    result = F.compute_retrying(model, prep, cfg, [], tm.PAD_ID, log=log.append)
+    assert cfg.batch_size == 1 and len(log) == 2 and "batch size 4" in log[0]
+    want = [_manual_ppl(model, tok(t)["input_ids"]) for t in TEXTS]
+    np.testing.assert_allclose(unit_scores(prep, result["clean"])["ppl"], want, rtol=1e-5)
+    monkeypatch.setattr(F, "forward_logits", lambda *a: (_ for _ in ()).throw(
+        torch.cuda.OutOfMemoryError("CUDA out of memory")))
+    with pytest.raises(MemoryError, match="at batch size 1"):
+        F.compute_retrying(model, prep, cfg, [], tm.PAD_ID, log=log.append)
