@@ -2,8 +2,8 @@
 
 Real measurements (``smollm2-135m`` over the builtin texts, else a random-init SmolLM2-shaped
 model) are assembled into a shard exactly as ``attngeom extract`` does (``extract_shard``), then
-written with attngeom's writer (gzip level 4 + shuffle, fsync) and, for comparison, with other
-HDF5 filters (gzip 1, lzf, none), interleaved and repeated. Reports bytes per real token,
+written with attngeom's writer (gzip level 1 + shuffle + Fletcher-32, fsync) and, for
+comparison, with other HDF5 filters (gzip 4, lzf, none), interleaved and repeated. Reports bytes per real token,
 uncompressed MB/s and the ratio of each variant's time to attngeom's.
 
     python benchmarks/bench_store.py --modes compact,dense
@@ -62,7 +62,7 @@ def variants(ds) -> dict:
         return write
 
     return {"attngeom": lambda path: write_shard(ds, path),
-            "gzip1": with_filter(zlib=True, complevel=1, shuffle=True),
+            "gzip4": with_filter(zlib=True, complevel=4, shuffle=True),
             "lzf": with_filter(compression="lzf", shuffle=True),
             "none": with_filter()}
 
