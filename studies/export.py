@@ -109,15 +109,20 @@ def export_faithfulness(nc: Path, results: Path, prefix: str, level: float = 0.0
 
 
 def clean_accuracy(nc: Path, chance: float, level: float = 0.05) -> dict:
-    """Clean accuracy of a multiple-choice run with a Clopper-Pearson CI and a one-sided exact
-    binomial test against ``chance`` (H1: accuracy > chance); also the majority-answer rate."""
+    """Clean accuracy of a multiple-choice run with a Clopper-Pearson CI and one-sided exact
+    binomial tests (H1: accuracy above) against ``chance`` and against ``baseline`` = the larger of
+    chance and the sample's majority-answer rate (a model that always gives the most common answer
+    scores that). ``above_chance`` requires beating the baseline: only then does an accuracy loss
+    under intervention measure anything the model knows."""
     with xr.open_dataset(nc) as ds:
         correct = ds["clean_correct"].values.astype(int)
         answer = ds["answer"].values.astype(int)
     k, n = int(correct.sum()), len(correct)
-    test = stats.binomtest(k, n, chance, alternative="greater")
     ci = stats.binomtest(k, n).proportion_ci(confidence_level=1 - level, method="exact")
     majority = float(np.bincount(answer).max() / n)
+    baseline = max(chance, majority)
+    p_chance = stats.binomtest(k, n, chance, alternative="greater").pvalue
+    p_base = stats.binomtest(k, n, baseline, alternative="greater").pvalue if baseline < 1 else 1.0
     return dict(n=n, correct=k, accuracy=k / n, ci_low=ci.low, ci_high=ci.high, chance=chance,
-                majority_rate=majority, p_above_chance=test.pvalue,
-                above_chance=bool(test.pvalue < level and ci.low > chance))
+                majority_rate=majority, p_above_chance=p_chance, baseline=baseline,
+                p_above_baseline=p_base, above_chance=bool(p_base < level and ci.low > baseline))

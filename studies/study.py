@@ -9,11 +9,13 @@ Steps (each skipped when its output already exists, so a rerun resumes):
 2. ``attngeom extract`` (compact store) and ``attngeom analyze`` on each geometry data set;
 3. decoders: ``attngeom faithfulness`` on textbook prose (head granularity, signed and magnitude
    ranking, semantic drift); clean multiple-choice accuracy on MMLU / WinoGrande / BoolQ, with the
-   intervention sweep only where it is above chance (exact binomial test, Clopper-Pearson CI);
+   intervention sweep only where it is above chance and above the majority-answer rate (exact
+   binomial test, Clopper-Pearson CI);
    the same LM run on GSM8K; optionally one prose run at query granularity (it separates
    value_weighted from value_weighted_normalized);
-4. ``attngeom report`` of the first geometry store (faithfulness shown: the prose run);
-5. CSVs and the PDF into RESULTS, with ``timings.csv`` and ``data.csv``.
+4. ``attngeom report`` of the first geometry store (faithfulness shown: the prose run), then
+   the GSM8K run and the optional query-granularity run;
+5. CSVs and the PDF into RESULTS, with ``timings.csv`` and ``data.csv`` (after every step).
 """
 
 from __future__ import annotations
@@ -98,6 +100,15 @@ class Study:
         print(f"[study] {step}: attngeom {' '.join(cmd)}", flush=True)
         subprocess.run([self.cli, *cmd], check=True, env=self.env)
         self.timings.append(dict(step=step, seconds=round(time.time() - t0, 1)))
+        self.write_logs()
+
+    @staticmethod
+    def missing(step: str, data: str) -> bool:
+        """True (with a note) when a local data file is absent: that step is skipped."""
+        if not str(data).startswith("hf:") and not Path(data).exists():
+            print(f"[study] {step}: skipped, no data file {data}", flush=True)
+            return True
+        return False
 
     def skip(self, step: str, done: Path) -> bool:
         if done.exists():
@@ -131,6 +142,8 @@ class Study:
     def lm_run(self, store: Path, name: str, data: str, limit: int, *extra: str) -> None:
         """One language-modelling faithfulness run (head granularity unless ``extra`` says)."""
         a = self.a
+        if self.missing(name, data):
+            return
         nc = self.faithfulness(store, name, data, limit, "--task", "lm", "--metrics", METRICS,
                                "--ranks", "signed,magnitude", "--fractions", a.fractions,
                                "--max-length", str(a.faith_max_length), *extra)
@@ -143,11 +156,15 @@ class Study:
         files = {"mmlu": (a.mmlu, "subject"), "winogrande": (a.winogrande, None),
                  "boolq": (a.boolq, None)}
         for task, (src, group) in files.items():
+            if self.missing(task, src):
+                continue
             sample = a.work / "data" / f"{task}_sample.jsonl"
             n = prepare.task_items(src, sample, a.mc_limit, group)
             extra = ["--task", task, "--max-length", str(a.mc_max_length)]
-            if task == "mmlu":
+            if task == "mmlu" and Path(a.mmlu_dev).exists():
                 extra += ["--dev", a.mmlu_dev, "--k-shot", str(a.k_shot)]
+            elif task == "mmlu":
+                extra += ["--k-shot", "0"]
             nc = self.faithfulness(store, f"mc_{task}_clean", str(sample), n, *extra,
                                    "--metrics", "attention", "--modes", "comprehensiveness",
                                    "--ranks", "signed", "--fractions", "0", "--no-drift")
@@ -162,7 +179,8 @@ class Study:
                 export.export_faithfulness(nc, a.results, f"mc_{task}")
                 self.sizes.append(dict(use=f"mc_{task}", data=src, n=a.mc_sweep_limit,
                                        max_length=a.mc_max_length))
-        pd.DataFrame(rows).to_csv(a.results / "mc_clean.csv", index=False)
+        if rows:
+            pd.DataFrame(rows).to_csv(a.results / "mc_clean.csv", index=False)
 
     # ------------------------------------------------------------------------------ main
     def run(self) -> None:
@@ -172,24 +190,29 @@ class Study:
         n = prepare.geometry_texts(a.wikitext, wiki, a.geo_limit, a.chunk_chars)
         self.sizes.append(dict(use="geo_wikitext", data=a.wikitext, n=n, max_length=a.geo_max_length))
         store = self.geometry("wikitext", wiki, "text")
-        if a.geo_boolq:
+        if a.geo_boolq and not self.missing("geo_boolq", a.boolq):
             self.geometry("boolq", Path(a.boolq), "passage")
             self.sizes.append(dict(use="geo_boolq", data=a.boolq, n=a.geo_limit,
                                    max_length=a.geo_max_length))
         if a.model not in ENCODERS:  # in order of priority: the cheapest evidence first
             self.lm_run(store, "faithfulness", a.prose, a.faith_limit)
             self.mc_runs(store)
+        self.report(store)
+        if a.model not in ENCODERS:
             gsm8k_limit = a.faith_limit if a.gsm8k_limit is None else a.gsm8k_limit
             if gsm8k_limit:
                 self.lm_run(store, "faith_gsm8k", a.gsm8k, gsm8k_limit)
             if a.query_limit:
                 self.lm_run(store, "faith_prose_query", a.prose, a.query_limit,
                             "--granularity", "query", "--no-drift")
-        pdf = a.work / "report.pdf"
+        self.write_logs()
+
+    def report(self, store: Path) -> None:
+        """The PDF of the geometry store, with the prose faithfulness run."""
+        pdf = self.a.work / "report.pdf"
         if not self.skip("report", pdf):
             self.sh("report", "report", str(store), "--out", str(pdf), "--no-progress")
-        shutil.copyfile(pdf, a.results.parent / "report.pdf")
-        self.write_logs()
+        shutil.copyfile(pdf, self.a.results.parent / "report.pdf")
 
     def write_logs(self) -> None:
         path = self.a.results / "timings.csv"

@@ -54,7 +54,10 @@ def _missing(model: str) -> str:
 
 
 def _holds(t: pd.DataFrame) -> str:
-    tested = t[t["p_value"].notna()]
+    """Distinct tested steps that hold: a magnitude-rank step between two non-negative baselines
+    repeats the signed one (same rankings, same numbers) and is counted once."""
+    tested = t[t["p_value"].notna()].drop_duplicates(
+        ["mode", "lower", "higher", "aopc_lower", "aopc_higher", "mean_improvement"])
     return f"{int(tested['holds'].sum())}/{len(tested)}"
 
 
@@ -65,7 +68,7 @@ def faith_cell(model: str) -> str:
         if t is None:
             continue
         extra = f" ({_holds(lg)} on log PPL ratio)" if lg is not None else ""
-        parts.append(f"{label} (n={int(t['n'].max())}): {_holds(t)} tested steps hold{extra}")
+        parts.append(f"{label} (n={int(t['n'].max())}): {_holds(t)} distinct tested steps hold{extra}")
     return "; ".join(parts) or _missing(model)
 
 
@@ -146,9 +149,10 @@ def mc_cell(model: str) -> str:
     t = read(model, "mc_clean")
     if t is None:
         return _missing(model)
-    return "; ".join(f"{r.task} {r.correct}/{r.n}={f(r.accuracy)} [{f(r.ci_low)}, {f(r.ci_high)}] "
-                     f"vs chance {f(r.chance)} (p={f(r.p_above_chance, 3)}) → "
-                     f"{'sweep run' if r.above_chance else 'not above chance: no sweep'}"
+    return "; ".join(f"{r.task} {r.correct}/{r.n}={f(r.accuracy)} [{f(r.ci_low)}, {f(r.ci_high)}]; "
+                     f"chance {f(r.chance)} (p={f(r.p_above_chance, 3)}), majority answer "
+                     f"{f(r.majority_rate)} (p={f(r.p_above_baseline, 3)}) → "
+                     f"{'sweep run' if r.above_chance else 'not above baseline: no sweep'}"
                      for r in t.itertuples())
 
 
@@ -173,7 +177,7 @@ CLAIMS = (("Faithfulness order raw < vw < vwn < contrib", faith_cell),
           ("Convex sink-rate curve, interior minimum", per_geo(convex_cell)),
           ("Semantic drift when sink value zeroed", drift_cell),
           ("Sink heads (Gu et al., ε=0.3)", per_geo(sink_cell)),
-          ("MC clean accuracy (95% Clopper-Pearson)", mc_cell))
+          ("MC clean accuracy (95% Clopper-Pearson; one-sided exact binomial p)", mc_cell))
 
 
 def claims_table(models: list[str]) -> str:
