@@ -8,4 +8,4 @@ DATA_DIR=../shared/data
 if [[ $# -gt 0 && $1 != -* ]]; then DATA_DIR=$1; shift; fi
 exec nice -n 10 .venv/bin/python studies/study.py --model smollm2-135m --data-dir "$DATA_DIR" \
   --geo-limit 64 --geo-max-length 256 --faith-limit 16 --faith-max-length 128 \
-  --fractions 0.1,0.3 --query-limit 0 --mc-limit 40 --mc-sweep-limit 24 --k-shot 1 "$@"
+  --fractions 0.1,0.3 --query-limit 8 --mc-limit 40 --mc-sweep-limit 24 --k-shot 1 "$@"
