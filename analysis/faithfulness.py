@@ -102,15 +102,16 @@ def loss_curves(ds: xr.Dataset, variable: str | None = None) -> xr.Dataset:
     return xr.Dataset({"loss_mean": x.mean(dim), "loss_sem": x.std(dim, ddof=1) / np.sqrt(n)})
 
 
+def _source(ds: xr.Dataset, metric: str, rank: str) -> str:
+    """The computed ranking ``metric/rank`` uses (itself unless the file records a copy)."""
+    if "same_ranking_as" not in ds:
+        return f"{metric}/{rank}"
+    return str(ds["same_ranking_as"].sel(metric=metric, rank=rank).item()) or f"{metric}/{rank}"
+
+
 def _same_ranking(ds: xr.Dataset, a: str, b: str, rank: str) -> bool:
     """True when metrics a and b share one computed ranking (recorded in the file)."""
-    if "same_ranking_as" not in ds:
-        return False
-
-    def source(m: str) -> str:
-        s = str(ds["same_ranking_as"].sel(metric=m, rank=rank).item())
-        return s or f"{m}/{rank}"
-    return source(a) == source(b)
+    return _source(ds, a, rank) == _source(ds, b, rank)
 
 
 def _rng(seed: int) -> dict:
@@ -155,38 +156,56 @@ def order_table(ds: xr.Dataset, order: tuple[str, ...] = ORDER, level: float = 0
     a = aopc(ds, variable)
     dim = unit_dim(ds)
     metrics = [m for m in order if m in a["metric"].values]
-    rows = []
+    rows, first, copy_of = [], {}, []     # first: (mode, rankings compared) -> row index
     for mode in a["mode"].values:
         for rank in a["rank"].values:
             for lower, higher in zip(metrics[:-1], metrics[1:]):
-                lo = a.sel(metric=lower, rank=rank, mode=mode).transpose(dim).values
-                hi = a.sel(metric=higher, rank=rank, mode=mode).transpose(dim).values
-                ok = np.isfinite(lo) & np.isfinite(hi)
-                sign = 1.0 if mode == "comprehensiveness" else -1.0
-                d = sign * (hi[ok] - lo[ok])
-                row = dict(mode=str(mode), rank=str(rank), lower=lower, higher=higher,
-                           n=int(ok.sum()), aopc_lower=float(np.mean(lo[ok])) if ok.any()
-                           else np.nan, aopc_higher=float(np.mean(hi[ok])) if ok.any()
-                           else np.nan, mean_improvement=float(d.mean()) if len(d) else np.nan)
-                if _same_ranking(ds, lower, higher, str(rank)):
-                    row.update(statistic=np.nan, p_value=np.nan, ci_low=np.nan, ci_high=np.nan,
-                               note=f"identical ranking at {ds.attrs.get('granularity', 'this')} "
-                                    "granularity: not testable")
+                key = (str(mode), _source(ds, lower, str(rank)), _source(ds, higher, str(rank)))
+                if key in first:                  # e.g. magnitude = signed for non-negative
+                    source = rows[first[key]]
+                    row = dict(source, rank=str(rank), note=source["note"] or (
+                        f"same rankings as rank={source['rank']}: the same test, counted "
+                        "once in Holm"))
                 else:
-                    row.update(_step(d, level, n_resamples, seed))
+                    first[key] = len(rows)
+                    row = _order_row(ds, a, dim, str(mode), str(rank), lower, higher, level,
+                                     n_resamples, seed)
                 rows.append(row)
+                copy_of.append(first[key])
     table = pd.DataFrame(rows, columns=[c for c in TABLE_COLUMNS if c not in ("p_holm", "holds")])
     p = table["p_value"].to_numpy(dtype=float)
-    tested = np.isfinite(p)
+    originals = np.array(sorted(first.values()), dtype=int)
+    tested = originals[np.isfinite(p[originals])]
     p_holm = np.full(len(p), np.nan)
-    if tested.any():
+    if len(tested):
         p_holm[tested] = multipletests(p[tested], alpha=level, method="holm")[1]
-    table["p_holm"] = p_holm
-    table["holds"] = (tested & (np.nan_to_num(p_holm, nan=1.0) < level)
+    table["p_holm"] = p_holm = p_holm[copy_of]
+    table["holds"] = (np.isfinite(p_holm) & (np.nan_to_num(p_holm, nan=1.0) < level)
                       & (table["ci_low"].to_numpy(dtype=float) > 0))
     table.attrs = {"level": level, "order": ",".join(metrics), "n_resamples": n_resamples,
                    "loss_variable": loss(ds, variable).name}
     return table[list(TABLE_COLUMNS)]
+
+
+def _order_row(ds, a, dim, mode: str, rank: str, lower: str, higher: str, level: float,
+               n_resamples: int, seed: int) -> dict:
+    """One step of the order: paired AOPC differences over units, oriented so > 0 = holds."""
+    lo = a.sel(metric=lower, rank=rank, mode=mode).transpose(dim).values
+    hi = a.sel(metric=higher, rank=rank, mode=mode).transpose(dim).values
+    ok = np.isfinite(lo) & np.isfinite(hi)
+    sign = 1.0 if mode == "comprehensiveness" else -1.0
+    d = sign * (hi[ok] - lo[ok])
+    row = dict(mode=mode, rank=rank, lower=lower, higher=higher, n=int(ok.sum()),
+               aopc_lower=float(np.mean(lo[ok])) if ok.any() else np.nan,
+               aopc_higher=float(np.mean(hi[ok])) if ok.any() else np.nan,
+               mean_improvement=float(d.mean()) if len(d) else np.nan, note="")
+    if _same_ranking(ds, lower, higher, rank):
+        row.update(statistic=np.nan, p_value=np.nan, ci_low=np.nan, ci_high=np.nan,
+                   note=f"identical ranking at {ds.attrs.get('granularity', 'this')} "
+                        "granularity: not testable")
+    else:
+        row.update(_step(d, level, n_resamples, seed))
+    return row
 
 
 def drift_summary(ds: xr.Dataset, level: float = 0.05) -> xr.Dataset:

@@ -137,3 +137,28 @@ def test_drift_summary_detects_planted_cone_collapse():
     assert d["cosine_low_p_holm"].values[1] > 0.05
     assert d.attrs["loss_p_value"] < 1e-3
     np.testing.assert_allclose(d["cosine_low_change_mean"], (after - before).mean(0))
+
+
+def test_a_step_with_the_same_rankings_under_both_ranks_is_one_test():
+    """Non-negative metrics rank the same signed or by magnitude: attention -> value_weighted
+    is then one hypothesis, listed under both ranks but counted once in Holm."""
+    from statsmodels.stats.multitest import multipletests
+
+    same = {("attention", "magnitude"): "attention/signed",
+            ("value_weighted", "magnitude"): "value_weighted/signed"}
+    ds = synthetic(*PLANTED, same=same)
+    for m in ("attention", "value_weighted"):              # copies hold the same numbers
+        ds["delta_ppl"].loc[dict(metric=m, rank="magnitude")] = \
+            ds["delta_ppl"].sel(metric=m, rank="signed")
+    table = order_table(ds, n_resamples=500)
+    step = table[(table["lower"] == "attention") & (table["higher"] == "value_weighted")]
+    assert len(step) == 4                                  # 2 modes x 2 ranks, listed
+    for mode in ("comprehensiveness", "sufficiency"):
+        pair = step[step["mode"] == mode].set_index("rank")
+        assert pair.loc["magnitude", "p_value"] == pair.loc["signed", "p_value"]
+        assert pair.loc["magnitude", "p_holm"] == pair.loc["signed", "p_holm"]
+        assert "counted once in Holm" in pair.loc["magnitude", "note"]
+    distinct = table[~table["note"].str.contains("counted once")]
+    assert len(distinct) == len(table) - 2
+    want = multipletests(distinct["p_value"].to_numpy(), method="holm")[1]
+    np.testing.assert_allclose(distinct["p_holm"].to_numpy(), want)
