@@ -202,7 +202,7 @@ class DecompositionAccumulator:
         out["paper_pattern_holds"] = out["paper_pattern"] == "holds"
         out["pooled_paper_pattern"] = ((), _pattern(ptop))
         out["pooled_paper_pattern_holds"] = ((), _pattern(ptop) == "holds")
-        out.attrs["verdict"] = verdict(ptop)
+        out.attrs["verdict"] = verdict(ptop, {g: pooled[g]["lmg_share"] for g in GROUPS})
         out.attrs["middle_group"] = (
             "elementwise (dense store)" if self.mode == "dense" else
             "totals only (compact store): shares NaN, total_*_mean from middle_* variables")
@@ -211,11 +211,24 @@ class DecompositionAccumulator:
         return out
 
 
-def verdict(top: dict[str, str]) -> str:
-    """One sentence: does the paper's sink/tail pattern hold for these top parts?"""
+def verdict(top: dict[str, str], shares: dict[str, np.ndarray] | None = None) -> str:
+    """One sentence: does the paper's sink/tail pattern hold for these top parts?
+
+    ``shares`` (group -> LMG shares over PARTS), when given, puts each share in the sentence,
+    so a second part with a small share is not read as a driver.
+    """
     pattern = _pattern(top)
-    found = (f"sink contributions are driven most by {top.get('sink') or 'n/a'} and tail "
-             f"contributions by {top.get('tail') or 'n/a'} (largest LMG shares)")
+
+    def drivers(group: str) -> str:
+        if not top.get(group):
+            return "n/a"
+        if shares is None:
+            return top[group]
+        lmg = np.asarray(shares[group])
+        order = np.argsort(lmg)[::-1]
+        return ", ".join(f"{PARTS[i]} {lmg[i]:.2f}" for i in order)
+    found = (f"sink contributions are driven most by {drivers('sink')} and tail contributions "
+             f"by {drivers('tail')} (LMG shares of Var log|c|)")
     if pattern == "undetermined":
         return f"Undetermined: {found}; a group had no usable pairs."
     words = {"holds": "As the paper expects", "partly": "Partly as the paper expects",

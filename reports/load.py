@@ -104,6 +104,10 @@ def read_faithfulness(store: Path, manifest: dict, name: str) -> tuple[xr.Datase
     """The recorded faithfulness result ``name`` and, when absent, why."""
     hint = (f"run `attngeom faithfulness --model MODEL --data DATA --out {store}` to add it")
     entry = manifest.get("faithfulness", {}).get(name)
+    model = manifest.get("config", {}).get("model", {})
+    if entry is None and model.get("causal") is False:
+        return None, ("not applicable: it scores next-token predictions, and "
+                      f"{model.get('spec', 'this model')} is a bidirectional encoder")
     if entry is None:
         return None, f"not run for this store ({hint})"
     path = store / entry["file"]

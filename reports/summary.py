@@ -101,14 +101,8 @@ def anti_alignment_sentence(anti) -> str | None:
 def decomposition_sentence(decomposition) -> str | None:
     if decomposition is None:
         return None
-    verdict = decomposition.attrs.get("verdict", "")
-    shares = decomposition["pooled_lmg_share"]
-    parts = []
-    for group in ("sink", "tail"):
-        s = shares.sel(group=group)
-        parts.append(f"{group} " + ", ".join(f"{p} {fmt(s.sel(part=p))}"
-                                             for p in s["part"].values))
-    return f"Decomposition: {verdict} Pooled LMG shares of Var(log|c|): {'; '.join(parts)}."
+    verdict = decomposition.attrs.get("verdict", "")              # names each pooled share
+    return f"Decomposition: {verdict}"
 
 
 def faithfulness_sentence(aopc: pd.DataFrame | None, table: pd.DataFrame | None,

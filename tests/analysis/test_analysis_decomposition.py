@@ -59,6 +59,9 @@ def test_known_shares_and_paper_pattern(planted):
     assert str(out["pooled_paper_pattern"].values) == "holds"
     assert bool(out["pooled_paper_pattern_holds"]) and out["paper_pattern_holds"].values.all()
     assert out.attrs["verdict"].startswith("As the paper expects")
+    sink = out["pooled_lmg_share"].sel(group="sink")            # each share in the sentence
+    for part in sink["part"].values:
+        assert f"{part} {float(sink.sel(part=part)):.2f}" in out.attrs["verdict"]
 
 
 def test_shares_equal_the_sample_covariance_of_the_raw_pairs(planted):

@@ -204,3 +204,13 @@ def test_sink_strips_are_the_store_values(compact_store):
     np.testing.assert_allclose(alpha[:n], a.mean(0)[:n], rtol=1e-5)
     np.testing.assert_allclose(contrib[:n], (a * v[:, None] * cos / norm).sum(0)[:n],
                                rtol=1e-4, atol=1e-6)
+
+
+def test_faithfulness_is_not_suggested_for_an_encoder(tmp_path):
+    from attngeom.reports.load import read_faithfulness
+
+    enc = {"config": {"model": {"causal": False, "spec": "minilm-l6"}}}
+    ds, why = read_faithfulness(tmp_path, enc, "faithfulness")
+    assert ds is None and "not applicable" in why and "attngeom faithfulness" not in why
+    dec = {"config": {"model": {"causal": True, "spec": "smollm2-135m"}}}
+    assert "attngeom faithfulness" in read_faithfulness(tmp_path, dec, "faithfulness")[1]
