@@ -228,22 +228,14 @@ def compute_retrying(model, prepared: Prepared, cfg: FaithConfig, removals: list
     The smaller size is kept for the rest of the run; at batch size 1 it raises MemoryError.
     Batch size does not shape the numbers (it is not part of the options hash).
     """
-    from .run import free_memory, is_out_of_memory
+    from .run import halved_batch
 
     while True:
         try:
             return compute_block(model, prepared, cfg, removals, pad_id, bar)
         except RuntimeError as exc:
-            if not is_out_of_memory(exc):
-                raise
-            free_memory()
-            size = cfg.batch_size
-            if size == 1:
-                raise MemoryError(f"out of memory on {cfg.device} at batch size 1; use a smaller "
-                                  "--max-length, fewer --layers or a larger device") from None
-            cfg.batch_size = size // 2
-            log(f"attngeom: out of memory on {cfg.device} at batch size {size}; "
-                f"redoing the block with batch size {cfg.batch_size}")
+            cfg.batch_size = halved_batch(exc, cfg.batch_size, cfg.device, log,
+                                          "redoing the block", "--max-length, fewer --layers")
 
 
 # ------------------------------------------------------------------------------------ run

@@ -241,20 +241,30 @@ def measure_batches(model, tokenized, cfg: ExtractConfig, opts: Options, pad_id:
         try:
             arrays = measure(model, batch, opts)
         except RuntimeError as exc:
-            if not is_out_of_memory(exc):
-                raise
-            free_memory()
-            if size == 1:
-                raise MemoryError(f"out of memory on {cfg.device} at batch size 1; use a smaller "
-                                  "--max-length, --dtype bfloat16 or a larger device") from None
-            cfg.batch_size = size // 2
-            log(f"attngeom: out of memory on {cfg.device} at batch size {size}; "
-                f"continuing with batch size {cfg.batch_size}")
+            cfg.batch_size = halved_batch(exc, size, cfg.device, log, "continuing",
+                                          "--max-length, --dtype bfloat16")
             continue
         if bar is not None:
             bar.update(len(rows))
         start += len(rows)
         yield arrays
+
+
+def halved_batch(exc: RuntimeError, size: int, device: str, log, doing: str,
+                 fix: str) -> int:
+    """The batch size to retry with after ``exc`` (re-raised unless it is out of memory).
+
+    Frees cached memory and logs; at batch size 1 raises MemoryError naming ``fix``.
+    """
+    if not is_out_of_memory(exc):
+        raise exc
+    free_memory()
+    if size == 1:
+        raise MemoryError(f"out of memory on {device} at batch size 1; use a smaller {fix} "
+                          "or a larger device") from None
+    log(f"attngeom: out of memory on {device} at batch size {size}; {doing} with batch size "
+        f"{size // 2}")
+    return size // 2
 
 
 def free_memory() -> None:
