@@ -35,6 +35,8 @@ class OneLineParser(argparse.ArgumentParser):
 
 
 MAX_MESSAGE = 600
+# HDF5 read errors of a damaged chunk (Fletcher-32 or gzip failure) met while computing
+DAMAGED = ("filter returned failure", "Can't synchronously read data", "checksum")
 # errors that describe the user's input or machine (one line), not a bug in attngeom
 USER_ERRORS: tuple[type[BaseException], ...] = (UserError, ValueError, OSError, LookupError,
                                                MemoryError)
@@ -87,6 +89,9 @@ def error_line(exc: BaseException) -> str:
     """One stderr line for an exception: the first line of its message, or its type."""
     text = " ".join(str(exc).split()) if str(exc).strip() else type(exc).__name__
     text = text if len(text) <= MAX_MESSAGE else text[: MAX_MESSAGE - 3] + "..."
+    if isinstance(exc, OSError) and any(m in text for m in DAMAGED):
+        return (f"attngeom: error: a store file is damaged ({text}); run `attngeom store "
+                "validate STORE` to find it, then re-extract or restore that shard")
     if isinstance(exc, USER_ERRORS):
         return f"attngeom: error: {text}"
     return (f"attngeom: internal error: {type(exc).__name__}: {text} "

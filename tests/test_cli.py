@@ -136,3 +136,13 @@ def test_smollm2_end_to_end(tmp_path):
             np.testing.assert_allclose(got[name].values, r[name], err_msg=f"{name} {layer}",
                                        **tol)
     assert ds["alpha"].values[:, -1, :, 5:, 0].mean() > 0.3      # a real sink, not noise
+
+
+def test_a_damaged_chunk_met_while_computing_points_to_validate():
+    from attngeom.cli import error_line
+
+    exc = OSError("Can't synchronously read data (filter returned failure during read)")
+    line = error_line(exc)
+    assert line.startswith("attngeom: error: a store file is damaged")
+    assert "attngeom store validate" in line and "\n" not in line
+    assert error_line(OSError("disk quota exceeded")) == "attngeom: error: disk quota exceeded"
