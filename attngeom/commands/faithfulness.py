@@ -162,8 +162,11 @@ def summarize(path) -> str:
         table = order_table(ds)
         cols = ["mode", "rank", "lower", "higher", "mean_improvement", "ci_low", "ci_high",
                 "p_holm", "holds", "note"]
-        lines += ["metric order (improvement > 0 means the step holds in the paper's direction):",
-                  table[cols].to_string(index=False)]
+        if table.empty:
+            lines.append("metric order: not tested (it needs two or more of the paper's metrics)")
+        else:
+            lines += ["metric order (improvement > 0 means the step holds in the paper's "
+                      "direction):", table[cols].to_string(index=False)]
         if "drift_cosine_low_before" in ds:
             d = drift_summary(ds)
             lines.append(f"semantic drift (sink values zeroed): mean {d.attrs['loss_variable']} "
