@@ -217,7 +217,7 @@ def generated() -> str:
     models = [m for m in MODELS if (ROOT[0] / m / "results").is_dir()]
     parts = ["### Claims against each model\n", claims_table(models), ""]
     parts += [order_details(m) for m in models]
-    parts.append("\n### Runtime (`timings.csv`, seconds, wall clock on 2 CPU cores; SmolLM2 shared with other jobs, Gemma and MiniLM on a quiet machine)\n")
+    parts.append("\n### Runtime (`timings.csv`, seconds, wall clock on a quiet 2-core machine)\n")
     for m in models:
         t = read(m, "timings")
         if t is not None:
