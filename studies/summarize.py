@@ -61,12 +61,17 @@ def _holds(t: pd.DataFrame) -> str:
     return f"{int(tested['holds'].sum())}/{len(tested)}"
 
 
-def faith_cell(model: str) -> str:
-    parts = []
+def order_tables(model: str):
+    """(label, order table, log-ratio order table or None) of each faithfulness run present."""
     for prefix, label in LM_RUNS:
         t, lg = read(model, f"{prefix}_order"), read(model, f"{prefix}_order_log")
-        if t is None:
-            continue
+        if t is not None:
+            yield label, t, lg
+
+
+def faith_cell(model: str) -> str:
+    parts = []
+    for label, t, lg in order_tables(model):
         extra = f" ({_holds(lg)} on log PPL ratio)" if lg is not None else ""
         parts.append(f"{label} (n={int(t['n'].max())}): {_holds(t)} distinct tested steps hold{extra}")
     return "; ".join(parts) or _missing(model)
@@ -195,10 +200,7 @@ def _verdict(r) -> str:
 
 def order_details(model: str) -> str:
     rows = []
-    for prefix, label in LM_RUNS:
-        t, lg = read(model, f"{prefix}_order"), read(model, f"{prefix}_order_log")
-        if t is None:
-            continue
+    for label, t, lg in order_tables(model):
         for i, r in enumerate(t.itertuples()):
             log = "" if lg is None else f"{f(lg['p_holm'].iloc[i], 3)}, {_verdict(lg.iloc[i])}"
             rows.append(f"| {label} | {r.mode} | {r.rank} | {SHORT[r.lower]}→{SHORT[r.higher]} | "

@@ -32,27 +32,24 @@ def texts(rel_dir) -> Path:
     return path
 
 
+def _small_store(tiny_model: Path, rel_dir: Path, name: str, **options) -> Path:
+    """Five texts (3, 9, 5, 1, 7 words; one cut at max_length 8) extracted in 3 shard files."""
+    from attngeom.extract.run import ExtractConfig, extract
+
+    data = write_texts(rel_dir / f"{name}.jsonl", (3, 9, 5, 1, 7))
+    store = rel_dir / f"{name}-store"
+    extract(str(tiny_model), str(data), store,
+            ExtractConfig(max_length=8, shard_size=2, batch_size=2, **options), progress=False)
+    return store
+
+
 @pytest.fixture(scope="session")
 def small_store(tiny_model, rel_dir) -> Path:
     """A valid compact store: tiny llama, 5 texts (one cut at max_length 8), 3 shard files."""
-    from attngeom.extract.run import ExtractConfig, extract
-
-    data = write_texts(rel_dir / "small.jsonl", (3, 9, 5, 1, 7))
-    store = rel_dir / "small-store"
-    extract(str(tiny_model), str(data), store,
-            ExtractConfig(mode="compact", sink_k=1, tail_w=3, max_length=8, shard_size=2,
-                          batch_size=2), progress=False)
-    return store
+    return _small_store(tiny_model, rel_dir, "small", mode="compact", sink_k=1, tail_w=3)
 
 
 @pytest.fixture(scope="session")
 def small_dense_store(tiny_model, rel_dir) -> Path:
     """The small store's texts in the dense layout (every query x key pair kept)."""
-    from attngeom.extract.run import ExtractConfig, extract
-
-    data = write_texts(rel_dir / "small-dense.jsonl", (3, 9, 5, 1, 7))
-    store = rel_dir / "small-dense-store"
-    extract(str(tiny_model), str(data), store,
-            ExtractConfig(mode="dense", max_length=8, shard_size=2, batch_size=2),
-            progress=False)
-    return store
+    return _small_store(tiny_model, rel_dir, "small-dense", mode="dense")
