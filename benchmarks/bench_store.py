@@ -41,8 +41,8 @@ def build(mode: str, model_spec: str):
     texts = load_texts("builtin", limit=n)
     loaded = load(model_spec)
     manifest = new_manifest(store_config(loaded.info, texts, cfg, n), n, {})
-    ds = extract_shard(loaded, texts.texts, 0, cfg, Options(mode), manifest,
-                       tqdm(disable=True))
+    ds, _ = extract_shard(loaded, texts.texts, 0, cfg, Options(mode), manifest,
+                          tqdm(disable=True))
     return ds, int(ds["length"].sum()), loaded.info["spec"]
 
 

@@ -7,6 +7,7 @@ command skips recorded shards whose file and checksum are intact.
 
 from __future__ import annotations
 
+import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from tqdm.auto import tqdm
 
 from attngeom import __version__
 from attngeom.store import schema as S
+from attngeom.store.chunks import ChunkEncoder
 from attngeom.store.manifest import (StoreError, config_difference, file_sha256,
                                      new_manifest, read_manifest, write_manifest)
 from attngeom.store.distributed import check_part, parse_shard, part_record
@@ -168,9 +170,10 @@ def extract(model: str, data: str, out: str | Path, cfg: ExtractConfig | None = 
         if start in done or (chosen is not None and index not in chosen):
             continue
         stop = min(n, start + shard_size)
-        ds = extract_shard(loaded, texts.texts[start:stop], start, cfg, opts, manifest, bar)
+        ds, encoded = extract_shard(loaded, texts.texts[start:stop], start, cfg, opts,
+                                    manifest, bar)
         name = shard_name(index)
-        write_shard(ds, out / name)
+        write_shard(ds, out / name, encoded)
         manifest["shards"].append({"file": name, "sequences": [start, stop],
                                    "sha256": file_sha256(out / name),
                                    "truncated": int(ds["truncated"].sum()),
@@ -187,16 +190,25 @@ def extract(model: str, data: str, out: str | Path, cfg: ExtractConfig | None = 
 
 
 def extract_shard(loaded, texts: list[str], start: int, cfg: ExtractConfig, opts: Options,
-                  manifest: dict, bar) -> "xarray.Dataset":
-    """Measure one block of texts and assemble it as a shard Dataset."""
+                  manifest: dict, bar) -> tuple["xarray.Dataset", dict]:
+    """Measure one block of texts; return it as a shard Dataset and its measured variables
+    already compressed (for :func:`attngeom.store.shards.write_shard`)."""
     tok = loaded.tokenizer
     tokenized = tokenize_texts(tok, texts, cfg.max_length)
     T = cfg.max_length
     parts: list[dict[str, np.ndarray]] = []
     stored = set(S.variables_for(cfg.mode))
-    for arrays in measure_batches(loaded.model, tokenized, cfg, opts, pad_token_id(tok), bar):
-        parts.append({k: _pad_tokens(k, v, T, cfg.mode) for k, v in arrays.items()
-                      if k in stored})
+    workers, overlap = encode_workers(cfg.device)
+    encoder = ChunkEncoder(min(cfg.batch_size, len(texts)), workers, overlap)
+    try:
+        for arrays in measure_batches(loaded.model, tokenized, cfg, opts, pad_token_id(tok),
+                                      bar):
+            parts.append({k: _pad_tokens(k, v, T, cfg.mode) for k, v in arrays.items()
+                          if k in stored})
+            encoder.add(parts[-1])             # compressed while the next batch is measured
+        encoded = encoder.finish()
+    finally:
+        encoder.close()
     arrays = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
     lengths = np.array([len(ids) for ids in tokenized.ids])
     token_ids = np.full((len(texts), T), -1, dtype=np.int32)
@@ -214,7 +226,24 @@ def extract_shard(loaded, texts: list[str], start: int, cfg: ExtractConfig, opts
                      tokens, T, cfg.mode, shard_attrs(manifest))
     ds["special"] = ((S.SEQUENCE, S.POSITION), special,
                      {"description": S.DESCRIPTIONS["special"]})
-    return ds
+    return ds, encoded
+
+
+def encode_workers(device: str) -> tuple[int, bool]:
+    """Threads compressing shard chunks, and whether they run while the model measures.
+
+    On a GPU, or on a CPU with cores that torch leaves idle, chunks are compressed while the
+    next batch is measured; when torch's threads use every core, they are compressed after
+    the shard's last batch instead (by every core), so measuring is not slowed.
+    """
+    import torch
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    cores = cores or 1
+    if not str(device).startswith("cpu"):
+        return max(1, min(4, cores - 1)), True
+    spare = cores - torch.get_num_threads()
+    return (min(4, spare), True) if spare >= 1 else (min(8, cores), False)
 
 
 def is_out_of_memory(exc: BaseException) -> bool:

@@ -7,6 +7,7 @@ fsynced and renamed, so a file with the final name is always complete.
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 
@@ -14,10 +15,10 @@ import numpy as np
 import xarray as xr
 
 from . import schema as S
+from .chunks import LEVEL, Encoded, chunk_rows
 from .manifest import atomic_write_bytes, write_error
 
 SHARD_DIR = "shards"
-CHUNK_BYTES = 8 * 1024 * 1024
 
 
 def shard_name(index: int) -> str:
@@ -79,10 +80,12 @@ def build_shard(arrays: dict[str, np.ndarray], sequences: np.ndarray, token_ids:
     return xr.Dataset(data, coords=coords, attrs=attrs)
 
 
-def encoding(ds: xr.Dataset) -> dict[str, dict]:
+def encoding(ds: xr.Dataset, rows: int | None = None) -> dict[str, dict]:
     """gzip + shuffle + Fletcher-32 checksums, chunks of one layer and ~8 MiB of sequences.
 
-    gzip level 1: level 4 wrote 1.15x slower for 1.2% fewer bytes (benchmarks/RESULTS.md).
+    ``rows`` caps the sequences per chunk (extraction uses its batch size, so that chunks
+    are complete after each batch). gzip level 1: level 4 wrote 1.15x slower for 1.2% fewer
+    bytes (benchmarks/RESULTS.md).
     """
     enc = {}
     for name, var in ds.data_vars.items():
@@ -92,8 +95,8 @@ def encoding(ds: xr.Dataset) -> dict[str, dict]:
         if S.LAYER in var.dims:
             shape[var.dims.index(S.LAYER)] = 1
         per_seq = int(np.prod(shape[1:])) * var.dtype.itemsize
-        shape[0] = max(1, min(shape[0], CHUNK_BYTES // max(per_seq, 1)))
-        enc[name] = {"zlib": True, "complevel": 1, "shuffle": True, "chunksizes": tuple(shape),
+        shape[0] = chunk_rows(per_seq, min(shape[0], rows or shape[0]))
+        enc[name] = {"zlib": True, "complevel": LEVEL, "shuffle": True, "chunksizes": tuple(shape),
                      "fletcher32": True}       # a damaged chunk fails to read, never misreads
         if var.dtype.kind == "f":
             enc[name]["_FillValue"] = np.float32(np.nan)
@@ -108,18 +111,54 @@ def write_netcdf_atomic(ds: xr.Dataset, path: str | Path, enc: dict | None = Non
     StoreWriteError naming ``path`` and leaves nothing behind. (HDF5 writing straight to a
     full disk can crash the process when the half-written file is closed.)
     """
+    _write_file(path, ds.to_netcdf(None, engine="h5netcdf", encoding=enc or {},
+                                   invalid_netcdf=False))
+
+
+def _write_file(path: str | Path, data: bytes) -> None:
     path = Path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise write_error(path.parent, exc) from exc
-    data = ds.to_netcdf(None, engine="h5netcdf", encoding=enc or {}, invalid_netcdf=False)
     atomic_write_bytes(path, data)
 
 
-def write_shard(ds: xr.Dataset, path: str | Path) -> None:
-    """Write a shard atomically with the store's compression and chunking."""
-    write_netcdf_atomic(ds, path, encoding(ds))
+def write_shard(ds: xr.Dataset, path: str | Path,
+                encoded: dict[str, Encoded] | None = None) -> None:
+    """Write a shard atomically with the store's compression and chunking.
+
+    ``encoded``: variables of ``ds`` whose chunks are already compressed
+    (:class:`attngeom.store.chunks.ChunkEncoder`); they are stored as they are.
+    """
+    if not encoded:
+        write_netcdf_atomic(ds, path, encoding(ds))
+        return
+    import h5netcdf
+
+    rest = ds.drop_vars(list(encoded))
+    data = rest.to_netcdf(None, engine="h5netcdf", encoding=encoding(rest), invalid_netcdf=False)
+    buffer = io.BytesIO(data)
+    with h5netcdf.File(buffer, "r+") as f:
+        for name, enc in encoded.items():
+            _put_encoded(f, ds, name, enc)
+    _write_file(path, buffer.getvalue())
+
+
+def _put_encoded(f, ds: xr.Dataset, name: str, enc: Encoded) -> None:
+    """Create ``name`` in the open h5netcdf file and store its compressed chunks."""
+    var = ds[name]
+    if tuple(var.shape) != enc.shape or var.dtype != np.float32:
+        raise ValueError(f"encoded '{name}' is {enc.shape}, the shard's {var.shape}")
+    for dim in var.dims:                             # a dim only the encoded variables use
+        if dim not in f.dimensions:
+            f.dimensions[dim] = ds.sizes[dim]
+    h5 = f.create_variable(name, var.dims, np.float32, chunks=enc.chunks, compression="gzip",
+                           compression_opts=LEVEL, shuffle=True, fletcher32=True,
+                           fillvalue=np.float32(np.nan))
+    h5.attrs.update(var.attrs)
+    for offset, blob in enc.blobs.items():
+        h5._h5ds.id.write_direct_chunk(offset, blob)
 
 
 def remove_temporaries(store: str | Path) -> int:

@@ -75,10 +75,10 @@ def _count_writes(monkeypatch, fail_after: int | None = None) -> list[str]:
     written: list[str] = []
     real = run_module.write_shard
 
-    def write(ds, path):
+    def write(ds, path, encoded=None):
         if fail_after is not None and len(written) >= fail_after:
             raise RuntimeError("simulated crash while writing a shard")
-        real(ds, path)
+        real(ds, path, encoded)
         written.append(Path(path).name)
 
     monkeypatch.setattr(run_module, "write_shard", write)

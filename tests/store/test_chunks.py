@@ -1,0 +1,137 @@
+"""Chunks compressed outside HDF5 (store/chunks.py) against HDF5's own filter pipeline."""
+
+from __future__ import annotations
+
+import io
+
+import h5py
+import numpy as np
+import pytest
+import xarray as xr
+
+from attngeom.store.chunks import ChunkEncoder, encode_chunk, fletcher32
+from attngeom.store.shards import encoding, write_netcdf_atomic, write_shard
+
+
+def fletcher32_loop(data: bytes) -> int:
+    """HDF5's H5_checksum_fletcher32 transcribed word by word (the reference)."""
+    n, s1, s2, i = len(data) // 2, 0, 0, 0
+    while n:
+        t = min(n, 360)
+        n -= t
+        for _ in range(t):
+            s1 += (data[i] << 8) | data[i + 1]
+            s2 += s1
+            i += 2
+        s1, s2 = (s1 & 0xFFFF) + (s1 >> 16), (s2 & 0xFFFF) + (s2 >> 16)
+    if len(data) % 2:
+        s1 += data[i] << 8
+        s2 += s1
+        s1, s2 = (s1 & 0xFFFF) + (s1 >> 16), (s2 & 0xFFFF) + (s2 >> 16)
+    s1, s2 = (s1 & 0xFFFF) + (s1 >> 16), (s2 & 0xFFFF) + (s2 >> 16)
+    return (s2 << 16) | s1
+
+
+@pytest.mark.parametrize("data", [b"", b"\x01", b"ab", b"\xff" * 721, b"\xff" * 65536,
+                                  bytes(range(256)) * 9 + b"\x07", b"\x00" * 1000])
+def test_fletcher32_edge_cases_match_the_c_loop(data):
+    assert fletcher32(data) == fletcher32_loop(data)
+
+
+def test_fletcher32_random_lengths_match_the_c_loop():
+    rng = np.random.default_rng(0)
+    for n in rng.integers(1, 5000, size=25):
+        data = rng.integers(0, 256, size=n, dtype=np.uint8).tobytes()
+        assert fletcher32(data) == fletcher32_loop(data)
+
+
+def _hdf5_chunks(x: np.ndarray, chunks: tuple[int, ...]) -> dict:
+    """Chunk offset -> bytes as HDF5 itself stores ``x`` with shuffle+gzip 1+Fletcher-32."""
+    buf = io.BytesIO()
+    with h5py.File(buf, "w") as f:
+        d = f.create_dataset("x", data=x, chunks=chunks, shuffle=True, compression="gzip",
+                             compression_opts=1, fletcher32=True, fillvalue=np.float32(np.nan))
+        out = {}
+        for i in range(d.id.get_num_chunks()):
+            offset = d.id.get_chunk_info(i).chunk_offset
+            out[offset] = d.id.read_direct_chunk(offset)[1]
+    return out
+
+
+@pytest.mark.parametrize("kind", ["normal", "nan_padded", "zeros", "constant"])
+def test_encode_chunk_is_byte_identical_to_hdf5(kind):
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((3, 2, 5, 37)).astype(np.float32)
+    if kind == "nan_padded":
+        x[..., 20:] = np.nan
+    elif kind == "zeros":
+        x[:] = 0
+    elif kind == "constant":
+        x[:] = 1.5
+    hdf5 = _hdf5_chunks(x, (3, 1, 5, 37))
+    for layer in range(2):
+        assert encode_chunk(x[:, layer:layer + 1]) == hdf5[(0, layer, 0, 0)]
+
+
+def _shard(rng, n=7, layers=3, heads=2, T=50, w=4) -> xr.Dataset:
+    tail = rng.standard_normal((n, layers, heads, T, w)).astype(np.float32)
+    tail[:, :, :, 40:] = np.nan
+    norm = rng.standard_normal((n, layers, heads, T)).astype(np.float32)
+    return xr.Dataset(
+        {"tail_alpha": (("sequence", "layer", "head", "query", "lag"), tail, {"description": "a"}),
+         "value_norm": (("sequence", "layer", "head", "position"), norm, {"description": "b"}),
+         "length": (("sequence",), np.arange(n, dtype=np.int32))},
+        coords={"sequence": np.arange(n), "layer": np.arange(layers), "head": np.arange(heads),
+                "query": np.arange(T), "position": np.arange(T)}, attrs={"model": "m"})
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+@pytest.mark.parametrize("batches", [[2, 3, 2], [7], [1] * 7])
+def test_encoded_shard_equals_hdf5_written_shard(tmp_path, overlap, batches):
+    ds = _shard(np.random.default_rng(2))
+    enc = ChunkEncoder(rows=3, workers=2, overlap=overlap)
+    start = 0
+    for b in batches:
+        enc.add({n: ds[n].values[start:start + b] for n in ("tail_alpha", "value_norm")})
+        start += b
+    write_shard(ds, tmp_path / "new.nc", enc.finish())
+    write_netcdf_atomic(ds, tmp_path / "old.nc", encoding(ds, rows=3))
+    with xr.open_dataset(tmp_path / "new.nc") as new, xr.open_dataset(tmp_path / "old.nc") as old:
+        assert new.identical(old)
+    with h5py.File(tmp_path / "new.nc") as f, h5py.File(tmp_path / "old.nc") as g:
+        for name in ("tail_alpha", "value_norm"):
+            a, b = f[name], g[name]
+            assert (a.chunks, a.compression, a.shuffle, a.fletcher32) == \
+                   (b.chunks, "gzip", True, True)
+            assert a.id.get_num_chunks() == b.id.get_num_chunks() == 3 * 3
+            for i in range(a.id.get_num_chunks()):
+                offset = a.id.get_chunk_info(i).chunk_offset
+                if offset[0] + 3 <= 7:              # edge chunks: padding beyond the data differs
+                    assert a.id.read_direct_chunk(offset) == b.id.read_direct_chunk(offset)
+
+
+def test_encoded_shard_reads_with_netcdf_c(tmp_path):
+    netCDF4 = pytest.importorskip("netCDF4")
+    ds = _shard(np.random.default_rng(3))
+    enc = ChunkEncoder(rows=2, workers=1)
+    enc.add({"tail_alpha": ds["tail_alpha"].values})
+    write_shard(ds, tmp_path / "s.nc", enc.finish())
+    with netCDF4.Dataset(tmp_path / "s.nc") as nc:
+        got = np.ma.filled(nc["tail_alpha"][:], np.nan)
+        assert nc["tail_alpha"].filters()["fletcher32"]
+    np.testing.assert_array_equal(got, ds["tail_alpha"].values)
+
+
+def test_damaged_encoded_chunk_fails_to_read(tmp_path):
+    ds = _shard(np.random.default_rng(4))
+    enc = ChunkEncoder(rows=7, workers=1)
+    enc.add({"value_norm": ds["value_norm"].values})
+    encoded = enc.finish()
+    blob = bytearray(encoded["value_norm"].blobs[(0, 1, 0, 0)])
+    blob[len(blob) // 2] ^= 0x01
+    encoded["value_norm"].blobs[(0, 1, 0, 0)] = bytes(blob)
+    write_shard(ds, tmp_path / "s.nc", encoded)
+    with h5py.File(tmp_path / "s.nc") as f:
+        f["value_norm"][:, 0]                            # undamaged layer reads
+        with pytest.raises(OSError):
+            f["value_norm"][:, 1]
