@@ -179,8 +179,8 @@ def load(spec: str, device: str = "cpu", dtype: str = "float32",
     hf_logging.disable_progress_bar()
     where, gguf = resolve(spec)
     if gguf:
-        model, tok, _ = _gguf_cached(Path(where), gguf, torch_dtype, trust_remote_code)
-        revision = _file_digest(Path(where) / gguf)
+        model, tok, cached = _gguf_cached(Path(where), gguf, torch_dtype, trust_remote_code)
+        revision = _source_digest(Path(where) / gguf, cached)
     else:
         config = AutoConfig.from_pretrained(where, trust_remote_code=trust_remote_code)
         if config.model_type not in FINDERS:
@@ -194,6 +194,27 @@ def load(spec: str, device: str = "cpu", dtype: str = "float32",
     model = model.to(device).eval()
     attention_layers(model)                      # fails early on an unsupported architecture
     return Loaded(model, tok, model_info(spec, model, tok, revision, dtype))
+
+
+def _source_digest(path: Path, cached: Path) -> str:
+    """sha256 of a GGUF file, remembered beside its converted copy while size and mtime hold."""
+    st = path.stat()
+    key = {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
+    note = cached / "attngeom-source.json"
+    try:
+        saved = json.loads(note.read_text(encoding="utf-8"))
+        if {k: saved.get(k) for k in key} == key and isinstance(saved.get("sha256"), str):
+            return saved["sha256"]
+    except (OSError, ValueError, AttributeError):
+        pass
+    digest = _file_digest(path)
+    try:
+        tmp = note.with_name(f".{note.name}.tmp-{os.getpid()}")
+        tmp.write_text(json.dumps({**key, "sha256": digest}), encoding="utf-8")
+        os.replace(tmp, note)
+    except OSError:                                  # a read-only cache still loads
+        pass
+    return digest
 
 
 def _file_digest(path: Path) -> str:

@@ -129,7 +129,7 @@ def finished(out: Path, manifest: dict) -> set[int]:
 
 def extract(model: str, data: str, out: str | Path, cfg: ExtractConfig | None = None,
             trust_remote_code: bool = False, progress: bool = True,
-            shard: str | tuple[int, int] | None = None) -> dict:
+            shard: str | tuple[int, int] | None = None, texts=None) -> dict:
     """Extract ``data`` through ``model`` into the store ``out``; return the manifest.
 
     ``shard="I/N"`` extracts only part I (0-based) of N: a contiguous block of whole shard
@@ -142,7 +142,8 @@ def extract(model: str, data: str, out: str | Path, cfg: ExtractConfig | None = 
     cfg.check()
     shard = parse_shard(shard) if shard is not None else None
     out = Path(out)
-    texts = load_texts(data, text_field=cfg.text_field, limit=cfg.limit)
+    if texts is None:                     # the command line passes the texts it checked
+        texts = load_texts(data, text_field=cfg.text_field, limit=cfg.limit)
     if not texts.texts:
         raise ValueError(f"data '{data}' has no non-empty texts")
     loaded = load(model, device=cfg.device, dtype=cfg.dtype, trust_remote_code=trust_remote_code)
@@ -198,8 +199,7 @@ def extract_shard(loaded, texts: list[str], start: int, cfg: ExtractConfig, opts
     T = cfg.max_length
     parts: list[dict[str, np.ndarray]] = []
     stored = set(S.variables_for(cfg.mode))
-    workers, overlap = encode_workers(cfg.device)
-    encoder = ChunkEncoder(min(cfg.batch_size, len(texts)), workers, overlap)
+    encoder = ChunkEncoder(min(cfg.batch_size, len(texts)), *encode_workers(cfg.device))
     try:
         for arrays in measure_batches(loaded.model, tokenized, cfg, opts, pad_token_id(tok),
                                       bar):
@@ -229,21 +229,21 @@ def extract_shard(loaded, texts: list[str], start: int, cfg: ExtractConfig, opts
     return ds, encoded
 
 
-def encode_workers(device: str) -> tuple[int, bool]:
-    """Threads compressing shard chunks, and whether they run while the model measures.
+def encode_workers(device: str) -> tuple[int, int]:
+    """Threads compressing shard chunks while the model measures, and after its last batch.
 
-    On a GPU, or on a CPU with cores that torch leaves idle, chunks are compressed while the
-    next batch is measured; when torch's threads use every core, they are compressed after
-    the shard's last batch instead (by every core), so measuring is not slowed.
+    On a GPU, or on a CPU with cores that torch's threads leave idle, chunks are compressed
+    while the next batch is measured; when torch uses every core, only after the shard's
+    last batch, so that measuring is not slowed. After it, every core (at most 8).
     """
     import torch
 
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     cores = cores or 1
+    after = min(8, cores)
     if not str(device).startswith("cpu"):
-        return max(1, min(4, cores - 1)), True
-    spare = cores - torch.get_num_threads()
-    return (min(4, spare), True) if spare >= 1 else (min(8, cores), False)
+        return max(1, min(4, cores - 1)), after
+    return max(0, min(4, cores - torch.get_num_threads())), after
 
 
 def is_out_of_memory(exc: BaseException) -> bool:

@@ -11,6 +11,7 @@ verifies the checksums.
 
 from __future__ import annotations
 
+import threading
 import zlib
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -77,19 +78,27 @@ class ChunkEncoder:
     """Compresses float32 (sequence, layer, ...) variables chunk by chunk as rows arrive.
 
     Chunks hold ``chunk_rows`` sequences (``rows`` must not exceed the shard's sequences:
-    HDF5 chunks are not larger than the variable) and one layer. ``add`` takes the next rows of every
-    variable and hands each complete chunk to a worker thread (``overlap=False``: only at
-    ``finish``, when no core is spare during measuring); ``finish`` encodes the rest,
-    padding the last row block as HDF5 pads edge chunks, and returns name -> Encoded.
+    HDF5 chunks are not larger than the variable) and one layer. ``add`` takes the next rows
+    of every variable and hands each complete chunk to the workers, at most ``during`` at a
+    time (0: none until ``finish``, when measuring leaves no core spare); ``finish`` lets
+    ``after`` work at once, encodes the rest, padding the last row block as HDF5 pads edge
+    chunks, and returns name -> Encoded.
     """
 
-    def __init__(self, rows: int, workers: int, overlap: bool = True, level: int = LEVEL):
-        self.rows, self.overlap, self.level = max(1, rows), overlap, level
-        self.pool = ThreadPoolExecutor(max(1, workers), thread_name_prefix="attngeom-chunks")
+    def __init__(self, rows: int, during: int, after: int, level: int = LEVEL):
+        self.rows, self.overlap, self.level = max(1, rows), during > 0, level
+        self.extra = max(after, during, 1) - max(during, 1)
+        self.gate = threading.Semaphore(max(during, 1))
+        self.pool = ThreadPoolExecutor(max(after, during, 1),
+                                       thread_name_prefix="attngeom-chunks")
         self.pending: dict[str, list[np.ndarray]] = {}
         self.done_rows: dict[str, int] = {}
         self.futures: dict[str, dict[tuple[int, ...], Future]] = {}
         self.chunks: dict[str, tuple[int, ...]] = {}
+
+    def _encode(self, block: np.ndarray) -> bytes:
+        with self.gate:
+            return encode_chunk(block, self.level)
 
     def add(self, arrays: dict[str, np.ndarray]) -> None:
         """The next rows (b, L, ...) of each variable, in sequence order."""
@@ -119,13 +128,16 @@ class ChunkEncoder:
             for layer in range(x.shape[1]):
                 offset = (row0, layer) + (0,) * (x.ndim - 2)
                 self.futures[name][offset] = self.pool.submit(
-                    encode_chunk, block[:, layer:layer + 1], self.level)
+                    self._encode, block[:, layer:layer + 1])
         self.done_rows[name] += whole
         self.pending[name] = [x[whole:]] if whole < have else []
 
     def finish(self) -> dict[str, Encoded]:
         """Encode what is left, wait for every chunk, and return the variables."""
         try:
+            for _ in range(self.extra):             # measuring is over: every worker may run
+                self.gate.release()
+            self.extra = 0
             for name in self.chunks:
                 self._submit(name, final=True)
             out = {}

@@ -88,6 +88,6 @@ def run(args) -> int:
                         shard_size=args.shard_size, store_text=not args.no_text,
                         batch_size=args.batch_size, device=args.device, dtype=args.dtype)
     extract(args.model, args.data, args.out, cfg, trust_remote_code=args.trust_remote_code,
-            progress=not args.quiet, shard=args.shard)
+            progress=not args.quiet, shard=args.shard, texts=texts)
     print(summary(args.out))
     return 0

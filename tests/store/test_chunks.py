@@ -85,15 +85,16 @@ def _shard(rng, n=7, layers=3, heads=2, T=50, w=4) -> xr.Dataset:
                 "query": np.arange(T), "position": np.arange(T)}, attrs={"model": "m"})
 
 
-@pytest.mark.parametrize("overlap", [True, False])
+@pytest.mark.parametrize("during", [0, 1, 2])
 @pytest.mark.parametrize("batches", [[2, 3, 2], [7], [1] * 7])
-def test_encoded_shard_equals_hdf5_written_shard(tmp_path, overlap, batches):
+def test_encoded_shard_equals_hdf5_written_shard(tmp_path, during, batches):
     ds = _shard(np.random.default_rng(2))
-    enc = ChunkEncoder(rows=3, workers=2, overlap=overlap)
+    enc = ChunkEncoder(rows=3, during=during, after=3)
     start = 0
     for b in batches:
         enc.add({n: ds[n].values[start:start + b] for n in ("tail_alpha", "value_norm")})
         start += b
+        assert bool(enc.futures["tail_alpha"]) == (during > 0 and start >= 3)
     write_shard(ds, tmp_path / "new.nc", enc.finish())
     write_netcdf_atomic(ds, tmp_path / "old.nc", encoding(ds, rows=3))
     with xr.open_dataset(tmp_path / "new.nc") as new, xr.open_dataset(tmp_path / "old.nc") as old:
@@ -113,7 +114,7 @@ def test_encoded_shard_equals_hdf5_written_shard(tmp_path, overlap, batches):
 def test_encoded_shard_reads_with_netcdf_c(tmp_path):
     netCDF4 = pytest.importorskip("netCDF4")
     ds = _shard(np.random.default_rng(3))
-    enc = ChunkEncoder(rows=2, workers=1)
+    enc = ChunkEncoder(rows=2, during=1, after=1)
     enc.add({"tail_alpha": ds["tail_alpha"].values})
     write_shard(ds, tmp_path / "s.nc", enc.finish())
     with netCDF4.Dataset(tmp_path / "s.nc") as nc:
@@ -124,7 +125,7 @@ def test_encoded_shard_reads_with_netcdf_c(tmp_path):
 
 def test_damaged_encoded_chunk_fails_to_read(tmp_path):
     ds = _shard(np.random.default_rng(4))
-    enc = ChunkEncoder(rows=7, workers=1)
+    enc = ChunkEncoder(rows=7, during=0, after=2)
     enc.add({"value_norm": ds["value_norm"].values})
     encoded = enc.finish()
     blob = bytearray(encoded["value_norm"].blobs[(0, 1, 0, 0)])
