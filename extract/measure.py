@@ -125,22 +125,29 @@ def split_attention(q: Tensor, k: Tensor, v: Tensor, masks: Masks,
     kk, T = masks.sink_ok.shape[-1], q.shape[2]
     none = ~(masks.rest | masks.sink_ok.any(-1))      # no allowed key at all (padding query)
     rest = masks.rest | none
+    lse_r = q.new_empty(q.shape[:3], dtype=torch.float32)                 # (B, H, T)
+    z_r = q.new_empty(q.shape, dtype=torch.float32)                       # (B, H, T, dh)
     if kk >= T:                                       # every key is a sink key
-        z_r, lse_r = torch.zeros_like(q), q.new_zeros(q.shape[:3])
+        z_r.zero_()
     elif masks.bias is None:                          # causal, no padding: queries i >= k
-        z_r, lse_r = fused_attention(q[:, :, kk:], k[:, :, kk:], v[:, :, kk:], None, scale)
-        z_r = torch.cat([z_r.new_zeros(*z_r.shape[:2], kk, z_r.shape[-1]), z_r], 2)
-        lse_r = torch.cat([lse_r.new_zeros(*lse_r.shape[:2], kk), lse_r], 2)
+        z, lse = fused_attention(q[:, :, kk:], k[:, :, kk:], v[:, :, kk:], None, scale)
+        z_r[:, :, :kk], z_r[:, :, kk:], lse_r[:, :, kk:] = 0.0, z, lse
     else:
-        z_r, lse_r = fused_attention(q, k[:, :, kk:], v[:, :, kk:], masks.bias[..., kk:], scale)
-    lse_r = lse_r.float().masked_fill(~rest, float("-inf"))
+        z, lse = fused_attention(q, k[:, :, kk:], v[:, :, kk:], masks.bias[..., kk:], scale)
+        z_r.copy_(z), lse_r.copy_(lse)
+    lse_r.masked_fill_(~rest, float("-inf"))
     logits = (q.float() @ k[:, :, :kk].float().transpose(-1, -2)) * scale  # (B, H, T, k)
     logits = logits.masked_fill(~masks.sink_ok, float("-inf"))
     lse = torch.logaddexp(lse_r, torch.logsumexp(logits, -1))            # (B, H, T)
     sink_alpha = torch.exp(logits - lse[..., None])
-    r = torch.exp(lse_r - lse)[..., None] * z_r.float()
-    z = r + sink_alpha @ v[:, :, :kk].float() if kk else r
-    return z, lse, sink_alpha, r.masked_fill(~masks.rest[..., None], 0.0)
+    r = z_r.mul_(torch.exp(lse_r - lse)[..., None])
+    v_sink = v[:, :, :kk].float()                                        # (B, H, k, dh)
+    if kk == 1:                                       # z = r + alpha_i0 v_0, one fused pass
+        z = torch.addcmul(r, sink_alpha, v_sink)
+    else:
+        z = torch.baddbmm(r.flatten(0, 1), sink_alpha.flatten(0, 1),
+                          v_sink.flatten(0, 1)).view_as(r) if kk else r.clone()
+    return z, lse, sink_alpha, r.masked_fill_(~masks.rest[..., None], 0.0)
 
 
 def _per_token_out(tok: dict[str, Tensor], masks: Masks) -> dict[str, Tensor]:
