@@ -8,7 +8,7 @@ command skips recorded shards whose file and checksum are intact.
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np

@@ -2,7 +2,9 @@
 
 Every shard holds the same dims padded to the store's ``max_length``, float32 with gzip and
 shuffle, chunked by sequence block and layer. A shard is written to a temporary name,
-fsynced and renamed, so a file with the final name is always complete.
+fsynced and renamed, so a file with the final name is always complete. Extraction hands
+its measured variables over already compressed (:mod:`attngeom.store.chunks`: the same
+bytes HDF5 would write, made in worker threads while the next batch is measured).
 """
 
 from __future__ import annotations
