@@ -117,7 +117,7 @@ def write_netcdf_atomic(ds: xr.Dataset, path: str | Path, enc: dict | None = Non
                                    invalid_netcdf=False))
 
 
-def _write_file(path: str | Path, data: bytes) -> None:
+def _write_file(path: str | Path, data: bytes | memoryview) -> None:
     path = Path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -144,7 +144,8 @@ def write_shard(ds: xr.Dataset, path: str | Path,
     with h5netcdf.File(buffer, "r+") as f:
         for name, enc in encoded.items():
             _put_encoded(f, ds, name, enc)
-    _write_file(path, buffer.getvalue())
+    with buffer.getbuffer() as view:                 # no copy of the file's bytes
+        _write_file(path, view)
 
 
 def _put_encoded(f, ds: xr.Dataset, name: str, enc: Encoded) -> None:
@@ -159,7 +160,8 @@ def _put_encoded(f, ds: xr.Dataset, name: str, enc: Encoded) -> None:
                            compression_opts=LEVEL, shuffle=True, fletcher32=True,
                            fillvalue=np.float32(np.nan))
     h5.attrs.update(var.attrs)
-    for offset, blob in enc.blobs.items():
+    while enc.blobs:                                 # each chunk's bytes freed once stored
+        offset, blob = enc.blobs.popitem()
         h5._h5ds.id.write_direct_chunk(offset, blob)
 
 

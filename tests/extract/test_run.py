@@ -207,3 +207,43 @@ def test_bad_options_refused(inputs, tmp_path):
             _run(model, data, tmp_path / "out", **change)
     assert not (tmp_path / "out").exists()
     np.testing.assert_equal(len(list(tmp_path.iterdir())), 0)
+
+
+@pytest.mark.parametrize("device, cores, threads, expected", [
+    ("cpu", 2, 1, (1, 2)),          # one core left free: compress while measuring
+    ("cpu", 2, 2, (0, 2)),          # torch uses every core: only after the last batch
+    ("cpu", 16, 4, (4, 8)),
+    ("cuda", 16, 16, (4, 8)),       # a GPU measures: the CPU is free
+    ("cuda", 1, 1, (1, 1)),
+])
+def test_encode_workers_leave_torchs_cores_alone(monkeypatch, device, cores, threads, expected):
+    import torch
+
+    monkeypatch.setattr(run_module.os, "sched_getaffinity", lambda pid: set(range(cores)),
+                        raising=False)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
+    assert run_module.encode_workers(device) == expected
+
+
+def test_shard_written_from_encoded_chunks_equals_hdf5s_own(inputs, tmp_path):
+    """The store's shards hold exactly what HDF5's own filters give for the same arrays."""
+    _, _, clean = inputs
+    from attngeom.store.shards import encoding, write_netcdf_atomic
+
+    path = sorted((clean / "shards").glob("*.nc"))[0]
+    import xarray as xr
+
+    with xr.open_dataset(path, engine="h5netcdf") as ds:
+        ds = ds.load()
+    for var in ds.variables.values():
+        var.encoding = {}
+    with h5py.File(path) as f:
+        rows = f["tail_alpha"].chunks[0]
+    write_netcdf_atomic(ds, tmp_path / "again.nc", encoding(ds, rows=rows))
+    with h5py.File(path) as f, h5py.File(tmp_path / "again.nc") as g:
+        for name in ("alpha", "tail_alpha", "value_norm", "layer_output_norm"):
+            a, b = f[name], g[name]
+            assert a.chunks == b.chunks and a.fletcher32 and a.compression == "gzip"
+            for i in range(a.id.get_num_chunks()):
+                offset = a.id.get_chunk_info(i).chunk_offset
+                assert a.id.read_direct_chunk(offset) == b.id.read_direct_chunk(offset), name
