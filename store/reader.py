@@ -14,6 +14,10 @@ import xarray as xr
 from . import schema as S
 from .manifest import StoreError, config_hash, read_manifest
 
+# one dask block per (shard file, layer): extraction writes chunks of one batch of sequences,
+# which would otherwise make a task of every few sequences
+DASK_CHUNKS = {S.LAYER: 1, S.SEQUENCE: -1}
+
 
 def shard_paths(store: str | Path, manifest: dict) -> list[Path]:
     entries = sorted(manifest["shards"], key=lambda e: e["sequences"][0])
@@ -58,7 +62,8 @@ def open_store(path: str | Path, partial: bool = False, derived: bool = True) ->
     try:
         ds = xr.open_mfdataset(files, engine="h5netcdf", combine="nested",
                                concat_dim=S.SEQUENCE, data_vars="minimal", coords="minimal",
-                               compat="override", join="override", chunks={},
+                               compat="override", join="override",
+                               chunks=DASK_CHUNKS,
                                parallel=False, preprocess=check)
     except StoreError:
         raise
