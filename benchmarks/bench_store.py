@@ -2,8 +2,12 @@
 
 Real measurements (``smollm2-135m`` over the builtin texts, else a random-init SmolLM2-shaped
 model) are assembled into a shard exactly as ``attngeom extract`` does (``extract_shard``), then
-written with attngeom's writer (gzip level 1 + shuffle + Fletcher-32, fsync) and, for
-comparison, with other HDF5 filters (gzip 4, lzf, none), interleaved and repeated. Reports bytes per real token,
+written with attngeom's writer (gzip level 1 + shuffle + Fletcher-32, fsync), as HDF5 compresses
+it (``attngeom``) and from chunks compressed by ``store.chunks.ChunkEncoder`` in 1 or 2 threads
+after measuring (``encoded_1thread``, ``encoded_2threads``: the measured variables' chunks of
+one batch of sequences, as ``attngeom extract`` writes them; the encoding is timed, the
+measuring is not), and, for comparison, with other HDF5 filters (gzip 4, lzf, none),
+interleaved and repeated. Reports bytes per real token,
 uncompressed MB/s and the ratio of each variant's time to attngeom's.
 
     python benchmarks/bench_store.py --modes compact,dense
@@ -61,7 +65,21 @@ def variants(ds) -> dict:
             ds.to_netcdf(path, engine="h5netcdf", encoding=enc, invalid_netcdf=False)
         return write
 
+    from attngeom.store import schema as S
+    from attngeom.store.chunks import ChunkEncoder
+
+    measured = [n for n in S.variables_for(ds.attrs["mode"]) if n in ds and ds[n].dtype == "f4"
+                and ds[n].dims[:2] == (S.SEQUENCE, S.LAYER)]
+
+    def encoded(threads):
+        def write(path):
+            enc = ChunkEncoder(min(4, ds.sizes[S.SEQUENCE]), 0, threads)
+            enc.add({n: ds[n].values for n in measured})
+            write_shard(ds, path, enc.finish())
+        return write
+
     return {"attngeom": lambda path: write_shard(ds, path),
+            "encoded_1thread": encoded(1), "encoded_2threads": encoded(2),
             "gzip4": with_filter(zlib=True, complevel=4, shuffle=True),
             "lzf": with_filter(compression="lzf", shuffle=True),
             "none": with_filter()}
