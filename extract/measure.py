@@ -144,9 +144,9 @@ def split_attention(q: Tensor, k: Tensor, v: Tensor, masks: Masks,
     v_sink = v[:, :, :kk].float()                                        # (B, H, k, dh)
     if kk == 1:                                       # z = r + alpha_i0 v_0, one fused pass
         z = torch.addcmul(r, sink_alpha, v_sink)
-    else:
+    else:                                             # z = r + sum_s alpha_is v_s (sink_k >= 1)
         z = torch.baddbmm(r.flatten(0, 1), sink_alpha.flatten(0, 1),
-                          v_sink.flatten(0, 1)).view_as(r) if kk else r.clone()
+                          v_sink.flatten(0, 1)).view_as(r)
     return z, lse, sink_alpha, r.masked_fill_(~masks.rest[..., None], 0.0)
 
 

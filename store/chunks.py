@@ -95,6 +95,7 @@ class ChunkEncoder:
         self.done_rows: dict[str, int] = {}
         self.futures: dict[str, dict[tuple[int, ...], Future]] = {}
         self.chunks: dict[str, tuple[int, ...]] = {}
+        self.layout: dict[str, tuple[int, ...]] = {}      # (L, ...) of each variable
 
     def _encode(self, block: np.ndarray) -> bytes:
         with self.gate:
@@ -106,6 +107,7 @@ class ChunkEncoder:
             if name not in self.chunks:
                 row_bytes = int(np.prod(x.shape[2:], dtype=np.int64)) * 4   # one layer
                 self.chunks[name] = (chunk_rows(row_bytes, self.rows), 1, *x.shape[2:])
+                self.layout[name] = tuple(x.shape[1:])
                 self.pending[name], self.done_rows[name], self.futures[name] = [], 0, {}
             self.pending[name].append(np.asarray(x, dtype=np.float32))
             if self.overlap:
@@ -142,9 +144,7 @@ class ChunkEncoder:
                 self._submit(name, final=True)
             out = {}
             for name, futures in self.futures.items():
-                n = self.done_rows[name]
-                layers = max(off[1] for off in futures) + 1 if futures else 0
-                shape = (n, layers, *self.chunks[name][2:])
+                shape = (self.done_rows[name], *self.layout[name])
                 out[name] = Encoded(shape, self.chunks[name],
                                     {off: f.result() for off, f in futures.items()})
             return out
