@@ -1,0 +1,90 @@
+"""The same inputs give the same files: every artifact rebuilt and compared with its golden copy.
+
+``tests/golden/data/*.nc`` were made by ``build.py`` at commit 09066ea, before the
+one-vocabulary redesign (a refactor that must not change any number). Here the artifacts are
+rebuilt through the current command line and compared variable by variable: integers, strings
+and NaN patterns exactly, floats to ``RTOL`` (on the machine that made the golden files they
+are bitwise equal; another CPU may round float32 sums differently). The store's content hash
+must be unchanged too.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import os
+
+import numpy as np
+import pytest
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import build  # noqa: E402
+
+# GOLDEN_EXACT=1: bitwise (same machine and thread count as the golden files)
+RTOL, ATOL = (0.0, 0.0) if os.environ.get("GOLDEN_EXACT") == "1" else (1e-6, 1e-7)
+# per artifact: variables whose values are allowed to move by more (none so far)
+LOOSER: dict[str, dict[str, float]] = {}
+
+
+@pytest.fixture(scope="module")
+def rebuilt(tmp_path_factory):
+    out = tmp_path_factory.mktemp("golden")
+    return build.build(out)
+
+
+def _golden(name: str):
+    import xarray as xr
+
+    with xr.open_dataset(HERE / "data" / f"{name}.nc", engine="h5netcdf") as f:
+        return f.load()
+
+
+def compare(name: str, got, want) -> list[str]:
+    """Differences between two flattened artifacts, one line each (empty: the same)."""
+    problems = []
+    if set(got.variables) != set(want.variables):
+        problems.append(f"{name}: variables differ: only new {sorted(set(got.variables) - set(want.variables))}, "
+                        f"only golden {sorted(set(want.variables) - set(got.variables))}")
+    for var in sorted(set(got.variables) & set(want.variables)):
+        a, b = got[var], want[var]
+        if a.dims != b.dims or a.shape != b.shape:
+            problems.append(f"{name}.{var}: dims {a.dims}{a.shape} != golden {b.dims}{b.shape}")
+            continue
+        x, y = np.asarray(a.values), np.asarray(b.values)
+        if x.dtype.kind == "f" or y.dtype.kind == "f":
+            x, y = x.astype(float), y.astype(float)
+            if not np.array_equal(np.isnan(x), np.isnan(y)):
+                problems.append(f"{name}.{var}: NaN pattern differs")
+                continue
+            rtol = LOOSER.get(name, {}).get(var, RTOL)
+            ok = ~np.isnan(y)
+            if not np.allclose(x[ok], y[ok], rtol=rtol, atol=ATOL, equal_nan=False):
+                worst = np.max(np.abs(x[ok] - y[ok]))
+                problems.append(f"{name}.{var}: values differ (max abs {worst:.3g})")
+        elif not np.array_equal(x, y):
+            problems.append(f"{name}.{var}: values differ")
+    for key in ("config_hash", "shards", "summary_csv"):
+        if key in want.attrs and got.attrs.get(key) != want.attrs[key]:
+            if key == "summary_csv":
+                continue                      # numbers in it are compared via the .nc files
+            problems.append(f"{name}: attribute {key} differs")
+    return problems
+
+
+@pytest.mark.parametrize("name", build.ARTIFACTS)
+def test_same_as_golden(rebuilt, name):
+    got = build.flatten(name, rebuilt[name])
+    assert compare(name, got, _golden(name)) == []
+
+
+def test_compare_detects_a_change(rebuilt):
+    """The comparison is not vacuous: one changed value, one dropped variable are reported."""
+    want = _golden("compact")
+    got = want.copy(deep=True)
+    got["alpha"].values[0, 0, 0, 1, 0] += 1e-3
+    got = got.drop_vars("middle_count")
+    problems = compare("compact", got, want)
+    assert any("alpha" in p for p in problems) and any("middle_count" in p for p in problems)
