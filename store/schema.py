@@ -19,6 +19,8 @@ sink key are NaN.
 
 from __future__ import annotations
 
+from .vocab import COMPACT, LAYOUTS
+
 SCHEMA_VERSION = 1
 FORMAT_NAME = "attngeom-store"
 
@@ -106,7 +108,14 @@ DESCRIPTIONS: dict[str, str] = {
 }
 
 COMPACT_ONLY = tuple(TAIL_VARIABLES) + tuple(MIDDLE_VARIABLES)
-MODES = ("dense", "compact")
+MODES = LAYOUTS
+
+
+def dims_for(name: str, mode: str) -> tuple[str, ...]:
+    """Dims of variable ``name`` in a store of layout ``mode``: compact pair variables are on
+    ``sink`` instead of ``key``."""
+    dims = DIMS[name]
+    return SINK_PAIR if mode == COMPACT and dims == PAIR else dims
 
 
 def variables_for(mode: str) -> list[str]:
