@@ -67,7 +67,7 @@ def run(args) -> int:
         print(summary(args.out))
         return 0
     if cmd == "subset":
-        from attngeom.store.ops import subset
+        from attngeom.store.subset import subset
 
         m = subset(args.store, args.out, layers=args.layers, heads=args.heads,
                    sequences=args.sequences, variables=args.variables, no_text=args.no_text)
