@@ -7,6 +7,7 @@ h5netcdf, attributes are plain strings and numbers.
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 
 import xarray as xr
@@ -61,11 +62,14 @@ def open_store(path: str | Path, partial: bool = False, derived: bool = True) ->
         raise StoreError(f"{path}: manifest config lacks {exc} or has the wrong type; damaged "
                          "manifest: restore it or re-extract") from None
     try:
-        ds = xr.open_mfdataset(files, engine="h5netcdf", combine="nested",
-                               concat_dim=S.SEQUENCE, data_vars="minimal", coords="minimal",
-                               compat="override", join="override",
-                               chunks=DASK_CHUNKS,
-                               parallel=False, preprocess=check)
+        with warnings.catch_warnings():
+            # DASK_CHUNKS are chosen on purpose (whole stored chunks along sequence, one layer);
+            # xarray's advice about them is no business of the user's
+            warnings.filterwarnings("ignore", "The specified chunks separate", UserWarning)
+            ds = xr.open_mfdataset(files, engine="h5netcdf", combine="nested",
+                                   concat_dim=S.SEQUENCE, data_vars="minimal", coords="minimal",
+                                   compat="override", join="override", chunks=DASK_CHUNKS,
+                                   parallel=False, preprocess=check)
     except StoreError:
         raise
     except Exception as exc:  # noqa: BLE001 - h5py/h5netcdf/xarray reject damaged files

@@ -71,7 +71,7 @@ def copy_file(src: str | Path, dst: str | Path, link: bool = False) -> None:
         try:
             if not link:
                 raise OSError
-            os.link(src, tmp, follow_symlinks=True)
+            os.link(src.resolve(), tmp)          # link() itself would link a symlink
         except OSError:
             shutil.copyfile(src, tmp)
             with open(tmp, "rb+") as f:
