@@ -42,16 +42,17 @@ def result_file(store: str | Path, entry: dict) -> Path:
 
 
 def verified_file(store: str | Path, manifest: dict, name: str) -> tuple[Path | None, str]:
-    """The file of result ``name`` when it is recorded, present and matches its checksum;
-    otherwise None and why (``"not recorded"``, ``"missing"`` or ``"checksum mismatch"``)."""
+    """The file of result ``name`` and ``""`` when it is recorded, present and matches its
+    checksum; otherwise why: ``"not recorded"`` (the path is None then), ``"missing"`` or
+    ``"checksum mismatch"``."""
     found = result_entry(manifest, name)
     if found is None:
         return None, "not recorded"
     path = result_file(store, found)
     if not path.is_file():
-        return None, "missing"
+        return path, "missing"
     if file_sha256(path) != found.get("sha256"):
-        return None, "checksum mismatch"
+        return path, "checksum mismatch"
     return path, ""
 
 

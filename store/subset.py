@@ -46,6 +46,11 @@ def _variables(spec, present: set[str], mode: str) -> tuple[set[str], list[str]]
     return keep, sorted(keep - asked)
 
 
+def added_variables(manifest: dict) -> list[str]:
+    """Variables a subset store kept although not asked for (contributions derive from them)."""
+    return list((manifest["config"].get("subset") or {}).get("added_for_derived", []))
+
+
 def subset(store: str | Path, out: str | Path, layers=None, heads=None, sequences=None,
            variables=None, no_text: bool = False) -> dict:
     """Write the smaller store ``out`` cut from ``store``; return its manifest.

@@ -133,3 +133,28 @@ def test_opening_stores_attngeom_wrote_warns_nothing(stores, tmp_path):
         with warnings.catch_warnings():
             warnings.simplefilter("error")
             attngeom.store.open(path).load()
+
+
+def test_writer_writes_an_opened_store_again(stores, tmp_path):
+    """StoreWriter.new + add_shard + finish: a Dataset of the store's layout (here the lazily
+    opened session store) written through the public API is a valid store with the same numbers
+    and config hash (what ``attngeom.store.write`` will build on)."""
+    from attngeom.store import read_manifest
+    from attngeom.store.writer import StoreWriter
+
+    src = stores["llama", "compact"]
+    m = read_manifest(src)
+    ds = attngeom.store.open(src, derived=False)
+    writer = StoreWriter.new(tmp_path / "again", m["config"], m["n_sequences"],
+                             {"counts": {"skipped_empty": 0}})
+    for index, entry in enumerate(m["shards"]):
+        writer.add_shard(ds.isel(sequence=slice(*entry["sequences"])), index)
+    again = writer.finish()
+    assert validate(tmp_path / "again") == [] and again["config_hash"] == m["config_hash"]
+    assert [e["sequences"] for e in again["shards"]] == [e["sequences"] for e in m["shards"]]
+    want = attngeom.store.open(src).load()
+    got = attngeom.store.open(tmp_path / "again").load()
+    for name in want.data_vars:
+        assert got[name].equals(want[name]), name
+    with pytest.raises(ValueError, match="does not fit the store.*layer"):
+        writer.add_shard(ds.isel(sequence=slice(0, 3), layer=[0]), 9)
