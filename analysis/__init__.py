@@ -14,6 +14,8 @@ from pathlib import Path
 
 import xarray as xr
 
+from attngeom.store.writer import write_bytes, write_netcdf
+
 from ._common import with_provenance
 from ._views import DEFAULT_BLOCK_ELEMENTS, describe, require, run_pass
 from .anti_alignment import AntiAlignmentAccumulator, anti_alignment
@@ -30,12 +32,6 @@ RESULT_FILES = {"sinks": "sinks.nc", "convexity": "convexity.nc",
 SUMMARY_FILE = "summary.csv"
 NEEDED = ["alpha", "cosine", "value_norm", "output_norm", "sink_value_cosine",
           "residual_norm", "sink_residual_cosine"]
-
-
-def _write_atomic(path: Path, write) -> None:
-    tmp = path.with_name(f".{path.name}.partial")
-    write(tmp)
-    os.replace(tmp, path)
 
 
 def run_all(ds: xr.Dataset, out_dir: str | os.PathLike | None = None, *,
@@ -76,10 +72,9 @@ def run_all(ds: xr.Dataset, out_dir: str | os.PathLike | None = None, *,
                for name, acc in accs.items()}
     results["summary"] = summary_table(results["sinks"], results["convexity"],
                                        results["anti_alignment"], results["decomposition"])
-    if out_dir is not None:
+    if out_dir is not None:                    # each file atomic and fsynced
         out = Path(out_dir)
-        out.mkdir(parents=True, exist_ok=True)
         for name, filename in RESULT_FILES.items():
-            _write_atomic(out / filename, results[name].to_netcdf)
-        _write_atomic(out / SUMMARY_FILE, lambda p: results["summary"].to_csv(p, index=False))
+            write_netcdf(results[name], out / filename)
+        write_bytes(out / SUMMARY_FILE, results["summary"].to_csv(index=False).encode())
     return results

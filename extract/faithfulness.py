@@ -3,20 +3,23 @@
 One forward pass per (metric, rank, mode, fraction) and batch, plus a clean pass and, with
 ``drift``, a sink-zeroed pass (:mod:`.interventions`). Units (texts or items) are processed in
 blocks; each finished block is written atomically to ``<out>/<name>.partial/`` so a killed run
-resumes where it stopped. The result, ``<out>/<name>.nc``, is described in
-:mod:`.faithfulness_output`; its file, checksum and config are recorded in the store manifest
-under ``"faithfulness"`` (a manifest is created when ``out`` is not yet a store).
+resumes where it stopped (:func:`attngeom.store.writer.open_partial`). The result,
+``<out>/<name>.nc``, is described in :mod:`.faithfulness_output`;
+:func:`attngeom.store.writer.record_result` writes it and records its file, checksum and config
+in the store manifest (a manifest is created when ``out`` is not yet a store).
 """
 
 from __future__ import annotations
 
-import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 from tqdm.auto import tqdm
+
+from attngeom.store.manifest import portable
+from attngeom.store.writer import open_partial, record_result, result_path
 
 from .data import Tokenized, batches, load_texts, pad_token_id
 from .interventions import (GRANULARITIES, METRICS, MODES, NONNEGATIVE, RANKS, DriftProbe,
@@ -239,21 +242,13 @@ def compute_retrying(model, prepared: Prepared, cfg: FaithConfig, removals: list
 
 
 # ------------------------------------------------------------------------------------ run
-def _remove_temporaries(out: Path) -> None:
-    """Temporary files (``.NAME.tmp-PID``) a killed run left in ``out``: never read, removed."""
-    from attngeom.store.shards import remove_temporaries
-
-    if out.is_dir():
-        remove_temporaries(out)
-
-
 def faithfulness(model: str, data: str, out: str | Path, cfg: FaithConfig | None = None,
                  trust_remote_code: bool = False, progress: bool = True, force: bool = False,
                  log=print) -> Path:
     """Run the experiment into ``out/<name>.nc``; return the file's path."""
-    from .faithfulness_output import (assemble, block_dataset, finish, open_partial,
-                                      read_block, write_block)
+    from .faithfulness_output import assemble, block_dataset
     from .models import load
+    from .run import versions
 
     cfg = cfg or FaithConfig()
     cfg.check()
@@ -266,16 +261,16 @@ def faithfulness(model: str, data: str, out: str | Path, cfg: FaithConfig | None
     if cfg.layers is not None and any(not 0 <= i < n_layers for i in cfg.layers):
         raise ValueError(f"--layers must be in 0..{n_layers - 1} for this model")
     prepared, data_info = load_task(cfg, data, loaded.tokenizer)
-    config = {"model": loaded.info, "data": data_info, "options": cfg.options()}
+    # specs as labels, as extraction records them: the same inputs anywhere, the same config
+    config = {"model": portable(loaded.info, "spec", "id"),
+              "data": portable(data_info, "spec", "dev"), "options": cfg.options()}
     plan = ranking_plan(cfg.metrics, cfg.ranks, cfg.granularity)
     notes = plan_notes(plan)
     for note in notes:
         log(f"attngeom: note: {note}")
-    _remove_temporaries(out)
     partial = open_partial(out, cfg.name, config, force, log)
-    if partial is None:                       # complete; a run killed after its manifest
-        shutil.rmtree(out / f"{cfg.name}.partial", ignore_errors=True)   # left partials
-        return out / f"{cfg.name}.nc"
+    if partial is None:                                   # complete with these settings
+        return result_path(out, cfg.name)
     removals = conditions(cfg, plan)
     n = prepared.n_units
     blocks = [(a, min(n, a + cfg.block_size)) for a in range(0, n, cfg.block_size)]
@@ -286,15 +281,15 @@ def faithfulness(model: str, data: str, out: str | Path, cfg: FaithConfig | None
                disable=not progress)
     parts = []
     for (start, stop), block, nb in zip(blocks, subsets, n_batches):
-        ds = read_block(partial, start, stop)
+        ds = partial.read_block(start, stop)
         if ds is None:
             result = compute_retrying(loaded.model, block, cfg, removals,
                                       pad_token_id(loaded.tokenizer), bar, log)
             ds = block_dataset(block, result, cfg, plan, removals, start, n_layers)
-            write_block(ds, partial, start, stop)
+            partial.write_block(ds, start, stop)
         else:
             bar.update(nb * per_batch)
         parts.append(ds)
     bar.close()
-    ds = assemble(parts, prepared, cfg, config, notes)
-    return finish(ds, out, cfg.name, config, loaded.info, partial)
+    ds = assemble(parts, prepared, cfg, config, plan, notes)
+    return record_result(out, cfg.name, ds, config, versions(), partial)

@@ -18,8 +18,8 @@ import xarray as xr
 
 from attngeom.analysis import RESULT_FILES, SUMMARY_FILE, run_all
 from attngeom.store import open_store, read_manifest
-from attngeom.store.manifest import file_sha256
-from attngeom.store.results import is_faith_only
+from attngeom.store.reader import shard_paths
+from attngeom.store.results import is_faith_only, verified_file
 
 ANALYSIS_DIR = "analysis"
 
@@ -52,8 +52,7 @@ class ReportData:
 
 # ----------------------------------------------------------------------------- analyses
 def _newest_shard(store: Path, manifest: dict) -> float:
-    times = [(store / e["file"]).stat().st_mtime for e in manifest["shards"]
-             if (store / e["file"]).is_file()]
+    times = [p.stat().st_mtime for p in shard_paths(store, manifest) if p.is_file()]
     return max(times, default=0.0)
 
 
@@ -103,17 +102,16 @@ def ensure_analysis(store: Path, ds: xr.Dataset, manifest: dict, directory: Path
 def read_faithfulness(store: Path, manifest: dict, name: str) -> tuple[xr.Dataset | None, str]:
     """The recorded faithfulness result ``name`` and, when absent, why."""
     hint = (f"run `attngeom faithfulness --model MODEL --data DATA --out {store}` to add it")
-    entry = manifest.get("faithfulness", {}).get(name)
+    path, why = verified_file(store, manifest, name)
     model = manifest.get("config", {}).get("model", {})
-    if entry is None and model.get("causal") is False:
+    if why == "not recorded" and model.get("causal") is False:
         return None, ("not applicable: it scores next-token predictions, and "
                       f"{model.get('spec', 'this model')} is a bidirectional encoder")
-    if entry is None:
+    if why == "not recorded":
         return None, f"not run for this store ({hint})"
-    path = store / entry["file"]
-    if not path.is_file():
+    if why == "missing":
         return None, f"{path.name} is recorded in the manifest but missing ({hint})"
-    if file_sha256(path) != entry["sha256"]:
+    if why:
         return None, f"{path.name} does not match its recorded checksum ({hint})"
     with xr.open_dataset(path, engine="h5netcdf") as f:
         return f.load(), ""

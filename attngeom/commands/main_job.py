@@ -96,8 +96,10 @@ def faith_done(store: Path, args) -> bool:
     if not entry or not (store / entry["file"]).is_file():
         return False
     recorded = entry["config"]["options"]
+    from attngeom.store.manifest import spec_label     # the data as the result records it
+
     return (all(recorded.get(k) == v for k, v in faith_options(args).items())
-            and entry["config"]["data"].get("spec") == str(args.data))
+            and entry["config"]["data"].get("spec") == spec_label(args.data))
 
 
 # ----------------------------------------------------------------------------- steps

@@ -67,11 +67,11 @@ def run(args) -> int:
         print(summary(args.out))
         return 0
     if cmd == "subset":
-        from attngeom.store.ops import subset
+        from attngeom.store.subset import added_variables, subset
 
         m = subset(args.store, args.out, layers=args.layers, heads=args.heads,
                    sequences=args.sequences, variables=args.variables, no_text=args.no_text)
-        added = m["config"]["subset"]["added_for_derived"]
+        added = added_variables(m)
         if added:
             print(f"attngeom: also kept {', '.join(added)} (contribution is derived from them)")
         print(summary(args.out))

@@ -20,7 +20,8 @@ from attngeom.cli import main
 from attngeom.extract.faithfulness import FaithConfig, faithfulness
 from attngeom.extract.run import ExtractConfig, extract
 from attngeom.store.manifest import file_sha256, read_manifest, write_manifest
-from attngeom.store.ops import merge, subset
+from attngeom.store.ops import merge
+from attngeom.store.subset import subset
 from attngeom.store.validate import validate
 
 FAITH = dict(metrics=("attention", "contribution"), fractions=(0.5,), max_length=10,
