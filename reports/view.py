@@ -27,10 +27,10 @@ import xarray as xr
 
 from attngeom.store import schema as S
 from attngeom.store.ranges import runs_text
+from attngeom.store.vocab import VIEW_MAX_BYTES as MAX_BYTES
 
 from . import view_data as V
 
-MAX_BYTES = 25_000_000                      # default size limit of a view (--max-bytes)
 ASSETS = Path(__file__).with_name("view_assets")
 NOTE = ("Numbers are the store's, embedded as float16: about 3 significant digits (fewer below "
         "6e-5). α is the attention weight α_ij^h, c = α‖ṽ‖cos(o^h, ṽ)/‖o^h‖ the contribution "

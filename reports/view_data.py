@@ -11,8 +11,8 @@ per head      ``alpha``, ``contribution``, ``cosine`` (dense: on (layer, head, q
 layer total   ``total:alpha`` (alpha averaged over heads), ``total:contribution``
               (C_ij = sum_h C_ij^h), and in compact stores their ``tail``/``middle`` versions
 
-Floats travel as float16 (scaled by a power of two when they exceed its range), byte-shuffled
-and deflated, one blob per sequence; counts as uint16. The layer x head maps are means over
+Floats travel as float16 (float32 for an array with values beyond its range), counts as
+uint16, byte-shuffled and deflated, one blob per sequence. The layer x head maps are means over
 queries i >= k (the sink rate's convention, :mod:`attngeom.analysis.sinks`) of the sink key
 0's alpha, contribution and layer contribution (and the learned sink's weight), per sequence
 and token-pooled over the finite sequences of the view.
@@ -31,7 +31,7 @@ from attngeom.store import schema as S
 from attngeom.store.ranges import parse_ranges
 
 LEARNED_SINK = "learned_sink_alpha"        # (sequence, layer, head, query), models with one
-F16_RANGE = 2.0 ** 15                      # scale floats into float16's range below this
+F16_MAX = 65504.0                          # float16's largest; float32 beyond it
 COUNT_NAN = 65535                          # uint16 code of a missing count
 MAP_METRICS = {                            # map name -> (variable, label)
     "sink_rate": ("alpha", "sink rate α_i0"),
@@ -132,26 +132,28 @@ def view_arrays(x: xr.Dataset, compact: bool) -> dict[str, xr.DataArray]:
 
 
 def encode(arrays: dict[str, np.ndarray]) -> tuple[list[dict], bytes]:
-    """Arrays to (index, deflated bytes): float16 (x / 2**scale) or uint16 counts, each
-    byte-shuffled (all low bytes, then all high bytes) so that deflate finds the runs."""
+    """Arrays to (index, deflated bytes): float16, or float32 for an array beyond float16's
+    range, or uint16 counts; each byte-shuffled (every value's first byte, then every second
+    byte, ...) so that deflate finds the runs."""
     index, parts, offset = [], [], 0
     for name, values in arrays.items():
         values = np.asarray(values, dtype=np.float64)
+        finite = np.abs(values[np.isfinite(values)])
         if name.endswith("_count"):
-            raw = np.where(np.isfinite(values), values, COUNT_NAN).astype("<u2")
-            dtype, scale = "u16", 0
+            raw, dtype = np.where(np.isfinite(values), values, COUNT_NAN).astype("<u2"), "u16"
+        elif finite.size and finite.max() > F16_MAX:
+            raw, dtype = values.astype("<f4"), "f32"
         else:
-            finite = np.abs(values[np.isfinite(values)])
-            top = float(finite.max()) if finite.size else 0.0
-            scale = int(np.ceil(np.log2(top / F16_RANGE))) if top > F16_RANGE else 0
-            raw = (values / 2.0 ** scale).astype("<f2")
-            dtype = "f16"
-        shuffled = raw.view(np.uint8).reshape(-1, 2).T.tobytes()
+            raw, dtype = values.astype("<f2"), "f16"
+        width = raw.dtype.itemsize
+        parts.append(raw.view(np.uint8).reshape(-1, width).T.tobytes())
         index.append({"name": name, "shape": list(values.shape), "dtype": dtype,
-                      "scale": scale, "offset": offset, "size": int(values.size)})
-        parts.append(shuffled)
-        offset += len(shuffled)
+                      "offset": offset, "size": int(values.size)})
+        offset += len(parts[-1])
     return index, zlib.compress(b"".join(parts), 6)
+
+
+DTYPES = {"u16": "<u2", "f16": "<f2", "f32": "<f4"}
 
 
 def decode(index: list[dict], data: bytes) -> dict[str, np.ndarray]:
@@ -159,12 +161,14 @@ def decode(index: list[dict], data: bytes) -> dict[str, np.ndarray]:
     raw = zlib.decompress(data)
     out = {}
     for e in index:
-        chunk = np.frombuffer(raw[e["offset"]: e["offset"] + 2 * e["size"]], np.uint8)
-        words = chunk.reshape(2, -1).T.copy().view("<u2" if e["dtype"] == "u16" else "<f2")
+        dtype = np.dtype(DTYPES[e["dtype"]])
+        chunk = np.frombuffer(raw[e["offset"]: e["offset"] + dtype.itemsize * e["size"]],
+                              np.uint8)
+        words = chunk.reshape(dtype.itemsize, -1).T.copy().view(dtype)
         values = words.ravel().astype(np.float64).reshape(e["shape"])
         if e["dtype"] == "u16":
             values[values == COUNT_NAN] = np.nan
-        out[e["name"]] = values * 2.0 ** e["scale"]
+        out[e["name"]] = values
     return out
 
 

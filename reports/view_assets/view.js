@@ -45,11 +45,18 @@ function (root) {
     return inflate(base64(blobs[s].textContent)).then(function (raw) {
       var table = f16(), out = {};
       meta.sequences[s].index.forEach(function (e) {
-        var n = e.size, lo = e.offset, hi = e.offset + n, a = new Float32Array(n);
-        var mult = Math.pow(2, e.scale);
-        for (var i = 0; i < n; i++) {
-          var w = raw[lo + i] | (raw[hi + i] << 8);
-          a[i] = e.dtype === "u16" ? (w === 65535 ? NaN : w) : table[w] * mult;
+        var n = e.size, o = e.offset, a = new Float32Array(n), i;
+        if (e.dtype === "f32") {        // four byte planes, little-endian
+          var view = new DataView(new ArrayBuffer(4));
+          for (i = 0; i < n; i++) {
+            for (var b = 0; b < 4; b++) view.setUint8(b, raw[o + b * n + i]);
+            a[i] = view.getFloat32(0, true);
+          }
+        } else {
+          for (i = 0; i < n; i++) {
+            var w = raw[o + i] | (raw[o + n + i] << 8);
+            a[i] = e.dtype === "u16" ? (w === 65535 ? NaN : w) : table[w];
+          }
         }
         out[e.name] = {data: a, shape: e.shape};
       });

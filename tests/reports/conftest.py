@@ -62,3 +62,15 @@ def compact_store(tiny, tmp_path_factory):
             progress=False)
     return store
 
+
+
+@pytest.fixture(scope="session")
+def text_compact_store(tiny, tmp_path_factory):
+    """Compact store with token strings, two sink keys and a tail window of 3 (the view's)."""
+    from attngeom.extract.run import ExtractConfig, extract
+
+    store = tmp_path_factory.mktemp("compact-text") / "store"
+    extract(str(tiny["model"]), str(tiny["data"]), store,
+            ExtractConfig(mode="compact", max_length=16, sink_k=2, tail_w=3, shard_size=4),
+            progress=False)
+    return store
