@@ -30,6 +30,8 @@ import xarray as xr
 from attngeom.store import schema as S
 from attngeom.store.ranges import parse_ranges
 
+from .tokens import clean_token
+
 LEARNED_SINK = "learned_sink_alpha"        # (sequence, layer, head, query), models with one
 F16_MAX = 65504.0                          # float16's largest; float32 beyond it
 COUNT_NAN = 65535                          # uint16 code of a missing count
@@ -173,8 +175,6 @@ def decode(index: list[dict], data: bytes) -> dict[str, np.ndarray]:
 
 
 def _labels(x: xr.Dataset, n: int) -> tuple[list[str], list[str]]:
-    from .figures_example import clean_token
-
     if "token" in x:
         raw = [str(t) for t in x["token"].values[:n]]
         return [clean_token(t) for t in raw], raw

@@ -77,8 +77,9 @@ def layer_values(raw: xr.Dataset, s: int, l: int, i: int, j: int) -> dict:
             "contribution": np.nansum(c) if np.isfinite(c).any() else np.nan}
 
 
-def sink_map(raw: xr.Dataset, metric: str, k: int) -> np.ndarray:
-    """(sequence, layer, head) mean over queries k <= i < length of key 0's metric."""
+def sink_map(raw: xr.Dataset, metric: str, k: int, pooled: bool = False) -> np.ndarray:
+    """(sequence, layer, head) mean over queries k <= i < length of key 0's metric; pooled:
+    (layer, head) mean over every such query of every sequence."""
     compact = "sink" in raw["alpha"].dims
     slot = ("sink" if compact else "key")
     a = arr(raw, "alpha", PAIR_DIMS + (slot,))[..., 0]
@@ -95,6 +96,8 @@ def sink_map(raw: xr.Dataset, metric: str, k: int) -> np.ndarray:
     q = np.arange(x.shape[-1])
     n = raw["length"].values[:, None, None, None]
     x = np.where((q >= k) & (q < n), x, np.nan)
+    if pooled:
+        return np.nanmean(np.moveaxis(x, 0, -2).reshape(x.shape[1], x.shape[2], -1), -1)
     return np.nanmean(x, -1)
 
 

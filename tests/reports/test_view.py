@@ -22,6 +22,11 @@ from attngeom.reports import view_data as V
 from attngeom.reports.view import view
 
 
+@pytest.fixture
+def compact(compact_view_data):
+    return compact_view_data
+
+
 def decoded(page_html: str) -> tuple[dict, list[dict]]:
     meta, blobs = R.page_parts(page_html)
     return meta, [V.decode(s["index"], base64.b64decode(b))
@@ -35,9 +40,9 @@ def check(got: np.ndarray, want: np.ndarray, name: str) -> None:
     np.testing.assert_allclose(got[ok], want[ok], rtol=R.F16_EPS, atol=R.ABS, err_msg=name)
 
 
-def test_compact_page_holds_the_store_numbers(text_compact_store):
-    raw = R.plain(text_compact_store)
-    meta, arrays = decoded(view(text_compact_store).html)
+def test_compact_page_holds_the_store_numbers(compact):
+    path, ds, raw = compact
+    meta, arrays = decoded(view(path).html)
     assert meta["mode"] == "compact" and meta["sink_k"] == 2 and meta["tail_w"] == 3
     d4 = R.PAIR_DIMS
     for s, (entry, got) in enumerate(zip(meta["sequences"], arrays)):
@@ -72,10 +77,10 @@ def test_compact_page_holds_the_store_numbers(text_compact_store):
         np.testing.assert_allclose(got, want, rtol=1e-3, err_msg=name)
 
 
-def test_pooled_map_is_token_pooled(text_compact_store):
+def test_pooled_map_is_token_pooled(compact):
     """Pooled over sequences: the mean over all valid queries (not the mean of means)."""
-    raw = R.plain(text_compact_store)
-    meta, _ = decoded(view(text_compact_store, sequences="1:4").html)
+    _, ds, raw = compact
+    meta, _ = decoded(view(ds, sequences="1:4").html)
     a = R.arr(raw, "alpha", R.PAIR_DIMS + ("sink",))[1:4, ..., 0]                 # (3, L, H, Q)
     q = np.arange(a.shape[-1])
     ok = (q >= 2) & (q < raw["length"].values[1:4, None, None, None])
@@ -85,9 +90,9 @@ def test_pooled_map_is_token_pooled(text_compact_store):
     assert [s["label"] for s in meta["sequences"]] == [1, 2, 3]
 
 
-def test_dense_page_holds_every_pair(dense_store):
-    raw = R.plain(dense_store)
-    meta, arrays = decoded(view(dense_store, layers="1", heads="0:2").html)
+def test_dense_page_holds_every_pair(dense_view_data):
+    _, ds, raw = dense_view_data
+    meta, arrays = decoded(view(ds, layers="1", heads="0:2").html)
     assert meta["layers"] == [1] and meta["heads"] == [0, 1]
     d5 = R.PAIR_DIMS + ("key",)
     for s, got in enumerate(arrays):
@@ -113,40 +118,38 @@ def test_values_beyond_float16_travel_as_float32():
     np.testing.assert_array_equal(out["middle_count"], count)
 
 
-def test_size_limit_names_a_selection_that_fits(text_compact_store, capsys):
-    full = view(text_compact_store).nbytes
-    limit = (full + view(text_compact_store, sequences="0").nbytes) // 2
+def test_size_limit_names_a_selection_that_fits(compact, tmp_path, capsys):
+    path, ds, _ = compact
+    full = view(ds).nbytes
+    limit = (full + view(ds, sequences="0").nbytes) // 2
     with pytest.raises(ValueError, match=r"max_bytes=") as err:
-        view(text_compact_store, max_bytes=limit)
+        view(ds, max_bytes=limit)
     fit = re.search(r"sequences='([0-9:,]+)'", str(err.value)).group(1)
-    assert view(text_compact_store, sequences=fit, max_bytes=limit).nbytes <= limit
-    out = text_compact_store.parent / "big.html"
-    assert main(["view", str(text_compact_store), "--out", str(out),
-                 "--max-bytes", str(limit)]) == 2
+    assert view(ds, sequences=fit, max_bytes=limit).nbytes <= limit
+    out = tmp_path / "big.html"
+    assert main(["view", str(path), "--out", str(out), "--max-bytes", str(limit)]) == 2
     line = capsys.readouterr().err.strip()
     assert "\n" not in line and "--max-bytes" in line and "--sequences 0:" in line
     assert not out.exists()
 
 
-def test_cli_writes_the_page_and_rejects_bad_selections(text_compact_store, tmp_path, capsys):
+def test_cli_writes_the_page_and_rejects_bad_selections(compact, tmp_path, capsys):
+    path, ds, _ = compact
     out = tmp_path / "v.html"
-    assert main(["view", str(text_compact_store), "--out", str(out), "--layers", "0",
+    assert main(["view", str(path), "--out", str(out), "--layers", "0",
                  "--sequences", "2:4", "--sequence", "3"]) == 0
     meta, _ = R.page_parts(out.read_text(encoding="utf-8"))
     assert meta["layers"] == [0] and meta["initial"]["sequence"] == 1
     assert "wrote" in capsys.readouterr().out
-    for bad, word in ((["--layers", "99"], "--layers 99"), (["--sequence", "7", "--sequences",
-                                                            "0:2"], "sequence 7")):
-        assert main(["view", str(text_compact_store), "--out", str(tmp_path / "x.html"),
-                     *bad]) == 2
-        err = capsys.readouterr().err.strip()
-        assert word in err and "\n" not in err
+    assert main(["view", str(path), "--out", str(tmp_path / "x.html"), "--layers", "99"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--layers 99" in err and "\n" not in err
+    with pytest.raises(ValueError, match="sequence 7 is not among"):
+        view(ds, sequence=7, sequences="0:2")
 
 
-def test_jupyter_repr_is_the_page_and_self_contained(text_compact_store, tmp_path):
-    from attngeom.store import open_store
-
-    page = view(open_store(text_compact_store), sequence=1)
+def test_jupyter_repr_is_the_page_and_self_contained(compact, tmp_path):
+    page = view(compact[1], sequence=1)
     fragment = page._repr_html_()
     assert fragment == page.fragment and fragment in page.html
     saved = page.save(tmp_path / "v.html").read_text(encoding="utf-8")
