@@ -236,6 +236,8 @@ function (root) {
     strips.appendChild(labelled("upper band", ui.a));
     strips.appendChild(labelled("lower band", ui.b));
     main.appendChild(strips);
+    main.appendChild(el("div", "ag-caption", "click a token to make it the query (← → move it); " +
+                        "hover a token for its numbers"));
     ui.legends = el("div", "ag-legends");
     main.appendChild(ui.legends);
     ui.strip = el("div", "ag-strip");
@@ -441,7 +443,9 @@ function (root) {
     ["alpha", "contribution"].filter(usable).forEach(function (m) {
       var s = groupSums(m, i), keys = Object.keys(s);
       var total = keys.reduce(function (t, k) { return t + s[k]; }, 0);
-      parts.push("Σ " + metricLabel(m) + ": " + keys.map(function (k) { return k + " " + fmt(s[k]); })
+      parts.push("Σ " + metricLabel(m) + ": " + keys.map(function (k) {
+        return (k === "key" ? "all keys" : k) + " " + fmt(s[k]);
+      })
         .join(", ") + (keys.length > 1 ? " (total " + fmt(total) + ")" : ""));
     });
     ui.info.textContent = parts.join(" · ");
