@@ -343,6 +343,7 @@ function (root) {
   }
   function render() {
     if (!arrays) return;
+    hideTip();                         // its numbers may belong to the previous query
     var seq = meta.sequences[state.seq], n = seq.length, i = state.query;
     ui.layer.value = String(state.layer); ui.head.value = String(state.head);
     ui.query.max = n - 1; ui.query.value = String(i);

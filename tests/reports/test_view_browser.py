@@ -178,11 +178,11 @@ def test_dense_view_heat_map_picks_the_query(browser, dense_view_data, tmp_path)
     from selenium.webdriver.common.action_chains import ActionChains
 
     size = canvas.size
-    ActionChains(browser).move_to_element_with_offset(
-        canvas, int((2.5 / n - 0.5) * size["width"]), int(((i + 0.5) / n - 0.5) * size["height"])
-    ).click().perform()                                          # row i, column 2
-    p.wait()
+    at = (int((2.5 / n - 0.5) * size["width"]), int(((i + 0.5) / n - 0.5) * size["height"]))
+    ActionChains(browser).move_to_element_with_offset(canvas, *at).click().perform()
+    p.wait()                                                     # row i, column 2
     assert p.query() == i
+    ActionChains(browser).move_to_element_with_offset(canvas, at[0] + 2, at[1]).perform()
     assert R.shown_close(p.tip()["alpha"], R.key_values(raw, s, l, h, i, 2)["alpha"])
     for j in (0, 2, i, i + 1):                                   # i + 1: a future key, masked
         assert_shown(p.hover(f".ag-cell[data-pos='{j}']"), R.key_values(raw, s, l, h, i, j),
