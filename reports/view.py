@@ -4,7 +4,7 @@
 opened store, a cut of one, a measurement held in memory) or a store's path, and returns a
 :class:`View`: ``.save(path)`` writes the page, ``_repr_html_`` renders the same HTML inline.
 The page needs no network and no server: script and style are inlined from
-``reports/view_assets/``, the numbers embedded as described in :mod:`.view_data`.
+``reports/view_assets/`` (plain JS and CSS written for it), the numbers embedded as described in :mod:`.view_data`.
 
 What it shows: a layer x head map of the sink rate and of what the sink contributes (this
 sequence, or pooled over the view's sequences); for the chosen sequence, layer and head (or all
@@ -32,6 +32,7 @@ from attngeom.store.vocab import VIEW_MAX_BYTES as MAX_BYTES
 from . import view_data as V
 
 ASSETS = Path(__file__).with_name("view_assets")
+SCRIPTS = ("view_data.js", "view_ui.js")    # one function body, in this order
 NOTE = ("Numbers are the store's, embedded as float16: about 3 significant digits (fewer below "
         "6e-5). α is the attention weight α_ij^h, c = α‖ṽ‖cos(o^h, ṽ)/‖o^h‖ the contribution "
         "(sums to 1 over keys; red adds to the head output, blue points against it); in the "
@@ -203,7 +204,7 @@ def _json(obj) -> str:
 
 def _fragment(meta: dict, blobs: list[V.SequenceBlob]) -> str:
     css = (ASSETS / "view.css").read_text(encoding="utf-8")
-    js = (ASSETS / "view.js").read_text(encoding="utf-8").strip()
+    js = "\n".join((ASSETS / name).read_text(encoding="utf-8") for name in SCRIPTS)
     data = _json(meta)
     digest = hashlib.sha256(data.encode()).hexdigest()[:12]
     root_id = f"attngeom-view-{digest}"
@@ -214,7 +215,7 @@ def _fragment(meta: dict, blobs: list[V.SequenceBlob]) -> str:
     parts.append('<div class="ag-fallback">This view needs JavaScript (in Jupyter: a trusted '
                  'notebook; or open the saved HTML file in a browser).</div>')
     # each view takes its root by id and drops the id, so identical views on one page work
-    parts.append(f'<script>(function () {{ var root = document.getElementById("{root_id}"); '
-                 f'root.removeAttribute("id"); ({js})(root); }})();</script>')
+    parts.append(f'<script>(function () {{ "use strict";\nvar root = document.getElementById('
+                 f'"{root_id}");\nroot.removeAttribute("id");\n{js}}})();</script>')
     parts.append("</div>")
     return "\n".join(parts)
