@@ -32,13 +32,9 @@ import torch
 from torch import nn
 
 from .geometry import attention_probs, repeat_kv
-from .hooks import Call, attention_handler
+from .hooks import Call, Unsupported, attention_handler
 
 PROBE_TOKENS = 2
-
-
-class Unsupported(ValueError):
-    """The model cannot be decomposed exactly; the message is one line with the reason."""
 
 
 @dataclass(frozen=True)
@@ -240,7 +236,7 @@ def discover(model: nn.Module) -> Architecture:
 def _discover(model: nn.Module) -> Architecture:
     cfg = model.config
     label = getattr(cfg, "model_type", type(model).__name__)
-    if getattr(cfg, "is_encoder_decoder", False):
+    if "decoder_input_ids" in inspect.signature(model.forward).parameters:
         raise Unsupported(f"'{label}' is an encoder-decoder model (cross-attention); attngeom "
                           "measures one stack of self-attention layers")
     kind = input_kind(model)

@@ -58,6 +58,10 @@ REFUSED = {
 }
 
 
+class Unsupported(ValueError):
+    """The model cannot be decomposed exactly; the message is one line with the reason."""
+
+
 class Handler(Protocol):
     def attend(self, call: "Call") -> torch.Tensor:
         """Return head outputs z (B, H, Tq, dv)."""
@@ -134,20 +138,30 @@ def attention_keywords(module: nn.Module, kwargs: dict) -> None:
             continue
         if key in MUST_BE_NONE:
             if value is not None:
-                raise ValueError(f"{name} passes {key}= to attention: {MUST_BE_NONE[key]}; "
+                raise Unsupported(f"{name} passes {key}= to attention: {MUST_BE_NONE[key]}; "
                                  "not supported")
             continue
         if key in REFUSED:
             if value is not None:
-                raise ValueError(f"{name} passes {key}= to attention ({REFUSED[key]}); an exact "
+                raise Unsupported(f"{name} passes {key}= to attention ({REFUSED[key]}); an exact "
                                  "decomposition of it is not supported")
             continue
-        raise ValueError(f"{name} passes the attention keyword '{key}', which attngeom does not "
+        raise Unsupported(f"{name} passes the attention keyword '{key}', which attngeom does not "
                          "know; it may change the attention, so the model is not supported")
     dropout = kwargs.get("dropout") or 0.0
     if dropout:
         raise ValueError(f"{name} applies attention dropout {dropout}: the model is in training "
                          "mode; call model.eval()")
+
+
+def _check_mask(module: nn.Module, mask: torch.Tensor | None) -> None:
+    """ValueError when an additive mask carries more than allowed (0) / masked (min)."""
+    if mask is None or mask.dtype == torch.bool:
+        return
+    floor = torch.finfo(mask.dtype).min / 2
+    if bool(((mask > floor) & (mask != 0)).any()):
+        raise Unsupported(f"{type(module).__name__} adds a bias to the attention logits through "
+                         "its mask (e.g. ALiBi or a dynamic mask); not supported")
 
 
 def _attention(module, query, key, value, attention_mask, **kwargs):
@@ -157,6 +171,7 @@ def _attention(module, query, key, value, attention_mask, **kwargs):
             raise ValueError("learned attention sinks need attngeom's handler or eager attention")
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
     attention_keywords(module, kwargs)
+    _check_mask(module, attention_mask)
     handler = _ACTIVE[-1]
     scaling = kwargs.get("scaling")
     causal = kwargs.get("is_causal")
