@@ -202,6 +202,12 @@ def _load_hf(where, spec: str, torch_dtype, trust: bool, tower: str | None):
                              f"{type(sub).__name__}")
         cls = MODEL_MAPPING[type(sub)]
         return cls.from_pretrained(where, dtype=torch_dtype), sub
+    towers = [n.removesuffix("_config") for n in ("text_config", "vision_config")
+              if getattr(config, n, None) is not None]
+    if len(towers) > 1 and auto_class(config) == "AutoModel":
+        raise ValueError(f"--model {spec} is a multimodal {config.model_type} checkpoint with "
+                         f"{' and '.join(towers)} towers; pick one with --tower "
+                         f"{' or --tower '.join(reversed(towers))}")
     cls = getattr(transformers, auto_class(config))
     return cls.from_pretrained(where, dtype=torch_dtype, trust_remote_code=trust), config
 

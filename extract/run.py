@@ -25,6 +25,7 @@ from attngeom.store.shards import build_shard, remove_temporaries, shard_attrs, 
 
 from .capture import measure
 from .data import Tokenized, batches, load_texts, pad_token_id, tokenize_texts
+from .images import ImageSet, image_tokens, is_image_spec, load_images, measure_images
 from .measure import Options
 
 
@@ -43,6 +44,8 @@ class ExtractConfig:
     batch_size: int = 4
     device: str = "cpu"
     dtype: str = "float32"
+    image_field: str | None = None     # hf: image datasets: the image column
+    tower: str | None = None           # a multimodal checkpoint's tower (vision)
 
     def check(self) -> None:
         if self.mode not in S.MODES:
@@ -77,6 +80,8 @@ def store_config(info: dict, texts, cfg: ExtractConfig, shard_size: int) -> dict
     model["spec"] = model["id"] = spec_label(info["spec"])
     data = {"spec": spec_label(texts.spec), "text_field": cfg.text_field, "sha256": texts.sha256,
             "n_texts": len(texts.texts), "limit": cfg.limit}
+    if cfg.image_field is not None:                  # recorded only for image datasets
+        data["image_field"] = cfg.image_field
     options = {"mode": cfg.mode, "sink_k": cfg.sink_k, "tail_w": cfg.tail_w,
                "max_length": cfg.max_length, "shard_size": shard_size,
                "store_text": cfg.store_text}
@@ -143,10 +148,18 @@ def extract(model: str, data: str, out: str | Path, cfg: ExtractConfig | None = 
     shard = parse_shard(shard) if shard is not None else None
     out = Path(out)
     if texts is None:                     # the command line passes the texts it checked
-        texts = load_texts(data, text_field=cfg.text_field, limit=cfg.limit)
+        texts = (load_images(data, cfg.image_field, cfg.limit) if is_image_spec(
+            data, cfg.image_field) else load_texts(data, text_field=cfg.text_field,
+                                                   limit=cfg.limit))
     if not texts.texts:
         raise ValueError(f"data '{data}' has no non-empty texts")
-    loaded = load(model, device=cfg.device, dtype=cfg.dtype, trust_remote_code=trust_remote_code)
+    loaded = load(model, device=cfg.device, dtype=cfg.dtype, trust_remote_code=trust_remote_code,
+                  tower=cfg.tower)
+    if (loaded.info.get("inputs") == "image") != isinstance(texts, ImageSet):
+        raise ValueError(f"--model {model} takes {loaded.info.get('inputs', 'text')} but --data "
+                         f"{data} holds {'images' if isinstance(texts, ImageSet) else 'texts'}")
+    if isinstance(texts, ImageSet):       # one sequence per image, of the model's token count
+        cfg.max_length = image_tokens(loaded, texts.texts)
     shard_size = cfg.shard_size or default_shard_size(cfg, loaded.info["n_layers"],
                                                       loaded.info["n_heads"])
     config = store_config(loaded.info, texts, cfg, shard_size)
@@ -195,14 +208,22 @@ def extract_shard(loaded, texts: list[str], start: int, cfg: ExtractConfig, opts
     """Measure one block of texts; return it as a shard Dataset and its measured variables
     already compressed (for :func:`attngeom.store.shards.write_shard`)."""
     tok = loaded.tokenizer
-    tokenized = tokenize_texts(tok, texts, cfg.max_length)
     T = cfg.max_length
     parts: list[dict[str, np.ndarray]] = []
-    stored = set(S.variables_for(cfg.mode))
+    stored = set(S.variables_for(cfg.mode, loaded.info.get("learned_sinks", False)))
+    images = loaded.info.get("inputs") == "image"
+    if images:
+        measured = measure_images(loaded, texts, cfg.batch_size, opts, cfg.store_text, bar)
+    else:
+        tokenized = tokenize_texts(tok, texts, cfg.max_length)
+        measured = measure_batches(loaded.model, tokenized, cfg, opts, pad_token_id(tok), bar)
+    seqs = []
     encoder = ChunkEncoder(min(cfg.batch_size, len(texts)), *encode_workers(cfg.device))
     try:
-        for arrays in measure_batches(loaded.model, tokenized, cfg, opts, pad_token_id(tok),
-                                      bar):
+        for arrays in measured:
+            if images:
+                arrays, info = arrays
+                seqs.append(info)
             parts.append({k: _pad_tokens(k, v, T, cfg.mode) for k, v in arrays.items()
                           if k in stored})
             encoder.add(parts[-1])             # compressed while the next batch is measured
@@ -210,16 +231,16 @@ def extract_shard(loaded, texts: list[str], start: int, cfg: ExtractConfig, opts
     finally:
         encoder.close()
     arrays = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
-    lengths = np.array([len(ids) for ids in tokenized.ids])
-    token_ids = np.full((len(texts), T), -1, dtype=np.int32)
-    special = np.zeros((len(texts), T), dtype=np.int8)
-    special_ids = set(getattr(tok, "all_special_ids", []) or [])
-    for i, ids in enumerate(tokenized.ids):
-        token_ids[i, : len(ids)] = ids
-        special[i, : len(ids)] = [t in special_ids for t in ids]
-    tokens = ([tok.convert_ids_to_tokens(ids) for ids in tokenized.ids]
-              if cfg.store_text else None)
-    extra = {"truncated": np.array(tokenized.truncated, dtype=np.int32),
+    if images:
+        lengths = np.concatenate([s.lengths for s in seqs])
+        token_ids = np.concatenate([s.token_ids for s in seqs]).astype(np.int32)
+        special = np.concatenate([s.special for s in seqs])
+        tokens = sum((s.tokens for s in seqs), []) if cfg.store_text else None
+        truncated = np.zeros(len(texts), dtype=np.int32)
+    else:
+        lengths, token_ids, special, tokens = _token_facts(tok, tokenized, T, cfg.store_text)
+        truncated = np.array(tokenized.truncated, dtype=np.int32)
+    extra = {"truncated": truncated,
              "finite": finite_flags(arrays, lengths),
              "text_index": np.arange(start, start + len(texts))}
     ds = build_shard(arrays, np.arange(start, start + len(texts)), token_ids, lengths, extra,
@@ -227,6 +248,19 @@ def extract_shard(loaded, texts: list[str], start: int, cfg: ExtractConfig, opts
     ds["special"] = ((S.SEQUENCE, S.POSITION), special,
                      {"description": S.DESCRIPTIONS["special"]})
     return ds, encoded
+
+
+def _token_facts(tok, tokenized: Tokenized, T: int, store_text: bool):
+    """lengths (S,), token_ids (S, T) (-1 beyond length), special (S, T), token strings."""
+    lengths = np.array([len(ids) for ids in tokenized.ids])
+    token_ids = np.full((len(tokenized), T), -1, dtype=np.int32)
+    special = np.zeros((len(tokenized), T), dtype=np.int8)
+    special_ids = set(getattr(tok, "all_special_ids", []) or [])
+    for i, ids in enumerate(tokenized.ids):
+        token_ids[i, : len(ids)] = ids
+        special[i, : len(ids)] = [t in special_ids for t in ids]
+    tokens = [tok.convert_ids_to_tokens(ids) for ids in tokenized.ids] if store_text else None
+    return lengths, token_ids, special, tokens
 
 
 def encode_workers(device: str) -> tuple[int, int]:

@@ -18,7 +18,8 @@ from .results import check as check_results
 def _expected_variables(mode: str, manifest: dict | None = None) -> set[str]:
     cut = (manifest or {}).get("config", {}).get("subset") or {}   # store subset --variables
     dropped = set(cut.get("dropped_variables", []))
-    return set(S.variables_for(mode)) - dropped | {"token_id", "length"}
+    learned = (manifest or {}).get("config", {}).get("model", {}).get("learned_sinks", False)
+    return set(S.variables_for(mode, learned)) - dropped | {"token_id", "length"}
 
 
 def check_shard(path: Path, entry: dict, manifest: dict) -> list[str]:
