@@ -106,8 +106,10 @@ def read_faithfulness(store: Path, manifest: dict, name: str) -> tuple[xr.Datase
     entry = manifest.get("faithfulness", {}).get(name)
     model = manifest.get("config", {}).get("model", {})
     if entry is None and model.get("causal") is False:
+        kind = ("a vision transformer" if model.get("inputs") == "image"
+                else "a bidirectional encoder")
         return None, ("not applicable: it scores next-token predictions, and "
-                      f"{model.get('spec', 'this model')} is a bidirectional encoder")
+                      f"{model.get('spec', 'this model')} is {kind}")
     if entry is None:
         return None, f"not run for this store ({hint})"
     path = store / entry["file"]

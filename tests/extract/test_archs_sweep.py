@@ -13,12 +13,17 @@ from __future__ import annotations
 
 import functools
 import re
+import sys
 from pathlib import Path
+
+if __name__ == "__main__":                    # run as a script: the helpers live in tests/
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np
 import pytest
 
 import reference as ref
+from reference import close
 import tiny_archs as ta
 from store_helpers import PER_TOKEN, cancellation, expected_compact
 from attngeom.extract.archs import Unsupported, discover
@@ -27,20 +32,6 @@ from attngeom.extract.measure import Options
 
 SINK_K, TAIL_W = 1, 4
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def close(got, want, name: str, scale=1.0, tol: float = 1e-5) -> None:
-    """NaN at the same cells; |got - want| <= tol * max(1, |want|) (x scale) elsewhere."""
-    got, want = np.asarray(got, dtype=float), np.asarray(want, dtype=float)
-    assert got.shape == want.shape, (name, got.shape, want.shape)
-    assert np.array_equal(np.isnan(got), np.isnan(want)), (
-        f"{name}: NaN pattern differs at {np.argwhere(np.isnan(got) != np.isnan(want))[:4]}")
-    ok = ~np.isnan(want)
-    assert ok.any(), f"{name}: nothing compared"
-    limit = tol * np.maximum(1.0, np.abs(want)) * np.broadcast_to(scale, want.shape)
-    bad = (np.abs(got - want) > limit) & ok
-    assert not bad.any(), (f"{name}: {bad.sum()} of {ok.sum()} differ, e.g. got {got[bad][:3]} "
-                           f"want {want[bad][:3]}")
 
 
 @functools.lru_cache(maxsize=None)
@@ -121,3 +112,78 @@ def test_refused_with_its_reason(name):
         discover(model)
     message = str(info.value)
     assert "\n" not in message and ta.ARCHS[name].refused in message, message
+
+
+DECODERS = [n for n in ta.SUPPORTED if ta.ARCHS[n].kind == "decoder"]
+
+
+@pytest.mark.parametrize("name", DECODERS)
+def test_faithfulness_runs_on_every_decoder(name):
+    """The removal handler's clean pass is the model itself (its own logits), and removing the
+    top half of keys by contribution changes them: faithfulness runs on this decoder."""
+    import torch
+
+    from attngeom.extract.interventions import Intervener, Removal, forward_logits
+
+    model, inputs = _model(name), ta.inputs(name)
+    real = inputs["attention_mask"].bool()
+    with torch.no_grad():
+        want = model(**inputs, use_cache=False).logits[real]
+    clean = forward_logits(model, inputs, Intervener(model))[real]
+    scale = float(want.abs().max())
+    assert float((clean - want).abs().max()) < 1e-4 * max(1.0, scale), name
+    removed = forward_logits(model, inputs, Intervener(
+        model, Removal("contribution", "comprehensiveness", 0.5)))[real]
+    assert float((removed - want).abs().max()) > 1e-3 * max(1.0, scale), name
+
+
+def coverage_rows() -> list[tuple[str, str, str]]:
+    """(architecture, status, notes or reason) of every sweep entry, from the sweep's models."""
+    rows = []
+    for name, arch in ta.ARCHS.items():
+        if arch.refused is None:
+            found = discover(_model(name))
+            kind = {"decoder": "exact, dense and compact; faithfulness", "encoder":
+                    "exact, dense and compact", "vision": "exact, dense and compact"}[arch.kind]
+            rows.append((name, kind, ", ".join(found.notes)))
+        else:
+            try:
+                discover(ta.build(name))
+                reason = "?"
+            except Unsupported as exc:
+                reason = str(exc)
+            rows.append((name, "refused", reason))
+    return rows
+
+
+def coverage_table(rows) -> str:
+    """The README's table (markdown) of :func:`coverage_rows`."""
+    cell = lambda s: s.replace("|", "\\|")                              # noqa: E731
+    lines = ["| architecture | status | notes |", "|---|---|---|"]
+    lines += [f"| `{a}` | {cell(s)} | {cell(n)} |" for a, s, n in rows]
+    return "\n".join(lines)
+
+
+BEGIN, END = "<!-- architectures:begin -->", "<!-- architectures:end -->"
+
+
+def test_readme_table_is_the_sweep():
+    """README.md's "Supported architectures" table is generated from this sweep; rewrite it
+    with ``python tests/extract/test_archs_sweep.py --write``."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    found = re.search(re.escape(BEGIN) + r"\n(.*?)\n" + re.escape(END), text, re.S)
+    assert found, "README.md lacks the architectures table markers"
+    assert found.group(1) == coverage_table(coverage_rows()), (
+        "README.md's architecture table is stale: run python tests/extract/test_archs_sweep.py "
+        "--write")
+
+
+if __name__ == "__main__":                    # rewrite README.md's table from the sweep
+    readme = ROOT / "README.md"
+    text = readme.read_text(encoding="utf-8")
+    table = coverage_table(coverage_rows())
+    new = re.sub(re.escape(BEGIN) + r"\n.*?\n" + re.escape(END),
+                 lambda m: f"{BEGIN}\n{table}\n{END}", text, flags=re.S)
+    if "--write" in sys.argv:
+        readme.write_text(new, encoding="utf-8")
+    print(table)
