@@ -270,8 +270,8 @@ def _layer(model: nn.Module, rec: dict, calls: list[dict]) -> Layer:
     if rec["out"] is None:
         if sum(r["call"].module is module for r in calls) > 1:
             raise Unsupported(f"{name} calls attention {sum(r['call'].module is module for r in calls)}"
-                              " times and combines the outputs before W_O (differential "
-                              "attention?); one head output per head cannot be decomposed")
+                              " times and combines the outputs before W_O (as differential "
+                              "attention does); one head output per head cannot be decomposed")
         first = rec.get("first")
         where = (f"goes through {first[0]} ({first[1]})" if first else
                  "is changed (e.g. by an output gate or a mixture of heads)")

@@ -143,8 +143,8 @@ def attention_keywords(module: nn.Module, kwargs: dict) -> None:
             continue
         if key in REFUSED:
             if value is not None:
-                raise Unsupported(f"{name} passes {key}= to attention ({REFUSED[key]}); an exact "
-                                 "decomposition of it is not supported")
+                raise Unsupported(f"{name} passes {key}= to attention: {REFUSED[key]}, which has "
+                                 "no exact decomposition here; not supported")
             continue
         raise Unsupported(f"{name} passes the attention keyword '{key}', which attngeom does not "
                          "know; it may change the attention, so the model is not supported")
@@ -196,18 +196,35 @@ def register() -> None:
 
 
 def _configs(model: nn.Module) -> list:
-    """The model's config and its sub-configs (text/vision towers of a wrapper)."""
+    """Every config object the model's modules read (the model's, its sub-configs', and any
+    module built with a config of its own), each once."""
     cfg = model.config
-    subs = [getattr(cfg, n, None) for n in getattr(cfg, "sub_configs", {}) or {}]
-    return [cfg, *[s for s in subs if s is not None]]
+    found = {id(cfg): cfg}
+    for name in getattr(cfg, "sub_configs", {}) or {}:
+        sub = getattr(cfg, name, None)
+        if sub is not None:
+            found.setdefault(id(sub), sub)
+    for module in model.modules():
+        config = getattr(module, "config", None)
+        if config is not None and hasattr(config, "_attn_implementation"):
+            found.setdefault(id(config), config)
+    return list(found.values())
 
 
-def _set_impl(model: nn.Module, impl: str) -> None:
+def _set_impl(model: nn.Module, impl: str | list) -> list:
+    """Set the attention implementation of every config (``impl`` a name, or the list this
+    function returned, to restore each config's own); return the previous values."""
+    configs = _configs(model)
+    previous = [c._attn_implementation for c in configs]
+    values = impl if isinstance(impl, list) else [impl] * len(configs)
     try:
-        model.set_attn_implementation(impl)
+        if not isinstance(impl, list):
+            model.set_attn_implementation(impl)
     except (AttributeError, ValueError, KeyError, ImportError):
-        for config in _configs(model):
-            config._attn_implementation = impl
+        pass
+    for config, value in zip(configs, values):
+        config._attn_implementation = value
+    return previous
 
 
 @contextlib.contextmanager
@@ -217,8 +234,7 @@ def attention_handler(model: nn.Module, handler: Handler) -> Iterator[None]:
     The calls are counted from 0 on entering the block (:attr:`Call.index`).
     """
     register()
-    previous = model.config._attn_implementation
-    _set_impl(model, NAME)
+    previous = _set_impl(model, NAME)
     _ACTIVE.append(handler)
     _CALLS.append(0)
     try:

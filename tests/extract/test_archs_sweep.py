@@ -171,9 +171,9 @@ def test_readme_table_is_the_sweep():
     """README.md's "Supported architectures" table is generated from this sweep; rewrite it
     with ``python tests/extract/test_archs_sweep.py --write``."""
     text = (ROOT / "README.md").read_text(encoding="utf-8")
-    found = re.search(re.escape(BEGIN) + r"\n(.*?)\n" + re.escape(END), text, re.S)
+    found = re.search(re.escape(BEGIN) + r"\n(.*?)" + re.escape(END), text, re.S)
     assert found, "README.md lacks the architectures table markers"
-    assert found.group(1) == coverage_table(coverage_rows()), (
+    assert found.group(1) == coverage_table(coverage_rows()) + "\n", (
         "README.md's architecture table is stale: run python tests/extract/test_archs_sweep.py "
         "--write")
 
@@ -182,7 +182,7 @@ if __name__ == "__main__":                    # rewrite README.md's table from t
     readme = ROOT / "README.md"
     text = readme.read_text(encoding="utf-8")
     table = coverage_table(coverage_rows())
-    new = re.sub(re.escape(BEGIN) + r"\n.*?\n" + re.escape(END),
+    new = re.sub(re.escape(BEGIN) + r"\n.*?" + re.escape(END),
                  lambda m: f"{BEGIN}\n{table}\n{END}", text, flags=re.S)
     if "--write" in sys.argv:
         readme.write_text(new, encoding="utf-8")
