@@ -95,11 +95,16 @@ def sinks(ds: xr.Dataset, *, sink_k: int | None = None, epsilon: float = DEFAULT
     info = describe(ds, sink_k, None, layers)
     acc = SinkAccumulator(info.heads, epsilon)
     run_pass(ds, info, [acc], elements=block_elements, progress=progress)
-    out = acc.result()
-    if "learned_sink_alpha" in ds:
-        out["learned_sink_rate_mean"] = learned_sink_rate(ds, info.k).sel(
-            layer=out["layer"]).transpose("layer", "head")
+    out = add_learned_sinks(acc.result(), ds, info.k)
     return with_provenance(out, ds.attrs, sink_k=info.k, epsilon=epsilon)
+
+
+def add_learned_sinks(out: xr.Dataset, ds: xr.Dataset, k: int) -> xr.Dataset:
+    """``out`` with ``learned_sink_rate_mean`` (layer, head) when the store has learned sinks."""
+    if "learned_sink_alpha" in ds:
+        out["learned_sink_rate_mean"] = learned_sink_rate(ds, k).sel(
+            layer=out["layer"]).transpose("layer", "head")
+    return out
 
 
 def learned_sink_rate(ds: xr.Dataset, k: int) -> xr.DataArray:

@@ -107,3 +107,38 @@ def test_refused_exits_2_with_one_line(runs, name):
     assert rc == 2 and len(lines) == 1 and lines[0].startswith("attngeom: error: "), err
     assert ta.ARCHS[name].refused in lines[0]
     assert not (base / f"{name}-store").exists()
+
+
+def test_learned_sinks_compact_store(tmp_path):
+    """A compact gpt-oss store: learned_sink_alpha is stored, validated, described (store info,
+    README.txt), the groups with the learned sink sum to one, and the sink analysis and report
+    page read it."""
+    import attngeom.store
+    from attngeom.analysis import sinks
+    from attngeom.extract.run import ExtractConfig, extract
+    from attngeom.reports.figures_sinks import learned_sink_pages
+    from attngeom.store.info import summary
+    from attngeom.store.validate import validate
+
+    model = ta.save("gpt_oss", tmp_path / "model")
+    texts = write_texts(tmp_path / "texts.jsonl", (3, 12, 6))
+    store = tmp_path / "store"
+    extract(str(model), str(texts), store, ExtractConfig(max_length=12, tail_w=3),
+            progress=False)
+    assert validate(store) == []
+    assert "learned sinks (learned_sink_alpha stored)" in summary(store)
+    assert "learned_sink_alpha  (sequence, layer, head, query)" in (store / "README.txt").read_text()
+    ds = attngeom.store.open(store).load()
+    total = (ds["alpha"].sum("sink") + ds["tail_alpha"].fillna(0).sum("lag")
+             + ds["middle_alpha"] + ds["learned_sink_alpha"]).values
+    real = ~np.isnan(ds["output_norm"].values)
+    np.testing.assert_allclose(total[real], 1.0, atol=1e-5)
+    s = sinks(ds)
+    lsa = np.where(real, ds["learned_sink_alpha"].values, np.nan)[..., 1:]     # queries i >= 1
+    want = np.nanmean(np.moveaxis(lsa, 0, -1).reshape(2, 4, -1), -1)          # (layer, head)
+    np.testing.assert_allclose(s["learned_sink_rate_mean"].values, want, rtol=1e-6)
+    from attngeom.reports._style import style
+
+    with style():
+        assert len(learned_sink_pages(s)) == 1
+    assert learned_sink_pages(sinks(ds.drop_vars("learned_sink_alpha"))) == []
