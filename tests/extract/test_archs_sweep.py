@@ -102,6 +102,27 @@ def test_gpt_oss_learned_sink_takes_mass_and_contributions_still_sum_to_one():
     np.testing.assert_allclose(summed[real], 1.0, atol=1e-5)
 
 
+def test_removal_leaves_the_learned_sink_weight():
+    """Faithfulness removal on gpt-oss: alpha over real keys is eager's (the learned sink keeps
+    its share, no renormalisation; at layer 0, before any removal changed the inputs), and
+    removing every real key leaves z = 0 (the sink carries no value)."""
+    from attngeom.extract.interventions import Intervener, Removal, forward_logits
+
+    model, inputs = _model("gpt_oss"), ta.inputs("gpt_oss")
+    _, calls = _reference("gpt_oss")
+    trace: list = []
+    forward_logits(model, inputs, Intervener(model, Removal("attention", "comprehensiveness",
+                                                            1.0), trace=trace))
+    real = inputs["attention_mask"].bool().numpy()
+    for t, call in zip(trace, calls):
+        alpha = t["alpha"].numpy()                                   # (B, H, T, T) float64
+        if t["layer"] == 0:
+            close(np.where(real[:, None, :, None], alpha, np.nan),
+                  np.where(real[:, None, :, None], call.alpha, np.nan), "clean alpha")
+        assert (alpha.sum(-1)[real[:, None].repeat(4, 1)] < 1 - 1e-3).all()
+        assert np.abs(t["z"].numpy()[real[:, None].repeat(4, 1)]).max() == 0.0
+
+
 @pytest.mark.parametrize("name", ta.REFUSED)
 def test_refused_with_its_reason(name):
     try:
