@@ -20,12 +20,14 @@ import hashlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .data import iter_records
-from .measure import Options
+
+if TYPE_CHECKING:                                   # torch is imported when a model runs
+    from .measure import Options
 
 SUFFIXES = (".png", ".jpg", ".jpeg")
 IMAGE_HELP = "give a folder of .png/.jpg images or hf:NAME[:CONFIG]:SPLIT with --image-field"
@@ -204,7 +206,7 @@ class Sequences:
     truncated: np.ndarray          # (S,) 0: images are never cut
 
 
-def measure_images(loaded, items: list, batch_size: int, opts: Options,
+def measure_images(loaded, items: list, batch_size: int, opts: "Options",
                    store_text: bool, bar=None) -> Iterator[tuple[dict, Sequences]]:
     """Measure ``items`` in order, ``batch_size`` images per forward pass.
 
