@@ -21,7 +21,7 @@ from ._views import DEFAULT_BLOCK_ELEMENTS, describe, require, run_pass
 from .anti_alignment import AntiAlignmentAccumulator, anti_alignment
 from .convexity import ConvexityAccumulator, convexity
 from .decomposition import DecompositionAccumulator, decomposition
-from .sinks import DEFAULT_EPSILON, SinkAccumulator, sinks
+from .sinks import DEFAULT_EPSILON, SinkAccumulator, add_learned_sinks, sinks
 from .summary import summary_table
 
 __all__ = ["sinks", "convexity", "anti_alignment", "decomposition", "summary_table", "run_all",
@@ -70,6 +70,7 @@ def run_all(ds: xr.Dataset, out_dir: str | os.PathLike | None = None, *,
                   level=level)
     results = {name: with_provenance(acc.result(), ds.attrs, **params)
                for name, acc in accs.items()}
+    results["sinks"] = add_learned_sinks(results["sinks"], ds, info.k)
     results["summary"] = summary_table(results["sinks"], results["convexity"],
                                        results["anti_alignment"], results["decomposition"])
     if out_dir is not None:                    # each file atomic and fsynced

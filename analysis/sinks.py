@@ -10,6 +10,8 @@ Output names (stable), :func:`sinks`:
 ``sink_rate_mean``, ``sink_rate_sd``, ``sink_mass_mean`` (sum of alpha over the k sink keys),
 ``n_queries``, ``is_sink_head``                          over (layer, head)
 ``sink_head_count``, ``sink_head_fraction``, ``layer_sink_rate_mean``   over (layer)
+``learned_sink_rate_mean`` over (layer, head): the mean weight of a learned sink logit
+(``learned_sink_alpha``, gpt-oss) over the same queries; only for stores that have one
 """
 
 from __future__ import annotations
@@ -93,4 +95,23 @@ def sinks(ds: xr.Dataset, *, sink_k: int | None = None, epsilon: float = DEFAULT
     info = describe(ds, sink_k, None, layers)
     acc = SinkAccumulator(info.heads, epsilon)
     run_pass(ds, info, [acc], elements=block_elements, progress=progress)
-    return with_provenance(acc.result(), ds.attrs, sink_k=info.k, epsilon=epsilon)
+    out = add_learned_sinks(acc.result(), ds, info.k)
+    return with_provenance(out, ds.attrs, sink_k=info.k, epsilon=epsilon)
+
+
+def add_learned_sinks(out: xr.Dataset, ds: xr.Dataset, k: int) -> xr.Dataset:
+    """``out`` with ``learned_sink_rate_mean`` (layer, head) when the store has learned sinks."""
+    if "learned_sink_alpha" in ds:
+        out["learned_sink_rate_mean"] = learned_sink_rate(ds, k).sel(
+            layer=out["layer"]).transpose("layer", "head")
+    return out
+
+
+def learned_sink_rate(ds: xr.Dataset, k: int) -> xr.DataArray:
+    """Mean ``learned_sink_alpha`` per (layer, head) over queries i >= k of finite sequences."""
+    x = ds["learned_sink_alpha"]
+    keep = (ds["query"] >= k) & (ds["finite"] != 0) if "finite" in ds else ds["query"] >= k
+    rate = x.where(keep).mean(("sequence", "query")).compute()
+    rate.attrs["description"] = ("mean weight of the learned sink logit (a virtual key with no "
+                                 "value) over queries i >= k")
+    return rate

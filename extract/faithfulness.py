@@ -257,6 +257,10 @@ def faithfulness(model: str, data: str, out: str | Path, cfg: FaithConfig | None
     if not loaded.info["causal"] or loaded.tokenizer is None:
         raise ValueError(f"faithfulness scores next-token predictions, so it needs a causal "
                          f"language model; '{model}' is a {loaded.info['model_type']} encoder")
+    if loaded.model.get_output_embeddings() is None:
+        raise ValueError(f"faithfulness scores next-token predictions, but '{model}' loaded "
+                         "without a language-modelling head (its config.json names no causal-LM "
+                         "class in 'architectures'); save it with its LM head")
     n_layers = loaded.info["n_layers"]
     if cfg.layers is not None and any(not 0 <= i < n_layers for i in cfg.layers):
         raise ValueError(f"--layers must be in 0..{n_layers - 1} for this model")

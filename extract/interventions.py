@@ -34,7 +34,7 @@ import torch
 from torch import nn
 
 from .archs import attention_layers
-from .geometry import Projection, norm_from_gram, repeat_kv, softmax_masked
+from .geometry import Projection, attention_probs, norm_from_gram, repeat_kv
 
 Tensor = torch.Tensor
 METRICS = ("attention", "value_weighted", "value_weighted_normalized", "contribution",
@@ -153,16 +153,6 @@ def eligible_keys(allowed: Tensor, token_mask: Tensor) -> Tensor:
 
 
 # ------------------------------------------------------------------------------------ handler
-def _logits64(q: Tensor, k: Tensor, scale: float, softcap: float | None) -> Tensor:
-    """Attention logits (B, H, Tq, Tk) in float64.
-
-    Rankings decide which keys are removed; float64 keeps near-ties from being decided by
-    float32 roundoff (alpha, scores and the intervened head outputs are all float64).
-    """
-    s = (q.double() @ k.double().transpose(-1, -2)) * scale
-    return s if softcap is None else torch.tanh(s / softcap) * softcap
-
-
 class Intervener:
     """Attention handler that runs each layer densely and applies one intervention.
 
@@ -175,7 +165,7 @@ class Intervener:
                  sink_k: int | None = None, probe=None, trace: list | None = None,
                  projections: dict | None = None):
         found = attention_layers(model)
-        self.layers = {id(m): (i, w) for i, (m, w, _) in enumerate(found)}
+        self.found = found
         self.n_layers = len(found)
         self.projections: dict[int, Projection] = {} if projections is None else projections
         self.removal = removal
@@ -184,29 +174,37 @@ class Intervener:
         self.trace = trace
         self.token_mask: Tensor | None = None
 
-    def projection(self, module: nn.Module, n_heads: int) -> Projection:
-        """W_O and its per-head Gram matrices in float64 (built once per module)."""
-        if id(module) not in self.projections:
-            w = self.layers[id(module)][1].detach().double()              # (H*dh, d)
+    def projection(self, layer: int) -> Projection:
+        """W_O and its per-head Gram matrices in float64 (built once per layer)."""
+        if layer not in self.projections:
+            found = self.found[layer]
+            w = found.weight.detach().double()                            # (H*dv, d)
             full = w @ w.T
-            dh = w.shape[0] // n_heads
-            blocks = full.view(n_heads, dh, n_heads, dh)
-            gram = torch.stack([blocks[h, :, h] for h in range(n_heads)])
-            self.projections[id(module)] = Projection(weight=w, gram=gram, full=full)
-        return self.projections[id(module)]
+            H, dv = found.n_heads, w.shape[0] // found.n_heads
+            blocks = full.view(H, dv, H, dv)
+            gram = torch.stack([blocks[h, :, h] for h in range(H)])
+            self.projections[layer] = Projection(weight=w, gram=gram, full=full)
+        return self.projections[layer]
 
-    def attend(self, module, query, key, value, allowed, scaling, softcap):
-        if id(module) not in self.layers:
-            raise RuntimeError(f"attention module {type(module).__name__} was not registered")
-        layer = self.layers[id(module)][0]
+    def attend(self, call) -> Tensor:
+        """Head outputs z (B, H, T, dv) of one attention call (:class:`~.hooks.Call`).
+
+        alpha comes from the call's own logits (scale, soft-cap, learned sink logits) in
+        float64; a learned sink keeps its weight (removal zeroes real keys only)."""
+        layer = call.index
+        if layer >= self.n_layers or self.found[layer].module is not call.module:
+            raise RuntimeError(f"attention call {layer} ({type(call.module).__name__}) is not "
+                               "the layer the probe found there")
+        query, key, value = call.query, call.key, call.value
         B, H, T, _ = query.shape
-        proj = self.projection(module, H)
+        proj = self.projection(layer)
         mask = self.token_mask
         mask = (torch.ones(B, T, dtype=torch.bool, device=query.device) if mask is None
                 else mask.to(query.device))
-        allowed = allowed & mask[:, None, None, :]
-        alpha = softmax_masked(_logits64(query, repeat_kv(key, H), scaling, softcap), allowed)
-        vf = repeat_kv(value, H).double()                                # (B, H, T, dh)
+        allowed = call.allowed & mask[:, None, None, :]
+        alpha, _ = attention_probs(query, repeat_kv(key, H), call.scaling, allowed,
+                                   call.softcap, call.sinks, dtype=torch.float64)
+        vf = repeat_kv(value, H).double()                                # (B, H, T, dv)
         weights, remove = alpha, None
         r = self.removal
         if r is not None and (r.layers is None or layer in r.layers):

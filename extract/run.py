@@ -24,6 +24,7 @@ from attngeom.store.writer import StoreWriter
 
 from .capture import measure
 from .data import Tokenized, batches, load_texts, pad_token_id, tokenize_texts
+from .images import ImageSet, image_tokens, is_image_spec, load_images, measure_images
 from .measure import Options
 
 
@@ -42,6 +43,8 @@ class ExtractConfig:
     batch_size: int = 4
     device: str = "cpu"
     dtype: str = "float32"
+    image_field: str | None = None     # hf: image datasets: the image column
+    tower: str | None = None           # a multimodal checkpoint's tower (vision)
 
     def check(self) -> None:
         if self.mode not in S.MODES:
@@ -65,6 +68,8 @@ def store_config(info: dict, texts, cfg: ExtractConfig, shard_size: int) -> dict
     model = portable(info, "spec", "id")
     data = {"spec": spec_label(texts.spec), "text_field": cfg.text_field, "sha256": texts.sha256,
             "n_texts": len(texts.texts), "limit": cfg.limit}
+    if cfg.image_field is not None:                  # recorded only for image datasets
+        data["image_field"] = cfg.image_field
     options = {"mode": cfg.mode, "sink_k": cfg.sink_k, "tail_w": cfg.tail_w,
                "max_length": cfg.max_length, "shard_size": shard_size,
                "store_text": cfg.store_text}
@@ -98,10 +103,18 @@ def extract(model: str, data: str, out: str | Path, cfg: ExtractConfig | None = 
     shard = parse_shard(shard) if shard is not None else None
     out = Path(out)
     if texts is None:                     # the command line passes the texts it checked
-        texts = load_texts(data, text_field=cfg.text_field, limit=cfg.limit)
+        texts = (load_images(data, cfg.image_field, cfg.limit) if is_image_spec(
+            data, cfg.image_field) else load_texts(data, text_field=cfg.text_field,
+                                                   limit=cfg.limit))
     if not texts.texts:
         raise ValueError(f"data '{data}' has no non-empty texts")
-    loaded = load(model, device=cfg.device, dtype=cfg.dtype, trust_remote_code=trust_remote_code)
+    loaded = load(model, device=cfg.device, dtype=cfg.dtype, trust_remote_code=trust_remote_code,
+                  tower=cfg.tower)
+    if (loaded.info.get("inputs") == "image") != isinstance(texts, ImageSet):
+        raise ValueError(f"--model {model} takes {loaded.info.get('inputs', 'text')} but --data "
+                         f"{data} holds {'images' if isinstance(texts, ImageSet) else 'texts'}")
+    if isinstance(texts, ImageSet):       # one sequence per image, of the model's token count
+        cfg.max_length = image_tokens(loaded, texts.texts)
     shard_size = cfg.shard_size or default_shard_size(cfg, loaded.info["n_layers"],
                                                       loaded.info["n_heads"])
     config = store_config(loaded.info, texts, cfg, shard_size)
@@ -139,40 +152,62 @@ def extract_shard(loaded, texts: list[str], start: int, cfg: ExtractConfig, opts
     :meth:`attngeom.store.writer.StoreWriter.add_shard`). Each batch is handed to the chunk
     encoder as it is measured; no second copy of the measured arrays is made."""
     tok = loaded.tokenizer
-    tokenized = tokenize_texts(tok, texts, cfg.max_length)
     T = cfg.max_length
-    lengths = np.array([len(ids) for ids in tokenized.ids])
-    stored = set(S.variables_for(cfg.mode))
+    stored = set(S.variables_for(cfg.mode, loaded.info.get("learned_sinks", False)))
+    images = loaded.info.get("inputs") == "image"
+    if images:
+        measured = measure_images(loaded, texts, cfg.batch_size, opts, cfg.store_text, bar)
+    else:
+        tokenized = tokenize_texts(tok, texts, cfg.max_length)
+        lengths = np.array([len(ids) for ids in tokenized.ids])
+        measured = measure_batches(loaded.model, tokenized, cfg, opts, pad_token_id(tok), bar)
     encoder = ChunkEncoder(min(cfg.batch_size, len(texts)), *encode_workers(cfg.device),
                            dims={name: S.dims_for(name, cfg.mode) for name in stored})
-    finite, row = np.ones(len(texts), dtype=np.int32), 0
+    finite, row, seqs = np.ones(len(texts), dtype=np.int32), 0, []
     try:
-        for arrays in measure_batches(loaded.model, tokenized, cfg, opts, pad_token_id(tok),
-                                      bar):
+        for arrays in measured:
+            if images:
+                arrays, info = arrays
+                seqs.append(info)
             batch = {k: _pad_tokens(k, v, T, cfg.mode) for k, v in arrays.items()
                      if k in stored}
             rows = len(batch["value_norm"])
-            finite[row:row + rows] = finite_flags(batch, lengths[row:row + rows])
+            batch_lengths = seqs[-1].lengths if images else lengths[row:row + rows]
+            finite[row:row + rows] = finite_flags(batch, batch_lengths)
             encoder.add(batch)                 # compressed while the next batch is measured
             row += rows
         encoded = encoder.finish()
     finally:
         encoder.close()
-    token_ids = np.full((len(texts), T), -1, dtype=np.int32)
-    special = np.zeros((len(texts), T), dtype=np.int8)
-    special_ids = set(getattr(tok, "all_special_ids", []) or [])
-    for i, ids in enumerate(tokenized.ids):
-        token_ids[i, : len(ids)] = ids
-        special[i, : len(ids)] = [t in special_ids for t in ids]
-    tokens = ([tok.convert_ids_to_tokens(ids) for ids in tokenized.ids]
-              if cfg.store_text else None)
-    extra = {"truncated": np.array(tokenized.truncated, dtype=np.int32), "finite": finite,
+    if images:
+        lengths = np.concatenate([s.lengths for s in seqs])
+        token_ids = np.concatenate([s.token_ids for s in seqs]).astype(np.int32)
+        special = np.concatenate([s.special for s in seqs])
+        tokens = sum((s.tokens for s in seqs), []) if cfg.store_text else None
+        truncated = np.zeros(len(texts), dtype=np.int32)
+    else:
+        _, token_ids, special, tokens = _token_facts(tok, tokenized, T, cfg.store_text)
+        truncated = np.array(tokenized.truncated, dtype=np.int32)
+    extra = {"truncated": truncated, "finite": finite,
              "text_index": np.arange(start, start + len(texts))}
     ds = build_shard(encoded, np.arange(start, start + len(texts)), token_ids, lengths, extra,
                      tokens, T, cfg.mode)
     ds["special"] = ((S.SEQUENCE, S.POSITION), special,
                      {"description": S.DESCRIPTIONS["special"]})
     return ds, encoded
+
+
+def _token_facts(tok, tokenized: Tokenized, T: int, store_text: bool):
+    """lengths (S,), token_ids (S, T) (-1 beyond length), special (S, T), token strings."""
+    lengths = np.array([len(ids) for ids in tokenized.ids])
+    token_ids = np.full((len(tokenized), T), -1, dtype=np.int32)
+    special = np.zeros((len(tokenized), T), dtype=np.int8)
+    special_ids = set(getattr(tok, "all_special_ids", []) or [])
+    for i, ids in enumerate(tokenized.ids):
+        token_ids[i, : len(ids)] = ids
+        special[i, : len(ids)] = [t in special_ids for t in ids]
+    tokens = [tok.convert_ids_to_tokens(ids) for ids in tokenized.ids] if store_text else None
+    return lengths, token_ids, special, tokens
 
 
 def encode_workers(device: str) -> tuple[int, int]:

@@ -52,4 +52,23 @@ def pages(sinks) -> list[Page]:
                f"Look for the layers where attention collapses onto the first token: these are "
                f"the heads whose output the sink's value geometry controls.")
     return [Page(SECTION, "Sink heads: where attention collapses onto the first token", fig,
-                 caption)]
+                 caption)] + learned_sink_pages(sinks)
+
+
+def learned_sink_pages(sinks) -> list[Page]:
+    """The learned sink's weight per head, for models with learned sink logits (gpt-oss)."""
+    if "learned_sink_rate_mean" not in sinks:
+        return []
+    fig = figure()
+    ax = fig.add_subplot(1, 1, 1)
+    rate = sinks["learned_sink_rate_mean"].transpose("layer", "head").values
+    heatmap(ax, rate, cmap="rocket_r", vmin=0, vmax=1, rows=sinks["layer"].values,
+            cols=sinks["head"].values, label="mean learned-sink weight (queries i ≥ k)")
+    ax.set_title("Mean weight of the learned sink logit, per head")
+    caption = ("This model has a learned sink logit per head: a virtual key with no value that "
+               "joins the softmax, so the real keys' α sum to 1 minus its weight "
+               "(learned_sink_alpha). The map shows its mean weight over all queries i ≥ k; "
+               "compare it with the emergent sink (position 0) on the previous page. The "
+               "attention it absorbs adds nothing to the head output, and the contribution "
+               "weights over real keys still sum to 1.")
+    return [Page(SECTION, "Learned sinks: attention given to no token", fig, caption)]

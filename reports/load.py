@@ -105,8 +105,10 @@ def read_faithfulness(store: Path, manifest: dict, name: str) -> tuple[xr.Datase
     path, why = verified_file(store, manifest, name)
     model = manifest.get("config", {}).get("model", {})
     if why == "not recorded" and model.get("causal") is False:
+        kind = ("a vision transformer" if model.get("inputs") == "image"
+                else "a bidirectional encoder")
         return None, ("not applicable: it scores next-token predictions, and "
-                      f"{model.get('spec', 'this model')} is a bidirectional encoder")
+                      f"{model.get('spec', 'this model')} is {kind}")
     if why == "not recorded":
         return None, f"not run for this store ({hint})"
     if why == "missing":

@@ -116,6 +116,11 @@ def provenance(data: ReportData) -> list[tuple[str, str]]:
                   f"{'kept' if opts.get('store_text', True) else 'not kept'}; content hash "
                   f"{m['config_hash'][:16]}, created {m.get('created')}"),
     ]
+    if model.get("inputs") == "image":
+        rows.insert(3, ("sink token", "the first token of each image: [CLS] where the model "
+                        "has one (ViT, DeiT, DINOv2, CLIP); SigLIP has none, so it is the "
+                        "top-left patch p(0,0). The tail is the w tokens before each query in "
+                        "token order (patches row by row)."))
     if data.ds is None:
         rows = [r for r in rows if r[0] not in ("sequences", "store")] + [
             ("store", f"{data.store} — faithfulness results only (no extracted sequences); "

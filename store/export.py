@@ -220,7 +220,8 @@ def _pair_order(cols: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 def _block_tables(block) -> dict[str, list[dict[str, np.ndarray]]]:
     """Columns of every table for one loaded block (one shard, one layer)."""
-    per_query = _present(block, list(S.PER_QUERY_VARIABLES) + list(S.MIDDLE_VARIABLES)
+    per_query = _present(block, list(S.PER_QUERY_VARIABLES) + list(S.LEARNED_SINK_VARIABLES)
+                         + list(S.MIDDLE_VARIABLES)
                          + list(S.PER_LAYER_QUERY_VARIABLES))
     per_key = _present(block, list(S.PER_KEY_VARIABLES))
     out = {"per_query": [], "per_key": [], "pairs": _pair_columns(block)}

@@ -211,7 +211,8 @@ def expected_variables(manifest: dict) -> set[str]:
     """Variables every shard of the store must hold (what ``store subset`` kept)."""
     cut = manifest["config"].get("subset") or {}
     dropped = set(cut.get("dropped_variables", []))
-    return set(S.variables_for(manifest["config"]["options"]["mode"])) - dropped \
+    learned = manifest["config"].get("model", {}).get("learned_sinks", False)
+    return set(S.variables_for(manifest["config"]["options"]["mode"], learned)) - dropped \
         | {"token_id", "length"}
 
 

@@ -27,7 +27,7 @@ def _select(spec, available, what: str) -> list[int]:
 
 def _variables(spec, present: set[str], mode: str) -> tuple[set[str], list[str]]:
     """The measured variables to keep, and those added so contributions derive on read."""
-    measured = set(S.variables_for(mode)) & present
+    measured = set(S.variables_for(mode, learned_sinks=True)) & present  # sinks if stored
     if spec is None:
         return measured, []
     names = [n.strip() for n in (spec.split(",") if isinstance(spec, str) else spec) if n.strip()]
@@ -79,7 +79,7 @@ def subset(store: str | Path, out: str | Path, layers=None, heads=None, sequence
     origin = expand(before["sequences"]) if before else list(range(m["n_sequences"]))
     position = {s: i for i, s in enumerate(seq_all)}
     dropped = sorted(set(before.get("dropped_variables", []))
-                     | (set(S.variables_for(cfg["options"]["mode"])) & present) - keep)
+                     | (set(S.variables_for(cfg["options"]["mode"], True)) & present) - keep)
     config = without_text(cfg, no_text)
     config["subset"] = {
         "source_config_hash": before.get("source_config_hash", m["config_hash"]),

@@ -14,7 +14,9 @@ def add_parser(p) -> None:
     p.add_argument("--model", required=True,
                    help="hub id, model directory, .gguf file, or smollm2-135m/gemma3-270m/minilm-l6")
     p.add_argument("--data", required=True,
-                   help="a .jsonl/.parquet/.txt file, hf:NAME[:CONFIG]:SPLIT, or builtin")
+                   help="a .jsonl/.parquet/.txt file, hf:NAME[:CONFIG]:SPLIT, or builtin; for a "
+                        "vision model a folder of .png/.jpg images or hf:NAME:SPLIT with "
+                        "--image-field")
     p.add_argument("--out", required=True, help="store directory (created, or resumed)")
     p.add_argument("--mode", choices=["compact", "dense"], default="compact")
     p.add_argument("--max-length", type=int, default=512, help="tokens per text (truncated)")
@@ -23,6 +25,11 @@ def add_parser(p) -> None:
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="float32", help="float32, bfloat16 or float16 (GPU)")
     p.add_argument("--text-field", default=None, help="field of JSONL/Parquet records")
+    p.add_argument("--image-field", default=None,
+                   help="image column of an hf: image dataset (default: image)")
+    p.add_argument("--tower", default=None, choices=["vision", "text"],
+                   help="measure one tower of a multimodal checkpoint (e.g. --tower vision for "
+                        "the vision model of a full CLIP or SigLIP checkpoint)")
     p.add_argument("--sink-k", type=int, default=1, help="sink keys: the first k positions")
     p.add_argument("--tail-w", type=int, default=8, help="tail window: w most recent keys")
     p.add_argument("--shard-size", type=int, default=None, help="sequences per shard file")
@@ -64,9 +71,21 @@ def check_model(args) -> None:
     check_spec(args.model)
 
 
-def run(args) -> int:
+def load_data(args):
+    """The texts, or for a folder / ``--image-field`` the images, named by ``--data``."""
     from attngeom.extract.data import load_texts
+    from attngeom.extract.images import is_image_spec, load_images
 
+    if is_image_spec(args.data, args.image_field):
+        return load_images(args.data, args.image_field, args.limit)
+    texts = load_texts(args.data, text_field=args.text_field, limit=args.limit)
+    if not texts.texts:
+        raise ValueError(f"--data {args.data} holds no non-empty text "
+                         f"({texts.skipped_empty} empty skipped); give a file with texts")
+    return texts
+
+
+def run(args) -> int:
     check_at_least_one(args, ("sink_k", "tail_w", "max_length", "batch_size", "limit",
                               "shard_size"))
     if args.shard is not None:
@@ -75,10 +94,7 @@ def run(args) -> int:
         parse_shard(args.shard)
     check_model(args)
     check_out(args.out)
-    texts = load_texts(args.data, text_field=args.text_field, limit=args.limit)
-    if not texts.texts:
-        raise ValueError(f"--data {args.data} holds no non-empty text "
-                         f"({texts.skipped_empty} empty skipped); give a file with texts")
+    texts = load_data(args)
 
     from attngeom.extract.run import ExtractConfig, extract
     from attngeom.store.info import summary
@@ -86,7 +102,8 @@ def run(args) -> int:
     cfg = ExtractConfig(mode=args.mode, sink_k=args.sink_k, tail_w=args.tail_w,
                         max_length=args.max_length, limit=args.limit, text_field=args.text_field,
                         shard_size=args.shard_size, store_text=not args.no_text,
-                        batch_size=args.batch_size, device=args.device, dtype=args.dtype)
+                        batch_size=args.batch_size, device=args.device, dtype=args.dtype,
+                        image_field=args.image_field, tower=args.tower)
     extract(args.model, args.data, args.out, cfg, trust_remote_code=args.trust_remote_code,
             progress=not args.quiet, shard=args.shard, texts=texts)
     print(summary(args.out))

@@ -45,11 +45,9 @@ def bad(rel_dir, tiny_model, small_store) -> dict[str, Path]:
     broken = Path(shutil.copytree(tiny_model, base / "brokenconfig", dirs_exist_ok=True))
     (broken / "config.json").write_text('{"model_type": ')
     out["brokenconfig"] = broken
-    opt = Path(shutil.copytree(tiny_model, base / "opt", dirs_exist_ok=True))
-    config = json.loads((opt / "config.json").read_text())
-    config.update(model_type="opt", architectures=["OPTForCausalLM"])
-    (opt / "config.json").write_text(json.dumps(config))
-    out["opt"] = opt
+    import tiny_archs
+
+    out["bloom"] = tiny_archs.save("bloom", base / "bloom")   # attention outside the interface
     out.update(bad_stores(base, small_store))
     return out
 
@@ -110,8 +108,9 @@ CASES = {
                              ["no config.json"]),
     "model config not JSON": (lambda b, m, t, o: E(b, b["brokenconfig"], t, o),
                               ["config.json", "not valid JSON"]),
-    "unsupported architecture": (lambda b, m, t, o: E(b, b["opt"], t, o),
-                                 ["unsupported architecture 'opt'", "archs.py"]),
+    "unsupported architecture": (lambda b, m, t, o: E(b, b["bloom"], t, o),
+                                 ["'bloom' computes attention without transformers' attention "
+                                  "interface"]),
     "missing data": (lambda b, m, t, o: E(b, m, Path(t).with_name("missing.jsonl"), o),
                      ["not found"]),
     "unknown data extension": (lambda b, m, t, o: E(b, m, b["texts.csv"], o),
