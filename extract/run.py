@@ -20,38 +20,13 @@ from attngeom.store.chunks import ChunkEncoder
 from attngeom.store.manifest import (StoreError, config_difference, file_sha256,
                                      new_manifest, read_manifest, write_manifest)
 from attngeom.store.distributed import check_part, parse_shard, part_record
+from attngeom.store.options import ExtractConfig
 from attngeom.store.readme import write_readme
 from attngeom.store.shards import build_shard, remove_temporaries, shard_attrs, shard_name, write_shard
 
 from .capture import measure
 from .data import Tokenized, batches, load_texts, pad_token_id, tokenize_texts
 from .measure import Options
-
-
-@dataclass
-class ExtractConfig:
-    """Options of an extraction run; all but ``batch_size``/``device`` shape the numbers."""
-
-    mode: str = "compact"
-    sink_k: int = 1
-    tail_w: int = 8
-    max_length: int = 512
-    limit: int | None = None
-    text_field: str | None = None
-    shard_size: int | None = None
-    store_text: bool = True
-    batch_size: int = 4
-    device: str = "cpu"
-    dtype: str = "float32"
-
-    def check(self) -> None:
-        if self.mode not in S.MODES:
-            raise ValueError(f"--mode must be one of {', '.join(S.MODES)}, not '{self.mode}'")
-        for name in ("sink_k", "tail_w", "max_length", "batch_size"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
-        if self.limit is not None and self.limit < 1:
-            raise ValueError("--limit must be at least 1")
 
 
 def default_shard_size(cfg: ExtractConfig, n_layers: int, n_heads: int) -> int:
@@ -140,7 +115,7 @@ def extract(model: str, data: str, out: str | Path, cfg: ExtractConfig | None = 
 
     cfg = cfg or ExtractConfig()
     cfg.check()
-    shard = parse_shard(shard) if shard is not None else None
+    shard = parse_shard(shard) if shard is not None else None   # "I/N" or (I, N): checked
     out = Path(out)
     if texts is None:                     # the command line passes the texts it checked
         texts = load_texts(data, text_field=cfg.text_field, limit=cfg.limit)
@@ -158,6 +133,7 @@ def extract(model: str, data: str, out: str | Path, cfg: ExtractConfig | None = 
     manifest = open_or_create(out, config, len(texts.texts), extra)
     check_part(out, manifest, part)
     done = finished(out, manifest)
+    current = BatchSize(cfg.batch_size)   # halved on out-of-memory for the rest of the run
     opts = Options(cfg.mode, cfg.sink_k, cfg.tail_w, derived=False)   # store derives on read
     n = len(texts.texts)
     chosen = range(*part["shards"]) if part is not None else None
@@ -172,7 +148,7 @@ def extract(model: str, data: str, out: str | Path, cfg: ExtractConfig | None = 
             continue
         stop = min(n, start + shard_size)
         ds, encoded = extract_shard(loaded, texts.texts[start:stop], start, cfg, opts,
-                                    manifest, bar)
+                                    manifest, bar, current)
         name = shard_name(index)
         write_shard(ds, out / name, encoded)
         manifest["shards"].append({"file": name, "sequences": [start, stop],
@@ -191,18 +167,20 @@ def extract(model: str, data: str, out: str | Path, cfg: ExtractConfig | None = 
 
 
 def extract_shard(loaded, texts: list[str], start: int, cfg: ExtractConfig, opts: Options,
-                  manifest: dict, bar) -> tuple["xarray.Dataset", dict]:
+                  manifest: dict, bar, current: "BatchSize | None" = None
+                  ) -> tuple["xarray.Dataset", dict]:
     """Measure one block of texts; return it as a shard Dataset and its measured variables
     already compressed (for :func:`attngeom.store.shards.write_shard`)."""
+    current = current or BatchSize(cfg.batch_size)
     tok = loaded.tokenizer
     tokenized = tokenize_texts(tok, texts, cfg.max_length)
     T = cfg.max_length
     parts: list[dict[str, np.ndarray]] = []
     stored = set(S.variables_for(cfg.mode))
-    encoder = ChunkEncoder(min(cfg.batch_size, len(texts)), *encode_workers(cfg.device))
+    encoder = ChunkEncoder(min(current.size, len(texts)), *encode_workers(cfg.device))
     try:
         for arrays in measure_batches(loaded.model, tokenized, cfg, opts, pad_token_id(tok),
-                                      bar):
+                                      bar, current=current):
             parts.append({k: _pad_tokens(k, v, T, cfg.mode) for k, v in arrays.items()
                           if k in stored})
             encoder.add(parts[-1])             # compressed while the next batch is measured
@@ -254,24 +232,33 @@ def is_out_of_memory(exc: BaseException) -> bool:
         isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower())
 
 
+@dataclass
+class BatchSize:
+    """The batch size in use: the configured one, halved on out-of-memory and kept smaller for
+    the rest of the run (the config itself is never changed)."""
+
+    size: int
+
+
 def measure_batches(model, tokenized, cfg: ExtractConfig, opts: Options, pad_id: int,
-                    bar=None, log=tqdm.write):
+                    bar=None, log=tqdm.write, current: BatchSize | None = None):
     """Measure ``tokenized`` in data order; on out-of-memory halve the batch and retry.
 
-    The smaller batch size is kept for the rest of the run (``cfg.batch_size``); out of
-    memory at batch size 1 raises MemoryError with the fix.
+    The smaller batch size is kept in ``current`` (default: a new one at ``cfg.batch_size``) for
+    the rest of the run; out of memory at batch size 1 raises MemoryError with the fix.
     """
+    current = current or BatchSize(cfg.batch_size)
     start, n = 0, len(tokenized)
     while start < n:
-        size = cfg.batch_size
+        size = current.size
         rows = Tokenized(tokenized.ids[start:start + size],
                          tokenized.truncated[start:start + size])
         batch = next(batches(rows, size, pad_id=pad_id))
         try:
             arrays = measure(model, batch, opts)
         except RuntimeError as exc:
-            cfg.batch_size = halved_batch(exc, size, cfg.device, log, "continuing",
-                                          "--max-length, --dtype bfloat16")
+            current.size = halved_batch(exc, size, cfg.device, log, "continuing",
+                                      "--max-length, --dtype bfloat16")
             continue
         if bar is not None:
             bar.update(len(rows))
