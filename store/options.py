@@ -27,7 +27,6 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Sequence
 
 from . import vocab as V
-from .distributed import parse_shard
 from .ranges import SYNTAX, check_syntax
 
 LISTS = ("names", "numbers")        # comma-separated on the command line, tuples in Python
@@ -101,13 +100,6 @@ def _ranges(what: str) -> Callable[[str], str]:
     return convert
 
 
-def _shard(text: str) -> tuple[int, int]:
-    try:
-        return parse_shard(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
 def add_arguments(parser: argparse.ArgumentParser, cls: type, only: Sequence[str] | None = None,
                   defaults: dict | None = None) -> None:
     """Add the options of the dataclass ``cls`` to ``parser``.
@@ -153,8 +145,7 @@ def _argparse_kwargs(f: dataclasses.Field, default: Any) -> dict:
     elif kind == "ranges":
         kw["type"] = _ranges(flag_of(f))
     else:
-        convert = m["type"] or (type(default) if default is not None else str)
-        kw["type"] = _shard if convert is parse_shard else convert
+        kw["type"] = m["type"] or (type(default) if default is not None else str)
         if m["choices"]:
             kw["choices"] = list(m["choices"])
     return kw
@@ -317,9 +308,9 @@ class ExtractCommand:
     model: str = option(None, MODEL_HELP, type=str, required=True)
     data: str = option(None, DATA_HELP, type=str, required=True)
     out: str = option(None, "store directory (created, or resumed)", type=str, required=True)
-    shard: tuple[int, int] | None = option(
+    shard: str | None = option(
         None, "extract only part I (0-based) of N, a contiguous block of shard files; join the "
-              "N part stores with `attngeom store merge`", type=parse_shard, metavar="I/N")
+              "N part stores with `attngeom store merge`", type=str, metavar="I/N")
     trust_remote_code: bool = option(False, TRUST_HELP, kind="flag")
     quiet: bool = option(False, "no progress bar", kind="flag")
 

@@ -39,9 +39,11 @@ def check_model(model: str, dtype: str, device: str) -> None:
 
 def run(args) -> int:
     from attngeom.extract.data import load_texts
+    from attngeom.store.distributed import parse_shard
 
     cmd, cfg = from_args(args, ExtractCommand), from_args(args, ExtractConfig)
     cfg.check()
+    shard = parse_shard(cmd.shard) if cmd.shard is not None else None   # (I, N), parsed once
     check_model(cmd.model, cfg.dtype, cfg.device)
     check_out(cmd.out)
     texts = load_texts(cmd.data, text_field=cfg.text_field, limit=cfg.limit)
@@ -53,6 +55,6 @@ def run(args) -> int:
     from attngeom.store.info import summary
 
     extract(cmd.model, cmd.data, cmd.out, cfg, trust_remote_code=cmd.trust_remote_code,
-            progress=not cmd.quiet, shard=cmd.shard, texts=texts)
+            progress=not cmd.quiet, shard=shard, texts=texts)
     print(summary(cmd.out))
     return 0
