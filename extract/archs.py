@@ -63,7 +63,7 @@ def attention_layers(model: nn.Module) -> list[Found]:
     if model_type not in FINDERS:
         raise ValueError(
             f"unsupported architecture '{model_type}'; supported: {supported()} "
-            "(add a finder to attngeom/extract/archs.py for another one)")
+            "(add a finder to extract/archs.py for another one)")
     found = list(FINDERS[model_type](model))
     if not found:
         raise ValueError(f"no attention layers found in this '{model_type}' model")

@@ -185,7 +185,7 @@ def load(spec: str, device: str = "cpu", dtype: str = "float32",
         config = AutoConfig.from_pretrained(where, trust_remote_code=trust_remote_code)
         if config.model_type not in FINDERS:
             raise ValueError(f"unsupported architecture '{config.model_type}'; supported: "
-                             f"{supported()} (add a finder in attngeom/extract/archs.py)")
+                             f"{supported()} (add a finder in extract/archs.py)")
         cls = AutoModelForCausalLM if config.model_type in CAUSAL else AutoModel
         model = cls.from_pretrained(where, dtype=torch_dtype, trust_remote_code=trust_remote_code)
         tok = None if config.model_type == "vit" else AutoTokenizer.from_pretrained(
