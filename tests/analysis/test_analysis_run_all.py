@@ -122,6 +122,10 @@ def test_layers_option(store):
     res = run_all(store, None, layers=[1], n_boot=0, progress=False)
     assert list(res["convexity"]["layer"].values) == [1]
     assert list(res["summary"]["layer"].astype(str)) == ["1", "all"]
+    open_end = run_all(store, None, layers="1:", n_boot=0, progress=False)   # to the last layer
+    assert list(open_end["sinks"]["layer"].values) == [1]
+    with pytest.raises(ValueError, match="--layers 2 is not in the store"):
+        run_all(store, None, layers="0:3", n_boot=0, progress=False)
 
 
 def test_cli_analyze(store, tmp_path, monkeypatch, capsys):
