@@ -31,7 +31,7 @@ import xarray as xr
 from scipy import stats
 from statsmodels.nonparametric.smoothers_lowess import lowess
 
-from ._common import fdr, one_sided_from_two, with_provenance
+from ._common import bootstrap_rng, fdr, one_sided_from_two, with_provenance
 from ._views import DEFAULT_BLOCK_ELEMENTS, Block, describe, require, run_pass
 
 FIT_NAMES = ("beta0", "beta1", "beta2", "beta2_se", "p_value", "vertex", "vertex_se",
@@ -72,7 +72,7 @@ def bootstrap_vertex_ci(x, y, groups, n_boot: int, rng, level: float = 0.05):
         warnings.simplefilter("ignore")
         res = stats.bootstrap((np.arange(len(sums)),), statistic, n_resamples=n_boot,
                               vectorized=True, batch=64, method="percentile",
-                              confidence_level=1 - level, rng=rng)
+                              confidence_level=1 - level, **bootstrap_rng(rng))
     return float(res.confidence_interval.low), float(res.confidence_interval.high)
 
 

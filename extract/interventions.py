@@ -33,16 +33,13 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from attngeom.store.vocab import GRANULARITIES, METRICS, RANKS, REMOVAL_MODES
+
 from .archs import attention_layers
 from .geometry import Projection, attention_probs, norm_from_gram, repeat_kv
 
 Tensor = torch.Tensor
-METRICS = ("attention", "value_weighted", "value_weighted_normalized", "contribution",
-           "contribution_layer")
-NONNEGATIVE = ("attention", "value_weighted", "value_weighted_normalized")
-MODES = ("comprehensiveness", "sufficiency")
-RANKS = ("signed", "magnitude")
-GRANULARITIES = ("head", "query", "token")
+MODES = REMOVAL_MODES                    # the name tests and scripts import
 
 
 @dataclass(frozen=True)
@@ -57,7 +54,7 @@ class Removal:
     layers: frozenset[int] | None = None
 
     def __post_init__(self) -> None:
-        for name, allowed in (("metric", METRICS), ("mode", MODES), ("rank", RANKS),
+        for name, allowed in (("metric", METRICS), ("mode", REMOVAL_MODES), ("rank", RANKS),
                               ("granularity", GRANULARITIES)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"unknown {name} '{getattr(self, name)}'; "

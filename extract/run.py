@@ -8,7 +8,7 @@ command skips recorded shards whose file and checksum are intact.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -21,39 +21,12 @@ from attngeom.store.distributed import check_part, parse_shard, part_record
 from attngeom.store.manifest import portable, spec_label
 from attngeom.store.shards import build_shard
 from attngeom.store.writer import StoreWriter
+from attngeom.store.options import ExtractConfig
 
 from .capture import measure
 from .data import Tokenized, batches, load_texts, pad_token_id, tokenize_texts
 from .images import ImageSet, image_tokens, is_image_spec, load_images, measure_images
 from .measure import Options
-
-
-@dataclass
-class ExtractConfig:
-    """Options of an extraction run; all but ``batch_size``/``device`` shape the numbers."""
-
-    mode: str = "compact"
-    sink_k: int = 1
-    tail_w: int = 8
-    max_length: int = 512
-    limit: int | None = None
-    text_field: str | None = None
-    shard_size: int | None = None
-    store_text: bool = True
-    batch_size: int = 4
-    device: str = "cpu"
-    dtype: str = "float32"
-    image_field: str | None = None     # hf: image datasets: the image column
-    tower: str | None = None           # a multimodal checkpoint's tower (vision)
-
-    def check(self) -> None:
-        if self.mode not in S.MODES:
-            raise ValueError(f"--mode must be one of {', '.join(S.MODES)}, not '{self.mode}'")
-        for name in ("sink_k", "tail_w", "max_length", "batch_size"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
-        if self.limit is not None and self.limit < 1:
-            raise ValueError("--limit must be at least 1")
 
 
 def default_shard_size(cfg: ExtractConfig, n_layers: int, n_heads: int) -> int:
@@ -100,7 +73,7 @@ def extract(model: str, data: str, out: str | Path, cfg: ExtractConfig | None = 
 
     cfg = cfg or ExtractConfig()
     cfg.check()
-    shard = parse_shard(shard) if shard is not None else None
+    shard = parse_shard(shard) if shard is not None else None   # "I/N" or (I, N): checked
     out = Path(out)
     if texts is None:                     # the command line passes the texts it checked
         texts = (load_images(data, cfg.image_field, cfg.limit) if is_image_spec(
@@ -114,7 +87,7 @@ def extract(model: str, data: str, out: str | Path, cfg: ExtractConfig | None = 
         raise ValueError(f"--model {model} takes {loaded.info.get('inputs', 'text')} but --data "
                          f"{data} holds {'images' if isinstance(texts, ImageSet) else 'texts'}")
     if isinstance(texts, ImageSet):       # one sequence per image, of the model's token count
-        cfg.max_length = image_tokens(loaded, texts.texts)
+        cfg = replace(cfg, max_length=image_tokens(loaded, texts.texts))
     shard_size = cfg.shard_size or default_shard_size(cfg, loaded.info["n_layers"],
                                                       loaded.info["n_heads"])
     config = store_config(loaded.info, texts, cfg, shard_size)
@@ -126,6 +99,7 @@ def extract(model: str, data: str, out: str | Path, cfg: ExtractConfig | None = 
     writer = StoreWriter.create(out, config, len(texts.texts), extra, log=tqdm.write)
     check_part(out, writer.manifest, part)
     done = writer.finished()
+    current = BatchSize(cfg.batch_size)   # halved on out-of-memory for the rest of the run
     opts = Options(cfg.mode, cfg.sink_k, cfg.tail_w, derived=False)   # store derives on read
     n = len(texts.texts)
     chosen = range(*part["shards"]) if part is not None else None
@@ -139,18 +113,20 @@ def extract(model: str, data: str, out: str | Path, cfg: ExtractConfig | None = 
         if start in done or (chosen is not None and index not in chosen):
             continue
         stop = min(n, start + shard_size)
-        ds, encoded = extract_shard(loaded, texts.texts[start:stop], start, cfg, opts, bar)
+        ds, encoded = extract_shard(loaded, texts.texts[start:stop], start, cfg, opts, bar,
+                                    current)
         writer.add_shard(ds, index, encoded)
     bar.close()
     return writer.finish()
 
 
 def extract_shard(loaded, texts: list[str], start: int, cfg: ExtractConfig, opts: Options,
-                  bar=None) -> tuple["xarray.Dataset", dict]:
+                  bar=None, current: "BatchSize | None" = None) -> tuple["xarray.Dataset", dict]:
     """Measure one block of texts; return the shard Dataset of everything but the measured
     variables, and those already compressed (for
     :meth:`attngeom.store.writer.StoreWriter.add_shard`). Each batch is handed to the chunk
     encoder as it is measured; no second copy of the measured arrays is made."""
+    current = current or BatchSize(cfg.batch_size)
     tok = loaded.tokenizer
     T = cfg.max_length
     stored = set(S.variables_for(cfg.mode, loaded.info.get("learned_sinks", False)))
@@ -160,8 +136,9 @@ def extract_shard(loaded, texts: list[str], start: int, cfg: ExtractConfig, opts
     else:
         tokenized = tokenize_texts(tok, texts, cfg.max_length)
         lengths = np.array([len(ids) for ids in tokenized.ids])
-        measured = measure_batches(loaded.model, tokenized, cfg, opts, pad_token_id(tok), bar)
-    encoder = ChunkEncoder(min(cfg.batch_size, len(texts)), *encode_workers(cfg.device),
+        measured = measure_batches(loaded.model, tokenized, cfg, opts, pad_token_id(tok), bar,
+                                   current=current)
+    encoder = ChunkEncoder(min(current.size, len(texts)), *encode_workers(cfg.device),
                            dims={name: S.dims_for(name, cfg.mode) for name in stored})
     finite, row, seqs = np.ones(len(texts), dtype=np.int32), 0, []
     try:
@@ -235,24 +212,33 @@ def is_out_of_memory(exc: BaseException) -> bool:
         isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower())
 
 
+@dataclass
+class BatchSize:
+    """The batch size in use: the configured one, halved on out-of-memory and kept smaller for
+    the rest of the run (the config itself is never changed)."""
+
+    size: int
+
+
 def measure_batches(model, tokenized, cfg: ExtractConfig, opts: Options, pad_id: int,
-                    bar=None, log=tqdm.write):
+                    bar=None, log=tqdm.write, current: BatchSize | None = None):
     """Measure ``tokenized`` in data order; on out-of-memory halve the batch and retry.
 
-    The smaller batch size is kept for the rest of the run (``cfg.batch_size``); out of
-    memory at batch size 1 raises MemoryError with the fix.
+    The smaller batch size is kept in ``current`` (default: a new one at ``cfg.batch_size``) for
+    the rest of the run; out of memory at batch size 1 raises MemoryError with the fix.
     """
+    current = current or BatchSize(cfg.batch_size)
     start, n = 0, len(tokenized)
     while start < n:
-        size = cfg.batch_size
+        size = current.size
         rows = Tokenized(tokenized.ids[start:start + size],
                          tokenized.truncated[start:start + size])
         batch = next(batches(rows, size, pad_id=pad_id))
         try:
             arrays = measure(model, batch, opts)
         except RuntimeError as exc:
-            cfg.batch_size = halved_batch(exc, size, cfg.device, log, "continuing",
-                                          "--max-length, --dtype bfloat16")
+            current.size = halved_batch(exc, size, cfg.device, log, "continuing",
+                                      "--max-length, --dtype bfloat16")
             continue
         if bar is not None:
             bar.update(len(rows))

@@ -18,6 +18,7 @@ import xarray as xr
 
 from attngeom.analysis import RESULT_FILES, SUMMARY_FILE, run_all
 from attngeom.store import open_store, read_manifest
+from attngeom.store.options import AnalysisOptions
 from attngeom.store.reader import shard_paths
 from attngeom.store.results import is_faith_only, verified_file
 
@@ -82,7 +83,7 @@ def read_analysis(directory: Path) -> dict:
 
 def ensure_analysis(store: Path, ds: xr.Dataset, manifest: dict, directory: Path, *,
                     refresh_stale: bool = True, progress: bool = True, log=print,
-                    **options) -> dict:
+                    options: AnalysisOptions | None = None) -> dict:
     """The analysis results in ``directory``, computed by :func:`run_all` when missing.
 
     Results made from another store are refused (the user's files are never overwritten);
@@ -94,7 +95,7 @@ def ensure_analysis(store: Path, ds: xr.Dataset, manifest: dict, directory: Path
                          "differs); pass --analysis with another folder or delete them")
     if state == "missing" or (state == "stale" and refresh_stale):
         log(f"attngeom: running the analyses into {directory} ({state})")
-        run_all(ds, directory, progress=progress, **options)
+        run_all(ds, directory, options, progress=progress)
     return read_analysis(directory)
 
 
@@ -135,7 +136,8 @@ def faithfulness_stats(faith: xr.Dataset, level: float = 0.05, seed: int = 0
 # ----------------------------------------------------------------------------- all
 def gather(store: str | os.PathLike, analysis_dir: str | os.PathLike | None = None, *,
            faithfulness: str = "faithfulness", run_analysis: bool = True,
-           progress: bool = True, log=print, **analysis_options) -> ReportData:
+           progress: bool = True, log=print, options: AnalysisOptions | None = None
+           ) -> ReportData:
     """Open the store and collect every result the report can show."""
     store = Path(store)
     manifest = read_manifest(store)
@@ -150,7 +152,7 @@ def gather(store: str | os.PathLike, analysis_dir: str | os.PathLike | None = No
                                     "the measurements)")
     elif run_analysis:
         data.analysis = ensure_analysis(store, ds, manifest, directory, progress=progress,
-                                        log=log, **analysis_options)
+                                        log=log, options=options)
     elif analysis_state(store, manifest, directory) in ("current", "stale"):
         data.analysis = read_analysis(directory)
     else:

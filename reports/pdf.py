@@ -14,6 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
+from attngeom.store.options import AnalysisOptions
+
 from . import (figures_anti_alignment, figures_convexity, figures_decomposition, figures_drift,
                figures_example, figures_faithfulness, figures_sink_strip, figures_sinks)
 from ._style import PAGE, PLAIN, Page, figure, style
@@ -237,7 +239,7 @@ def render(data: ReportData, out: str | os.PathLike) -> Path:
 def build_report(store: str | os.PathLike, out: str | os.PathLike | None = None,
                  analysis_dir: str | os.PathLike | None = None, *,
                  faithfulness: str = "faithfulness", progress: bool = True, log=print,
-                 **analysis_options) -> Path:
+                 options: AnalysisOptions | None = None) -> Path:
     """Run the missing analyses and write the PDF report of ``store``; return its path.
 
     Parameters
@@ -246,10 +248,11 @@ def build_report(store: str | os.PathLike, out: str | os.PathLike | None = None,
     out : the PDF path (default ``<store>/report.pdf``).
     analysis_dir : analysis results (default ``<store>/analysis``; computed when missing).
     faithfulness : name of the recorded faithfulness result to show.
-    analysis_options : passed to :func:`attngeom.analysis.run_all` when it runs.
+    options : the analysis options (:class:`attngeom.store.options.AnalysisOptions`), used
+        when the analyses run.
     """
     data = gather(store, analysis_dir, faithfulness=faithfulness, progress=progress, log=log,
-                  **analysis_options)
+                  options=options)
     out = Path(out) if out is not None else Path(store) / "report.pdf"
     return render(data, out)
 
