@@ -2,8 +2,7 @@
 
 ``make test-lowest`` installs the package with these constraints (plus the CPU torch the Makefile
 names) into a separate virtualenv and runs the fast tests, so that the floors in pyproject.toml
-are versions the suite has passed with. torch is left out (the Makefile pins the CPU build) and
-transformers is pinned to TRANSFORMERS below (its floor).
+are versions the suite has passed with. torch is left out (the Makefile pins the CPU build).
 """
 
 from __future__ import annotations
