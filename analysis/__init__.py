@@ -14,12 +14,15 @@ from pathlib import Path
 
 import xarray as xr
 
+from attngeom.store import schema as S
+from attngeom.store.vocab import EPSILON, LEVEL, N_BOOT, SEED
+
 from ._common import with_provenance
-from ._views import DEFAULT_BLOCK_ELEMENTS, describe, require, run_pass
 from .anti_alignment import AntiAlignmentAccumulator, anti_alignment
+from .blocks import DEFAULT_BLOCK_ELEMENTS, describe, require, run_pass
 from .convexity import ConvexityAccumulator, convexity
-from .decomposition import DecompositionAccumulator, decomposition
-from .sinks import DEFAULT_EPSILON, SinkAccumulator, sinks
+from .decomposition import DecompositionAccumulator, decomposition, elementwise_groups
+from .sinks import SinkAccumulator, sinks
 from .summary import summary_table
 
 __all__ = ["sinks", "convexity", "anti_alignment", "decomposition", "summary_table", "run_all",
@@ -28,8 +31,8 @@ __all__ = ["sinks", "convexity", "anti_alignment", "decomposition", "summary_tab
 RESULT_FILES = {"sinks": "sinks.nc", "convexity": "convexity.nc",
                 "anti_alignment": "anti_alignment.nc", "decomposition": "decomposition.nc"}
 SUMMARY_FILE = "summary.csv"
-NEEDED = ["alpha", "cosine", "value_norm", "output_norm", "sink_value_cosine",
-          "residual_norm", "sink_residual_cosine"]
+NEEDED = [S.ALPHA, S.COSINE, S.VALUE_NORM, S.OUTPUT_NORM, S.SINK_VALUE_COSINE,
+          S.RESIDUAL_NORM, S.SINK_RESIDUAL_COSINE]
 
 
 def _write_atomic(path: Path, write) -> None:
@@ -40,8 +43,8 @@ def _write_atomic(path: Path, write) -> None:
 
 def run_all(ds: xr.Dataset, out_dir: str | os.PathLike | None = None, *,
             sink_k: int | None = None, tail_w: int | None = None,
-            epsilon: float = DEFAULT_EPSILON, n_boot: int = 200, seed: int = 0,
-            level: float = 0.05, layers=None, mixed: bool = True, progress: bool = True,
+            epsilon: float = EPSILON, n_boot: int = N_BOOT, seed: int = SEED,
+            level: float = LEVEL, layers=None, mixed: bool = True, progress: bool = True,
             block_elements: int = DEFAULT_BLOCK_ELEMENTS, scheduler: str | None = None) -> dict:
     """Run the four analyses in one pass over the store; write them when ``out_dir`` is given.
 
@@ -56,16 +59,14 @@ def run_all(ds: xr.Dataset, out_dir: str | os.PathLike | None = None, *,
     """
     require(ds, NEEDED, "`attngeom analyze`")
     info = describe(ds, sink_k, tail_w, layers)
-    if info.mode == "compact" and info.k != info.store_k:
-        raise ValueError(f"a compact store's groups are fixed by its sink_k = {info.store_k}; "
-                         f"use --sink-k {info.store_k} or a dense store")
+    ds.attngeom.groups(info.k, info.w).require_groups()
     analytic = info.store_k == 1
     accs = {"sinks": SinkAccumulator(info.heads, epsilon),
             "convexity": ConvexityAccumulator(info.heads, n_boot=n_boot, seed=seed,
                                               level=level, analytic=analytic),
             "anti_alignment": AntiAlignmentAccumulator(info.heads, level=level, mixed=mixed,
                                                         seed=seed),
-            "decomposition": DecompositionAccumulator(info.mode)}
+            "decomposition": DecompositionAccumulator(elementwise_groups(ds))}
     from attngeom.store.distributed import scheduler as dask_scheduler
 
     with dask_scheduler(scheduler):

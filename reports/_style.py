@@ -37,6 +37,11 @@ PART_COLORS = {"alpha": "#4c72b0", "ratio": "#dd8452", "cosine": "#55a868"}
 PART_LABELS = {"alpha": "log α", "ratio": "log ‖ṽ‖/‖o‖", "cosine": "log |cos|"}
 
 
+def colormap(name: str):
+    """matplotlib's registered colormap ``name``."""
+    return matplotlib.colormaps[name]
+
+
 @dataclass
 class Page:
     """One report page: a figure (or None for a text page), its heading and its caption."""

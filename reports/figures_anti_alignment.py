@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 from matplotlib.ticker import MaxNLocator
 
-from attngeom.analysis._views import Block, describe, valid_sequences
+from attngeom.store import schema as S
 
 from ._style import Page, figure, heatmap, legend_below, symmetric_limit, top_layers
 from .summary import fmt
@@ -44,16 +44,16 @@ def _map_page(anti) -> Page:
     return Page(SECTION, "Anti-alignment of the sink value, per head", fig, caption)
 
 
-def _token_cosines(ds, layers: list[int]) -> dict[int, np.ndarray]:
+def token_cosines(ds, layers: list[int]) -> dict[int, np.ndarray]:
     """Token-level cos(ṽ_0, ṽ_j) over semantic keys, pooled over heads, per layer."""
-    info = describe(ds, None, None, None)
-    n = min(ds.sizes["sequence"], MAX_SEQUENCES)
-    ok = valid_sequences(ds)
+    n = min(ds.sizes[S.SEQUENCE], MAX_SEQUENCES)
     out = {}
     for layer in layers:
-        block = Block(ds, info, layer, slice(0, n), ok)
-        cos = block.per_key("sink_value_cosine")                  # (S, H, K)
-        keep = block.semantic_key[:, None, :] & np.isfinite(cos)
+        block = ds.attngeom.load_block([S.SINK_VALUE_COSINE], layer=layer,
+                                       sequences=slice(0, n), groups=())
+        g = block.attngeom.groups()
+        cos = g.per_key(S.SINK_VALUE_COSINE).values              # (S, H, K)
+        keep = g.semantic_key.values[:, None, :] & np.isfinite(cos)
         out[layer] = cos[np.broadcast_to(keep, cos.shape)]
     return out
 
@@ -76,7 +76,7 @@ def _distribution_page(anti, ds, sinks) -> Page:
 
     ax = fig.add_subplot(1, 3, 2)
     layers = top_layers(sinks, 4) if sinks is not None else list(anti["layer"].values[:4])
-    values = _token_cosines(ds, layers) if "sink_value_cosine" in ds else {}
+    values = token_cosines(ds, layers) if S.SINK_VALUE_COSINE in ds else {}
     data = [values[lay] for lay in layers if values.get(lay) is not None and values[lay].size]
     if data:
         sns.violinplot(data=data, ax=ax, inner="quartile", cut=0, color="#8fb0d8",

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 from matplotlib.ticker import MaxNLocator
 
-from attngeom.analysis._views import Block, describe, valid_sequences
+from attngeom.store import schema as S
+from attngeom.store.vocab import SINK
 
 from ._style import Page, figure, legend_below, top_layers
 from .summary import ci, fmt
@@ -18,10 +19,11 @@ MAX_SEQUENCES = 128
 def layer_points(ds, layer, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """(sink rate α_i0, output norm ‖o_i^h‖) of all heads of ``layer``, queries i ≥ k,
     the analyses' masks, at most :data:`MAX_POINTS` (a seeded subsample)."""
-    info = describe(ds, None, None, None)
-    n = min(ds.sizes["sequence"], MAX_SEQUENCES)
-    block = Block(ds, info, layer, slice(0, n), valid_sequences(ds))
-    x, y = block.sink_rate.ravel(), block.per_query("output_norm").ravel()
+    n = min(ds.sizes[S.SEQUENCE], MAX_SEQUENCES)
+    block = ds.attngeom.load_block([S.ALPHA, S.OUTPUT_NORM], layer=layer,
+                                   sequences=slice(0, n), groups=(SINK,))
+    g = block.attngeom.groups()
+    x, y = g.sink_rate.values.ravel(), g.per_query(S.OUTPUT_NORM).values.ravel()
     ok = np.isfinite(x) & np.isfinite(y)
     x, y = x[ok], y[ok]
     if len(x) > MAX_POINTS:

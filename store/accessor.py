@@ -97,14 +97,18 @@ class StoreAccessor:
     @property
     def sequence_ok(self) -> xr.DataArray:
         """(sequence,) bool: sequences usable for statistics (every activation finite)."""
+        ok, dims = self.sequence_mask()
+        return xr.DataArray(ok, dims=dims, coords={d: self._ds[d] for d in dims
+                                                   if d in self._ds.coords})
+
+    def sequence_mask(self) -> tuple[np.ndarray, tuple[str, ...]]:
+        """:attr:`sequence_ok` as a numpy array and its dims."""
         ds = self._ds
         if S.FINITE in ds:
-            finite = ds[S.FINITE]
-            return xr.DataArray(np.asarray(finite.values) != 0, dims=finite.dims,
-                                coords={d: ds[d] for d in finite.dims if d in ds.coords})
+            finite = ds.variables[S.FINITE]
+            return np.asarray(finite.values) != 0, tuple(finite.dims)
         dims = (S.SEQUENCE,) if S.SEQUENCE in ds.dims else ()
-        return xr.DataArray(np.ones([ds.sizes[d] for d in dims], bool), dims=dims,
-                            coords={d: ds[d] for d in dims if d in ds.coords})
+        return np.ones([ds.sizes[d] for d in dims], bool), dims
 
     def elementwise(self, group: str) -> bool:
         """Whether the store keeps the keys of ``group`` one by one (middle: dense only)."""
@@ -129,8 +133,8 @@ class StoreAccessor:
             raise ValueError(f"this compact store keeps a tail of {store_w} keys; use --tail-w "
                              f"<= {store_w} or a dense store")
         for dim in (S.QUERY, S.KEY, S.SINK, S.LAG):
-            if dim in self._ds.coords and not np.array_equal(
-                    self._ds[dim].values, np.arange(self._ds.sizes[dim])):
+            if dim in self._ds.indexes and not np.array_equal(
+                    self._ds.indexes[dim], np.arange(self._ds.sizes[dim])):
                 raise ValueError(f"the `{dim}` coordinate must be positions 0..T-1; "
                                  "open the whole store rather than a position subset")
         return k, w
@@ -208,9 +212,11 @@ class StoreAccessor:
             sub = sub.isel({S.SEQUENCE: sequences})
         if layer is not None:
             sub = sub.sel({S.LAYER: layer})
-        variables = {n: sub[n].transpose(*[d for d in CANONICAL if d in sub[n].dims]).variable
-                     for n in sub.data_vars}
-        coords = dict(sub.coords)
+        variables = {}
+        for name in sub.data_vars:
+            var = sub.variables[name]
+            variables[name] = var.transpose(*[d for d in CANONICAL if d in var.dims])
+        coords = {n: sub.variables[n] for n in sub.coords}
         if self.all_keys and not self._reads_all_keys(groups):   # the sink keys only
             first = self.sink_k if k is None else int(k)
             for name, var in variables.items():

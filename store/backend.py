@@ -8,7 +8,8 @@ HDF5 read by h5netcdf.
 
 xarray wraps the dask arrays an engine returns in its lazy-indexing classes (pydata/xarray
 issue 8810), so ``ds.chunks`` is empty here while ``DataArray.data`` is still the same dask
-array; ``attngeom.store.open`` shows the chunks.
+array; each variable's ``encoding["preferred_chunks"]`` gives dask's chunks (what
+``chunks={}`` uses), and ``attngeom.store.open`` shows them.
 """
 
 from __future__ import annotations
@@ -51,6 +52,9 @@ class AttngeomBackendEntrypoint(BackendEntrypoint):
         from .reader import open_store
 
         ds = open_store(os.fspath(filename_or_obj), partial=partial, derived=derived)
+        for var in ds.variables.values():        # xarray hides dask's chunks (see above)
+            if var.chunks:
+                var.encoding["preferred_chunks"] = {d: c[0] for d, c in var.chunksizes.items()}
         if drop_variables is not None:
             names = [drop_variables] if isinstance(drop_variables, str) else drop_variables
             ds = ds.drop_vars(list(names), errors="ignore")

@@ -14,14 +14,16 @@ group as one DataArray, whatever the layout keeps:
 The key groups are defined in :mod:`attngeom.store.derive`. With ``mask=True`` (the default)
 cells outside the analyses are NaN: queries i < k or beyond the sequence's length, keys beyond
 it, sequences with non-finite activations. Arrays keep the dataset's leading dims (a whole lazy
-store: sequence, layer, ...; a loaded block: sequence); numpy-backed results are C-contiguous
-in the schema's dim order, so that reductions over them are reproducible bit for bit.
-Results are memoized on the object: make a new one after changing the dataset.
+store: sequence, layer, ...; a loaded block: sequence) in the schema's order, and its dask
+arrays stay lazy. The arithmetic runs on the arrays themselves (numpy or dask), each result is
+wrapped once as a DataArray, so a loaded block costs what numpy costs. Results are memoized on
+the object: make a new one after changing the dataset.
 """
 
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import numpy as np
 import xarray as xr
@@ -37,6 +39,13 @@ DERIVED = {S.CONTRIBUTION: (S.COSINE, S.OUTPUT_NORM, derive.contribution),
                                   derive.contribution_layer)}
 
 
+class _A(NamedTuple):
+    """An array (numpy or dask) with its dim names."""
+
+    data: object
+    dims: tuple[str, ...]
+
+
 def _memo(fn):
     @functools.wraps(fn)
     def wrapper(self, *args):
@@ -47,10 +56,17 @@ def _memo(fn):
     return wrapper
 
 
-def _contiguous(da: xr.DataArray) -> xr.DataArray:
-    if isinstance(da.data, np.ndarray) and not da.data.flags.c_contiguous:
-        return da.copy(data=np.ascontiguousarray(da.data))
-    return da
+def _expand(a: _A, dims: tuple[str, ...]):
+    """``a``'s data with size-1 axes inserted so that it broadcasts against ``dims``."""
+    if a.dims == dims:
+        return a.data
+    if [d for d in dims if d in a.dims] != list(a.dims):
+        raise ValueError(f"dims {a.dims} are not in the schema's order of {dims}")
+    return a.data[tuple(slice(None) if d in a.dims else None for d in dims)]
+
+
+def _where(mask: _A | None, a: _A) -> _A:
+    return a if mask is None else _A(np.where(_expand(mask, a.dims), a.data, np.nan), a.dims)
 
 
 class KeyGroups:
@@ -61,100 +77,137 @@ class KeyGroups:
         acc = ds.attngeom
         self.layout, self.store_k, self.store_w = acc.layout, acc.sink_k, acc.tail_w
         self.all_keys, self.n_positions = acc.all_keys, acc.n_positions
+        self._sizes = {**ds.sizes, S.SINK: self.k, S.LAG: self.w}
         self._memo: dict = {}
 
+    # ------------------------------------------------------------------ arrays
+    def _var(self, name: str) -> _A:
+        var = self._ds.variables[name]
+        return _A(var.data, tuple(var.dims))
+
+    def _wrap(self, a: _A) -> xr.DataArray:
+        """``a`` as a DataArray with the dataset's coordinates (one template per dims)."""
+        template = self._template(a.dims)
+        if tuple(template.shape) != tuple(np.shape(a.data)):
+            raise ValueError(f"shape {np.shape(a.data)} does not match dims {a.dims}")
+        return template.copy(deep=False, data=a.data)
+
+    @_memo
+    def _template(self, dims: tuple[str, ...]) -> xr.DataArray:
+        shape = tuple(self._sizes[d] for d in dims)
+        coords = {}
+        for d, n in zip(dims, shape):
+            if d in (S.SINK, S.LAG):
+                coords[d] = np.arange(n)
+            elif d in self._ds.indexes:
+                coords[d] = self._ds.variables[d]
+        return xr.DataArray(np.broadcast_to(np.float64(0), shape), dims=dims, coords=coords)
+
     # ------------------------------------------------------------------ masks
-    def _coords(self, dims) -> dict:
-        return {d: self._ds[d] for d in dims if d in self._ds.coords}
-
-    @property
     @_memo
-    def sequence_ok(self) -> xr.DataArray:
-        """(sequence,) bool: usable sequences (finite activations)."""
-        return self._ds.attngeom.sequence_ok
+    def _sequence_ok(self) -> _A:
+        return _A(*self._ds.attngeom.sequence_mask())
 
-    @property
     @_memo
-    def _length(self) -> xr.DataArray:
-        ok = self.sequence_ok
+    def _positions_ok(self, dim: str, first: int) -> _A:
+        """(sequence, dim) bool: first <= position < length, usable sequence."""
+        ok = self._sequence_ok()
         if S.LENGTH in self._ds:
-            length = self._ds[S.LENGTH]
-            return xr.DataArray(np.asarray(length.values, dtype=np.int64), dims=length.dims,
-                                coords=self._coords(length.dims))
-        return xr.full_like(ok, self.n_positions, dtype=np.int64)
-
-    def _positions_ok(self, dim: str, first: int) -> xr.DataArray:
-        length, ok = self._length, self.sequence_ok
+            length = np.asarray(self._ds.variables[S.LENGTH].values, dtype=np.int64)
+        else:
+            length = np.full(ok.data.shape, self.n_positions, dtype=np.int64)
         pos = np.arange(self.n_positions)
-        out = ((pos >= first) & (pos < length.values[..., None]) & ok.values[..., None])
-        dims = length.dims + (dim,)
-        return xr.DataArray(out, dims=dims, coords=self._coords(dims))
+        out = (pos >= first) & (pos < length[..., None]) & ok.data[..., None]
+        return _A(out, ok.dims + (dim,))
 
-    @property
-    @_memo
-    def query_ok(self) -> xr.DataArray:
-        """(sequence, query) bool: i >= k, within the length, usable sequence."""
+    def _query_ok(self) -> _A:
         return self._positions_ok(S.QUERY, self.k)
 
-    @property
-    @_memo
-    def key_ok(self) -> xr.DataArray:
-        """(sequence, key) bool: within the length, usable sequence."""
+    def _key_ok(self) -> _A:
         return self._positions_ok(S.KEY, 0)
 
-    @property
     @_memo
-    def semantic_key(self) -> xr.DataArray:
-        """(sequence, key) bool: j >= k, within the length, not a special token."""
+    def _semantic_key(self) -> _A:
         out = self._positions_ok(S.KEY, self.k)
-        if S.SPECIAL in self._ds:
-            special = self._ds[S.SPECIAL]
-            pos = S.POSITION if S.POSITION in special.dims else S.KEY
-            lead = [d for d in special.dims if d != pos]
-            flag = np.asarray(special.transpose(*lead, pos).values, dtype=bool)
-            out = out.copy(data=out.values & ~flag)
-        return out
+        if S.SPECIAL not in self._ds:
+            return out
+        special = self._ds[S.SPECIAL]
+        pos = S.POSITION if S.POSITION in special.dims else S.KEY
+        lead = [d for d in special.dims if d != pos]
+        flag = np.asarray(special.transpose(*lead, pos).values, dtype=bool)
+        return _A(out.data & ~flag, out.dims)
 
     @property
-    @_memo
+    def sequence_ok(self) -> xr.DataArray:
+        """(sequence,) bool: usable sequences (finite activations)."""
+        return self._wrap(self._sequence_ok())
+
+    @property
+    def query_ok(self) -> xr.DataArray:
+        """(sequence, query) bool: i >= k, within the length, usable sequence."""
+        return self._wrap(self._query_ok())
+
+    @property
+    def key_ok(self) -> xr.DataArray:
+        """(sequence, key) bool: within the length, usable sequence."""
+        return self._wrap(self._key_ok())
+
+    @property
+    def semantic_key(self) -> xr.DataArray:
+        """(sequence, key) bool: j >= k, within the length, not a special token."""
+        return self._wrap(self._semantic_key())
+
+    @property
     def tail_key(self) -> xr.DataArray:
         """(query, lag) int: the key j = query - lag of each tail slot, -1 where it is none."""
         key, ok = derive.tail_keys(self.n_positions, self.k, self.w)
-        return xr.DataArray(np.where(ok, key, -1), dims=(S.QUERY, S.LAG))
+        return self._wrap(_A(np.where(ok, key, -1), (S.QUERY, S.LAG)))
 
     @_memo
-    def member(self, group: str) -> xr.DataArray | None:
-        """Bool over (query, slot) (with the masks: (sequence, query, slot)): the group's
-        cells; None when every cell is one (sink, unmasked)."""
+    def _member(self, group: str) -> _A | None:
+        """The group's cells over (query, slot) (with the masks: (sequence, query, slot));
+        None when every cell is one (the sink, unmasked)."""
         T, k, w = self.n_positions, self.k, self.w
         if group == SINK:
             out = None
         elif group == TAIL:
-            out = xr.DataArray(derive.tail_keys(T, k, w)[1], dims=(S.QUERY, S.LAG))
+            out = _A(derive.tail_keys(T, k, w)[1], (S.QUERY, S.LAG))
         else:
-            out = xr.DataArray(derive.middle_mask(T, k, w), dims=(S.QUERY, S.KEY))
+            out = _A(derive.middle_mask(T, k, w), (S.QUERY, S.KEY))
         if not self.mask:
             return out
-        keys = self.key_ok
+        q = self._query_ok()
+        lead = q.dims[:-1]
         if group == SINK:
-            keys = keys.isel({S.KEY: slice(0, k)}).rename({S.KEY: S.SINK})
-            return self.query_ok & keys
+            keys = self._key_ok().data[..., None, :k]
+            return _A(q.data[..., None] & keys, lead + (S.QUERY, S.SINK))
         if group == TAIL:              # the key i - lag <= i is within the length
-            return self.query_ok & out
-        return self.query_ok & keys & out
+            return _A(q.data[..., None] & out.data, lead + out.dims)
+        return _A(q.data[..., None] & self._key_ok().data[..., None, :] & out.data,
+                  lead + out.dims)
+
+    def member(self, group: str) -> xr.DataArray | None:
+        """Bool DataArray of the group's cells (see :meth:`group`); None: all cells."""
+        cells = self._member(group)
+        return None if cells is None else self._wrap(cells)
 
     # ------------------------------------------------------------------ per query / key
     @_memo
+    def _per(self, name: str, dim: str) -> _A:
+        a = self._var(name)
+        if not self.mask:
+            return a
+        return _where(self._query_ok() if dim == S.QUERY else self._key_ok(), a)
+
+    @_memo
     def per_query(self, name: str) -> xr.DataArray:
         """A per-query variable, NaN where the query is not valid."""
-        da = self._ds[name]
-        return _contiguous(da.where(self.query_ok)) if self.mask else da
+        return self._wrap(self._per(name, S.QUERY))
 
     @_memo
     def per_key(self, name: str) -> xr.DataArray:
         """A per-key variable over all positions, NaN beyond the length."""
-        da = self._ds[name]
-        return _contiguous(da.where(self.key_ok)) if self.mask else da
+        return self._wrap(self._per(name, S.KEY))
 
     # ------------------------------------------------------------------ groups
     def elementwise(self, group: str) -> bool:
@@ -173,73 +226,71 @@ class KeyGroups:
         self._check(TAIL)
         return self
 
-    def _full(self, name: str) -> xr.DataArray:
-        """A dense store's pair variable over every key (…, query, key)."""
-        da = self._ds[name]
+    def _full(self, name: str) -> _A:
+        """A dense store's pair variable over every key (..., query, key)."""
         if not self.all_keys:
             raise ValueError("the middle group is stored elementwise only in dense stores")
-        if S.KEY not in da.dims:
+        a = self._var(name)
+        if a.dims[-1] != S.KEY:
             raise ValueError(f"`{name}` over all keys: read the block with the tail or middle "
                              "group (load_block(groups=...))")
-        return da
+        return a
 
-    def _stored(self, group: str, name: str) -> xr.DataArray:
+    def _shape(self, lead: tuple[str, ...], slot: str) -> tuple[int, ...]:
+        return tuple(self._sizes[d] for d in lead) + (self.n_positions, self._sizes[slot])
+
+    def _stored(self, group: str, name: str) -> _A:
         """The store's values of pair variable ``name`` at the group's slots (unmasked)."""
         if group == SINK:
-            da = self._ds[name]
-            dim = S.SINK if S.SINK in da.dims else S.KEY
-            return da.isel({dim: slice(0, self.k)}).rename({dim: S.SINK})
+            a = self._var(name)              # (..., query, key | sink): the first k keys
+            return _A(a.data[..., : self.k], a.dims[:-1] + (S.SINK,))
         if group == TAIL and not self.all_keys:
             var = S.TAIL_PREFIX + name
             if var not in self._ds:
                 raise ValueError(f"the compact store lacks `{var}`")
-            return self._ds[var].isel({S.LAG: slice(0, self.w)})
+            a = self._var(var)
+            return _A(a.data[..., : self.w], a.dims)
         full = self._full(name)
         if group == MIDDLE:
             return full
-        flat = (np.arange(self.n_positions)[:, None] * self.n_positions
-                + derive.tail_keys(self.n_positions, self.k, self.w)[0]).ravel()
-        shape = (self.n_positions, self.w)
+        T, w = self.n_positions, self.w                  # a[..., i, i - lag]
+        flat = (np.arange(T)[:, None] * T + derive.tail_keys(T, self.k, w)[0]).ravel()
+        lead = full.data.shape[:-2]
+        out = full.data.reshape(lead + (T * T,))[..., flat].reshape(lead + (T, w))
+        return _A(out, full.dims[:-1] + (S.LAG,))
 
-        def gather(a):                 # (..., Q, K) -> (..., Q, w): a[..., i, i - lag]
-            lead = a.shape[:-2]
-            return a.reshape(lead + (-1,))[..., flat].reshape(lead + shape)
-        return xr.apply_ufunc(gather, full, input_core_dims=[[S.QUERY, S.KEY]],
-                              output_core_dims=[[S.QUERY, S.LAG]], dask="allowed")
-
-    def _value_norm(self, group: str) -> xr.DataArray:
+    def _value_norm(self, group: str) -> _A:
         """value_norm of each slot's key, (..., head, query, slot) (unmasked)."""
-        vn = self._ds[S.VALUE_NORM]
+        vn = self._var(S.VALUE_NORM)                     # (..., head, key)
+        lead, slot = vn.dims[:-1], SLOT[group]
         if group == TAIL:
             idx = derive.tail_keys(self.n_positions, self.k, self.w)[0]
-            shape = idx.shape
+            out = vn.data[..., idx.ravel()].reshape(vn.data.shape[:-1] + idx.shape)
+        else:
+            rows = vn.data[..., None, : self.k] if group == SINK else vn.data[..., None, :]
+            out = np.broadcast_to(rows, self._shape(lead, slot))
+        return _A(out, lead + (S.QUERY, slot))
 
-            def gather(a):             # (..., K) -> (..., Q, w): a[..., i - lag]
-                return a[..., idx.ravel()].reshape(a.shape[:-1] + shape)
-            return xr.apply_ufunc(gather, vn, input_core_dims=[[S.KEY]],
-                                  output_core_dims=[[S.QUERY, S.LAG]], dask="allowed")
-        if group == SINK:
-            vn = vn.isel({S.KEY: slice(0, self.k)}).rename({S.KEY: S.SINK})
-        return vn.expand_dims({S.QUERY: self.n_positions}, axis=-2)
+    @_memo
+    def _group(self, group: str, name: str) -> _A:
+        self._check(group)
+        if name == RATIO:
+            vn = self._group(group, S.VALUE_NORM)
+            on = self._per(S.OUTPUT_NORM, S.QUERY)
+            return _A(vn.data / _expand(on, vn.dims), vn.dims)
+        if name in DERIVED and not self._has(group, name):
+            cosine, norm, formula = DERIVED[name]
+            parts = [self._group(group, n) for n in (S.ALPHA, S.VALUE_NORM, cosine)]
+            dims = parts[0].dims
+            out = formula(*(p.data for p in parts), _expand(self._per(norm, S.QUERY), dims))
+            return _A(out, dims)
+        out = self._value_norm(group) if name == S.VALUE_NORM else self._stored(group, name)
+        return _where(self._member(group), out)
 
     @_memo
     def group(self, group: str, name: str) -> xr.DataArray:
         """Pair quantity ``name`` at the keys of ``group``: (..., head, query, slot)."""
-        self._check(group)
-        if name == RATIO:
-            on = self.per_query(S.OUTPUT_NORM)
-            return _contiguous(self.group(group, S.VALUE_NORM) / on)
-        if name == S.VALUE_NORM:
-            out = self._value_norm(group)
-        elif name in DERIVED and not self._has(group, name):
-            cosine, norm, formula = DERIVED[name]
-            return _contiguous(formula(self.group(group, S.ALPHA),
-                                       self.group(group, S.VALUE_NORM),
-                                       self.group(group, cosine), self.per_query(norm)))
-        else:
-            out = self._stored(group, name)
-        cells = self.member(group)
-        return _contiguous(out if cells is None else out.where(cells))
+        return self._wrap(self._group(group, name))
 
     def _has(self, group: str, name: str) -> bool:
         compact_tail = group == TAIL and not self.all_keys
@@ -254,32 +305,41 @@ class KeyGroups:
             var = S.MIDDLE_PREFIX + name
             if var not in self._ds:
                 raise ValueError(f"the compact store lacks `{var}`")
-            out = self.per_query(var)
+            out = self._per(var, S.QUERY)
             if self.w < (self.store_w or 0):    # stored tail lags >= w are middle keys
-                extra = self._ds[S.TAIL_PREFIX + name].isel({S.LAG: slice(self.w, None)})
-                out = out + extra.reduce(np.nansum, S.LAG)
-            return _contiguous(out)
-        out = self.group(group, name).reduce(np.nansum, SLOT[group])
-        return _contiguous(out.where(self.query_ok)) if self.mask else out
+                extra = self._var(S.TAIL_PREFIX + name)
+                out = _A(out.data + np.nansum(extra.data[..., self.w:], axis=-1), out.dims)
+            return self._wrap(out)
+        a = self._group(group, name)
+        out = _A(np.nansum(a.data, axis=-1), a.dims[:-1])
+        return self._wrap(_where(self._query_ok(), out) if self.mask else out)
 
     @_memo
     def count(self, group: str) -> xr.DataArray:
         """Number of keys of the group per query: (..., head, query)."""
         self._check(group)
         if group == MIDDLE and not self.all_keys:
-            return self.per_query(S.MIDDLE_COUNT)
-        return np.isfinite(self.group(group, S.ALPHA)).sum(SLOT[group])
+            out = self._per(S.MIDDLE_COUNT, S.QUERY)
+            if self.w < (self.store_w or 0):    # stored tail lags >= w are middle keys
+                extra = self._var(S.TAIL_PREFIX + S.ALPHA).data[..., self.w:]
+                out = _A(out.data + np.isfinite(extra).sum(-1), out.dims)
+            return self._wrap(out)
+        a = self._group(group, S.ALPHA)
+        return self._wrap(_A(np.isfinite(a.data).sum(-1), a.dims[:-1]))
 
     @property
     @_memo
     def sink_rate(self) -> xr.DataArray:
         """alpha_i0: attention to the first key, (..., head, query)."""
-        return self.group(SINK, S.ALPHA).isel({S.SINK: 0}, drop=True)
+        a = self._group(SINK, S.ALPHA)
+        return self._wrap(_A(a.data[..., 0], a.dims[:-1]))
 
     @_memo
     def pairs(self, name: str) -> xr.DataArray:
         """Pair quantity ``name`` over every key, (..., head, query, key): dense stores only."""
         full = self._full(name)
         if not self.mask:
-            return full
-        return _contiguous(full.where(self.query_ok & self.key_ok))
+            return self._wrap(full)
+        q, keys = self._query_ok(), self._key_ok()
+        cells = _A(q.data[..., None] & keys.data[..., None, :], q.dims + (S.KEY,))
+        return self._wrap(_where(cells, full))
