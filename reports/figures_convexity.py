@@ -88,7 +88,7 @@ def _scatter_page(ds, conv, sinks) -> Page:
 def _vertex_page(conv) -> Page:
     fig = figure(wspace=0.28)
     ax = fig.add_subplot(1, 2, 1)
-    x = conv["layer"].values
+    x = conv[S.LAYER].values
     v = conv["pooled_vertex"].values
     lo, hi = conv["pooled_vertex_ci_low"].values, conv["pooled_vertex_ci_high"].values
     convex = conv["pooled_convex"].values.astype(bool)
@@ -111,10 +111,10 @@ def _vertex_page(conv) -> Page:
     legend_below(ax, ncol=2)
 
     ax = fig.add_subplot(1, 2, 2)
-    n_heads = conv.sizes["head"]
-    ax.bar(x, conv["convex"].sum("head") / n_heads, color="#dd8452", alpha=0.5,
+    n_heads = conv.sizes[S.HEAD]
+    ax.bar(x, conv["convex"].sum(S.HEAD) / n_heads, color="#dd8452", alpha=0.5,
            label="convex heads")
-    ax.bar(x, conv["interior_minimum"].sum("head") / n_heads, color="#c44e52", width=0.5,
+    ax.bar(x, conv["interior_minimum"].sum(S.HEAD) / n_heads, color="#c44e52", width=0.5,
            label="convex with vertex CI inside (0, 1)")
     ax.set_ylim(0, 1)
     ax.set_xlabel("layer")
@@ -140,7 +140,7 @@ def pages(ds, conv, sinks) -> list[Page]:
     at least 3 sequences for its clustered errors), never drawn empty."""
     if not np.isfinite(conv["pooled_vertex"].values).any():
         page = _scatter_page(ds, conv, sinks)
-        page.caption += (f" No quadratic fit was possible ({ds.sizes['sequence']} sequences; the "
+        page.caption += (f" No quadratic fit was possible ({ds.sizes[S.SEQUENCE]} sequences; the "
                          "sequence-clustered fit needs at least 3), so the per-layer vertex page "
                          "is left out.")
         return [page]

@@ -52,8 +52,8 @@ def pick_example(ds, sinks) -> tuple[int, int, int, int]:
         query = min(query, DENSE_MAX_QUERY)
     if sinks is not None and np.isfinite(sinks["sink_rate_mean"].values).any():
         layer_pos = int(np.nanargmax(sinks["layer_sink_rate_mean"].values))
-        layer = int(sinks["layer"].values[layer_pos])
-        head = int(sinks["head"].values[int(np.nanargmax(
+        layer = int(sinks[S.LAYER].values[layer_pos])
+        head = int(sinks[S.HEAD].values[int(np.nanargmax(
             sinks["sink_rate_mean"].sel(layer=layer).values))])
     else:
         layer = int(ds[S.LAYER].values[ds.sizes[S.LAYER] // 2])

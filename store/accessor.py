@@ -11,7 +11,7 @@ and dims: a dense store holds every (query, key) pair, a compact one only the si
     g = ds.attngeom.groups()                   # key groups with the store's k and w (or k=, w=)
     g.sink_rate                                # alpha_i0 at valid queries  (..., head, query)
     g.group("tail", "contribution")            # (..., head, query, lag)
-    g.total("middle", "alpha")                 # (..., head, query): compact middle_alpha, dense sum
+    g.total("middle", "alpha")                 # (..., head, query): middle_alpha or a sum
     block = ds.attngeom.load_block(["alpha", "ratio"], layer=3, sequences=slice(0, 64))
 
 :meth:`StoreAccessor.load_block` is the I/O step (one layer and a run of sequences, every
@@ -27,8 +27,8 @@ import numpy as np
 import xarray as xr
 
 from . import schema as S
-from .groups import KeyGroups
-from .vocab import COMPACT, DENSE, GROUPS, LAYOUTS, SINK, TAIL, TAIL_W
+from .groups import KeyGroups, check_group
+from .vocab import COMPACT, DENSE, GROUPS, LAYOUTS, MIDDLE, SINK, TAIL, TAIL_W
 
 # dims in the order every block array is given: the schema's order
 CANONICAL = (S.SEQUENCE, S.LAYER, S.HEAD, S.POSITION, S.QUERY, S.KEY, S.SINK, S.LAG)
@@ -112,8 +112,8 @@ class StoreAccessor:
 
     def elementwise(self, group: str) -> bool:
         """Whether the store keeps the keys of ``group`` one by one (middle: dense only)."""
-        _check_group(group)
-        return self.all_keys or group != GROUPS[2]
+        check_group(group)
+        return self.all_keys or group != MIDDLE
 
     # ------------------------------------------------------------------ options
     def resolve(self, k: int | None = None, w: int | None = None) -> tuple[int, int]:
@@ -171,18 +171,18 @@ class StoreAccessor:
         return list(dict.fromkeys(out))
 
     def _pair_sources(self, name: str, groups: tuple[str, ...]) -> list[str]:
-        names = {SINK: name, TAIL: S.TAIL_PREFIX + name, GROUPS[2]: S.MIDDLE_PREFIX + name}
         if self.all_keys:
-            wanted = [name] if groups else []
-        else:
-            wanted = [names[g] for g in groups if g != GROUPS[2] or names[g] in S.DIMS]
+            stored = [name] if groups else []
+        else:                          # compact: no middle_cosine etc. (totals of sums only)
+            per_group = {SINK: name, TAIL: S.TAIL_PREFIX + name, MIDDLE: S.MIDDLE_PREFIX + name}
+            stored = [per_group[g] for g in groups if g != MIDDLE or per_group[g] in S.DIMS]
         out = []
-        for var in wanted:
+        for var in stored:
             if var in self._ds or name not in DERIVED_PARTS or var.startswith(S.MIDDLE_PREFIX):
                 out.append(var)
-            else:                                   # derived on read: from its parts
-                out += self.sources(DERIVED_PARTS[name], [g for g in groups if g != GROUPS[2]]
-                                    if not self.all_keys else groups)
+            else:                      # derived on read, absent here: read its parts
+                keys = groups if self.all_keys else [g for g in groups if g != MIDDLE]
+                out += self.sources(DERIVED_PARTS[name], keys)
         return out
 
     def block_width(self, groups: Iterable[str], k: int, w: int) -> int:
@@ -237,7 +237,3 @@ class StoreAccessor:
         return xr.Dataset(data, coords={n: c for n, c in coords.items() if n not in data},
                           attrs=attrs)
 
-
-def _check_group(group: str) -> None:
-    if group not in GROUPS:
-        raise ValueError(f"unknown key group {group!r}; one of {', '.join(GROUPS)}")

@@ -46,6 +46,12 @@ class _A(NamedTuple):
     dims: tuple[str, ...]
 
 
+def check_group(group: str) -> None:
+    """ValueError unless ``group`` is one of the key groups."""
+    if group not in GROUPS:
+        raise ValueError(f"unknown key group {group!r}; one of {', '.join(GROUPS)}")
+
+
 def _memo(fn):
     @functools.wraps(fn)
     def wrapper(self, *args):
@@ -215,8 +221,7 @@ class KeyGroups:
         return self._ds.attngeom.elementwise(group)
 
     def _check(self, group: str) -> None:
-        if group not in GROUPS:
-            raise ValueError(f"unknown key group {group!r}; one of {', '.join(GROUPS)}")
+        check_group(group)
         if group != SINK and not self.all_keys and self.k != self.store_k:
             raise ValueError(f"a compact store's groups are fixed by its sink_k = "
                              f"{self.store_k}; use --sink-k {self.store_k} or a dense store")

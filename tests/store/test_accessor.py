@@ -147,7 +147,8 @@ def test_masks(geo):
     np.testing.assert_array_equal(g.key_ok.values, (q < n[:, None]) & (np.arange(8) > 0)[:, None])
     assert not g.semantic_key.values[:, 3].any() and not g.semantic_key.values[:, :K].any()
     assert g.semantic_key.values[1, 4]
-    assert np.isnan(g.sink_rate.values[0]).all() and np.isfinite(g.sink_rate.values[1, ..., K]).all()
+    rate = g.sink_rate.values
+    assert np.isnan(rate[0]).all() and np.isfinite(rate[1, ..., K]).all()
     vn = g.per_key("value_norm").values
     assert np.isnan(vn[0]).all() and np.isnan(vn[1, ..., n[1]:]).all()
     raw = ds.attngeom.groups(mask=False)              # the stored values (query 0 included)
