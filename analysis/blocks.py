@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
-from typing import Iterator, Protocol
+from typing import Protocol
 
 import numpy as np
 import xarray as xr
@@ -125,34 +125,33 @@ class Accumulator(Protocol):
     def result(self) -> xr.Dataset: ...
 
 
-def iter_blocks(ds: xr.Dataset, info: StoreInfo, reads: list[str], groups: tuple[str, ...],
-                elements: int, progress: bool) -> Iterator[tuple[object, Block | None]]:
-    """Yield (layer, block) for each block, then (layer, None) when the layer is done."""
-    from tqdm.auto import tqdm
-
-    valid_sequences(ds)
-    blocks = sequence_blocks(ds, ds.attngeom.block_width(groups, info.k, info.w), elements)
-    positions = np.arange(ds.sizes[S.SEQUENCE])
-    with tqdm(total=len(info.layers) * len(blocks), desc="analyze", unit="block",
-              disable=not progress) as bar:
-        for layer in info.layers:
-            for seqs in blocks:
-                data = ds.attngeom.load_block(reads, layer=layer, sequences=seqs, groups=groups,
-                                              k=info.k)
-                yield layer, Block(layer, positions[seqs], data,
-                                   data.attngeom.groups(info.k, info.w))
-                bar.update(1)
-            yield layer, None
+def read_block(ds: xr.Dataset, info: StoreInfo, layer, seqs: slice, reads: list[str],
+               groups: tuple[str, ...]) -> Block:
+    """One layer and a run of sequences of the store, read in one dask computation."""
+    data = ds.attngeom.load_block(reads, layer=layer, sequences=seqs, groups=groups, k=info.k)
+    return Block(layer, np.arange(ds.sizes[S.SEQUENCE])[seqs], data,
+                 data.attngeom.groups(info.k, info.w))
 
 
 def run_pass(ds: xr.Dataset, info: StoreInfo, accumulators: list[Accumulator], *,
              elements: int = DEFAULT_BLOCK_ELEMENTS, progress: bool = True) -> None:
-    """Feed every accumulator one layer at a time, in sequence blocks of bounded memory."""
+    """Feed every accumulator one layer at a time, in sequence blocks of bounded memory
+    (one block in memory at a time)."""
+    from tqdm.auto import tqdm
+
     groups = tuple(g for g in GROUPS if any(g in a.groups for a in accumulators))
     reads = [name for a in accumulators for name in a.reads]
-    for layer, block in iter_blocks(ds, info, reads, groups, elements, progress):
-        for acc in accumulators:
-            if block is None:
+    valid_sequences(ds)
+    blocks = sequence_blocks(ds, ds.attngeom.block_width(groups, info.k, info.w), elements)
+    with tqdm(total=len(info.layers) * len(blocks), desc="analyze", unit="block",
+              disable=not progress) as bar:
+        for layer in info.layers:
+            for seqs in blocks:
+                block = None                       # free the last block before reading
+                block = read_block(ds, info, layer, seqs, reads, groups)
+                for acc in accumulators:
+                    acc.update(block)
+                bar.update(1)
+            block = None
+            for acc in accumulators:
                 acc.end_layer(layer)
-            else:
-                acc.update(block)

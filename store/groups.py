@@ -26,7 +26,9 @@ import functools
 from typing import NamedTuple
 
 import numpy as np
+import pandas as pd
 import xarray as xr
+from xarray.indexes import PandasIndex
 
 from . import derive
 from . import schema as S
@@ -92,22 +94,27 @@ class KeyGroups:
         return _A(var.data, tuple(var.dims))
 
     def _wrap(self, a: _A) -> xr.DataArray:
-        """``a`` as a DataArray with the dataset's coordinates (one template per dims)."""
-        template = self._template(a.dims)
-        if tuple(template.shape) != tuple(np.shape(a.data)):
+        """``a`` as a DataArray with the dataset's index coordinates (a few microseconds: the
+        coordinates of each dims tuple are built once)."""
+        shape = tuple(self._sizes[d] for d in a.dims)
+        if tuple(np.shape(a.data)) != shape:
             raise ValueError(f"shape {np.shape(a.data)} does not match dims {a.dims}")
-        return template.copy(deep=False, data=a.data)
+        coords, indexes = self._coords(a.dims)
+        return xr.DataArray(xr.Variable(a.dims, a.data), coords=coords, indexes=indexes,
+                            fastpath=True)
 
     @_memo
-    def _template(self, dims: tuple[str, ...]) -> xr.DataArray:
-        shape = tuple(self._sizes[d] for d in dims)
-        coords = {}
-        for d, n in zip(dims, shape):
-            if d in (S.SINK, S.LAG):
-                coords[d] = np.arange(n)
-            elif d in self._ds.indexes:
-                coords[d] = self._ds.variables[d]
-        return xr.DataArray(np.broadcast_to(np.float64(0), shape), dims=dims, coords=coords)
+    def _coords(self, dims: tuple[str, ...]) -> tuple[dict, dict]:
+        coords, indexes = {}, {}
+        for d in dims:
+            n = self._sizes[d]
+            if d in self._ds.xindexes and self._ds.sizes[d] == n:
+                indexes[d], coords[d] = self._ds.xindexes[d], self._ds.variables[d]
+            elif d in (S.SINK, S.LAG):          # slots 0..n-1
+                index = PandasIndex(pd.Index(np.arange(n)), d)
+                indexes[d] = index
+                coords.update(index.create_variables())
+        return coords, indexes
 
     # ------------------------------------------------------------------ masks
     @_memo
