@@ -15,15 +15,16 @@ from pathlib import Path
 
 import xarray as xr
 
-from attngeom.store.writer import write_bytes, write_netcdf
+from attngeom.store import schema as S
 from attngeom.store.options import AnalysisOptions, provenance
 from attngeom.store.ranges import parse_ranges
+from attngeom.store.writer import write_bytes, write_netcdf
 
 from ._common import with_provenance
-from ._views import DEFAULT_BLOCK_ELEMENTS, describe, require, run_pass
 from .anti_alignment import AntiAlignmentAccumulator, anti_alignment
+from .blocks import DEFAULT_BLOCK_ELEMENTS, describe, require, run_pass
 from .convexity import ConvexityAccumulator, convexity
-from .decomposition import DecompositionAccumulator, decomposition
+from .decomposition import DecompositionAccumulator, decomposition, elementwise_groups
 from .sinks import SinkAccumulator, add_learned_sinks, sinks
 from .summary import summary_table
 
@@ -33,8 +34,8 @@ __all__ = ["sinks", "convexity", "anti_alignment", "decomposition", "summary_tab
 RESULT_FILES = {"sinks": "sinks.nc", "convexity": "convexity.nc",
                 "anti_alignment": "anti_alignment.nc", "decomposition": "decomposition.nc"}
 SUMMARY_FILE = "summary.csv"
-NEEDED = ["alpha", "cosine", "value_norm", "output_norm", "sink_value_cosine",
-          "residual_norm", "sink_residual_cosine"]
+NEEDED = [S.ALPHA, S.COSINE, S.VALUE_NORM, S.OUTPUT_NORM, S.SINK_VALUE_COSINE,
+          S.RESIDUAL_NORM, S.SINK_RESIDUAL_COSINE]
 
 
 def run_all(ds: xr.Dataset, out_dir: str | os.PathLike | None = None,
@@ -59,18 +60,16 @@ def run_all(ds: xr.Dataset, out_dir: str | os.PathLike | None = None,
     opts = dataclasses.replace(options or AnalysisOptions(), **changes)
     opts.check()
     require(ds, NEEDED, "`attngeom analyze`")
-    layers = parse_ranges(opts.layers, ds["layer"].values, "--layers", "the store")
+    layers = parse_ranges(opts.layers, ds[S.LAYER].values, "--layers", "the store")
     info = describe(ds, opts.sink_k, opts.tail_w, layers)
-    if info.mode == "compact" and info.k != info.store_k:
-        raise ValueError(f"a compact store's groups are fixed by its sink_k = {info.store_k}; "
-                         f"use --sink-k {info.store_k} or a dense store")
+    ds.attngeom.groups(info.k, info.w).require_groups()
     analytic = info.store_k == 1
     accs = {"sinks": SinkAccumulator(info.heads, opts.epsilon),
             "convexity": ConvexityAccumulator(info.heads, n_boot=opts.n_boot, seed=opts.seed,
                                               level=opts.level, analytic=analytic),
             "anti_alignment": AntiAlignmentAccumulator(info.heads, level=opts.level,
                                                         mixed=mixed, seed=opts.seed),
-            "decomposition": DecompositionAccumulator(info.mode)}
+            "decomposition": DecompositionAccumulator(elementwise_groups(ds))}
     from attngeom.store.distributed import scheduler as dask_scheduler
 
     with dask_scheduler(scheduler):

@@ -210,7 +210,7 @@ def faithfulness(model: str, data: str, out: str | Path, cfg: FaithConfig | None
                          "without a language-modelling head (its config.json names no causal-LM "
                          "class in 'architectures'); save it with its LM head")
     n_layers = loaded.info["n_layers"]
-    layers = parse_ranges(cfg.layers, range(n_layers), "--layers", f"this model's layers")
+    layers = parse_ranges(cfg.layers, range(n_layers), "--layers", "this model's layers")
     cfg = replace(cfg, layers=None if layers is None else tuple(layers))
     prepared, data_info = load_task(cfg, data, loaded.tokenizer)
     # specs as labels, as extraction records them: the same inputs anywhere, the same config

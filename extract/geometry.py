@@ -22,6 +22,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from attngeom.store import derive
+
 Tensor = torch.Tensor
 
 
@@ -283,8 +285,7 @@ def band_values(x: Tensor, w: int) -> Tensor:
 
 
 def tail_index(T: int, k: int, w: int, device: torch.device) -> tuple[Tensor, Tensor]:
-    """Key index (T, w) = query - lag, and whether it is a non-sink key >= 0."""
-    q = torch.arange(T, device=device)[:, None]
-    lag = torch.arange(w, device=device)[None, :]
-    key = q - lag
-    return key.clamp_min(0), key >= k
+    """Key index (T, w) = query - lag clipped at 0, and whether it is a tail key (j >= k):
+    :func:`attngeom.store.derive.tail_keys`, on ``device``."""
+    key, ok = derive.tail_keys(T, k, w)
+    return torch.from_numpy(key).to(device), torch.from_numpy(ok).to(device)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
+import xarray as xr
 from tqdm.auto import tqdm
 
 from attngeom import __version__
@@ -121,7 +122,7 @@ def extract(model: str, data: str, out: str | Path, cfg: ExtractConfig | None = 
 
 
 def extract_shard(loaded, texts: list[str], start: int, cfg: ExtractConfig, opts: Options,
-                  bar=None, current: "BatchSize | None" = None) -> tuple["xarray.Dataset", dict]:
+                  bar=None, current: "BatchSize | None" = None) -> tuple[xr.Dataset, dict]:
     """Measure one block of texts; return the shard Dataset of everything but the measured
     variables, and those already compressed (for
     :meth:`attngeom.store.writer.StoreWriter.add_shard`). Each batch is handed to the chunk

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from attngeom.store import schema as S
+
 from ._style import Page, figure, heatmap, legend_below
 from .summary import fmt
 
@@ -14,10 +16,10 @@ def pages(sinks) -> list[Page]:
     fig = figure(wspace=0.35)
     grid = fig.add_gridspec(1, 3)
     ax = fig.add_subplot(grid[0, :2])
-    rate = sinks["sink_rate_mean"].transpose("layer", "head").values
-    layers, heads = sinks["layer"].values, sinks["head"].values
+    rate = sinks["sink_rate_mean"].transpose(S.LAYER, S.HEAD).values
+    layers, heads = sinks[S.LAYER].values, sinks[S.HEAD].values
     eps = float(sinks.attrs.get("epsilon", 0.3))
-    marks = sinks["is_sink_head"].transpose("layer", "head").values.astype(bool)
+    marks = sinks["is_sink_head"].transpose(S.LAYER, S.HEAD).values.astype(bool)
     heatmap(ax, rate, cmap="rocket_r", vmin=0, vmax=1, rows=layers, cols=heads,
             label="mean sink rate α_i0 (queries i ≥ k)", marks=marks,
             mark_label=f"sink head (mean rate > ε = {fmt(eps)})")

@@ -18,6 +18,7 @@ import xarray as xr
 
 from attngeom.analysis import RESULT_FILES, SUMMARY_FILE, run_all
 from attngeom.store import open_store, read_manifest
+from attngeom.store import schema as S
 from attngeom.store.options import AnalysisOptions
 from attngeom.store.reader import shard_paths
 from attngeom.store.results import is_faith_only, verified_file
@@ -168,7 +169,7 @@ def gather(store: str | os.PathLike, analysis_dir: str | os.PathLike | None = No
         if data.drift is None:
             data.missing["drift"] = ("the faithfulness run skipped the sink-zeroing pass "
                                      "(rerun it without --no-drift)")
-    if ds is not None and "token" not in ds:
+    if ds is not None and S.TOKEN not in ds:
         data.missing["tokens"] = ("the store keeps no token strings (extracted with --no-text); "
                                   "token ids are shown")
     return data

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from attngeom.store import schema as S
 from attngeom.store.options import AnalysisOptions
 
 from . import (figures_anti_alignment, figures_convexity, figures_decomposition, figures_drift,
@@ -25,7 +26,7 @@ from .summary import fmt, sentences
 SECTIONS = ("Faithfulness", "Sink heads", "Convexity", "Anti-alignment", "Decomposition",
             "Semantic drift", "Example sequence")
 CAPTION_CHARS = 165
-EXAMPLE_NEEDS = ("alpha", "contribution", "contribution_layer")
+EXAMPLE_NEEDS = (S.ALPHA, S.CONTRIBUTION, S.CONTRIBUTION_LAYER)
 
 
 # ----------------------------------------------------------------------------- sections
@@ -98,9 +99,9 @@ def provenance(data: ReportData) -> list[tuple[str, str]]:
     cfg = m["config"]
     model, d, opts = cfg["model"], cfg["data"], cfg["options"]
     if ds is None:                                  # faithfulness results only
-        ds = {"length": np.zeros(0, dtype=int)}
-    lengths = np.asarray(ds["length"])
-    finite = int((ds["finite"].values != 0).sum()) if "finite" in ds else len(lengths)
+        ds = {S.LENGTH: np.zeros(0, dtype=int)}
+    lengths = np.asarray(ds[S.LENGTH])
+    finite = int((ds[S.FINITE].values != 0).sum()) if S.FINITE in ds else len(lengths)
     rows = [
         ("model", f"{model['id']} ({model.get('architecture')}, {model.get('model_type')}, "
                   f"{model.get('dtype')}), {model.get('n_layers')} layers × "
@@ -136,7 +137,7 @@ def provenance(data: ReportData) -> list[tuple[str, str]]:
                                  f"{conv.get('analysis_seed')}"))
     if data.faith is not None:
         f = data.faith
-        dim = f.attrs.get("unit_dim", "sequence")
+        dim = f.attrs.get("unit_dim", S.SEQUENCE)
         rows.append(("faithfulness", f"{data.faith_name}.nc — task {f.attrs.get('task')}, data "
                      f"{f.attrs.get('data')} (sha256 {str(f.attrs.get('data_sha256'))[:16]}), "
                      f"{f.sizes[dim]} {dim}s; metrics {', '.join(map(str, f['metric'].values))};"

@@ -32,7 +32,6 @@ from pathlib import Path
 from typing import Sequence
 
 import numpy as np
-import xarray as xr
 
 from . import schema as S
 from .manifest import (StoreError, canonical, config_difference, config_hash, file_sha256,

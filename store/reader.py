@@ -12,6 +12,7 @@ from pathlib import Path
 
 import xarray as xr
 
+from . import derive
 from . import schema as S
 from .manifest import StoreError, config_hash, read_manifest
 from .shards import expected_labels, expected_variables, layout_problem
@@ -134,29 +135,30 @@ def store_attrs(manifest: dict) -> dict:
 def add_derived(ds: xr.Dataset) -> xr.Dataset:
     """contribution = alpha * value_norm * cosine / output_norm (and the layer version).
 
-    Added lazily for the pair variables and, in compact stores, the tail window (whose
-    value norms are gathered at key = query - lag).
+    Added lazily (formulas of :mod:`attngeom.store.derive`) for the pair variables and, in
+    compact stores, the tail window (whose value norms are gathered at key = query - lag).
     """
-    if "alpha" not in ds:
+    if S.ALPHA not in ds:
         return ds
-    vn = ds["value_norm"]
-    if S.SINK in ds["alpha"].dims:
+    vn = ds[S.VALUE_NORM]
+    if S.SINK in ds[S.ALPHA].dims:
         sink_vn = vn.isel(key=slice(0, ds.sizes[S.SINK])).rename(key=S.SINK)
         _derive(ds, "", sink_vn.assign_coords({S.SINK: ds[S.SINK].values}))
     else:
         _derive(ds, "", vn)
-    if "tail_alpha" in ds:
-        key = (ds[S.QUERY] - ds[S.LAG]).clip(min=0)                     # (query, lag)
-        tail_vn = vn.drop_vars(S.KEY).isel(key=key.drop_vars([S.QUERY, S.LAG]))
-        _derive(ds, "tail_", tail_vn)
+    if S.TAIL_PREFIX + S.ALPHA in ds:
+        key, _ = derive.tail_keys(ds.sizes[S.QUERY], 0, ds.sizes[S.LAG])   # (query, lag)
+        tail_vn = vn.drop_vars(S.KEY).isel(key=xr.DataArray(key, dims=(S.QUERY, S.LAG)))
+        _derive(ds, S.TAIL_PREFIX, tail_vn)
     return ds
 
 
 def _derive(ds: xr.Dataset, prefix: str, value_norm: xr.DataArray) -> None:
-    alpha = ds[f"{prefix}alpha"]
-    base = alpha * value_norm
-    parts = {"contribution": base * ds[f"{prefix}cosine"] / ds["output_norm"],
-             "contribution_layer": base * ds[f"{prefix}cosine_layer"] / ds["layer_output_norm"]}
+    alpha = ds[prefix + S.ALPHA]
+    parts = {S.CONTRIBUTION: derive.contribution(alpha, value_norm, ds[prefix + S.COSINE],
+                                                 ds[S.OUTPUT_NORM]),
+             S.CONTRIBUTION_LAYER: derive.contribution_layer(
+                 alpha, value_norm, ds[prefix + S.COSINE_LAYER], ds[S.LAYER_OUTPUT_NORM])}
     for name, value in parts.items():
         ds[prefix + name] = value.transpose(*alpha.dims).astype("float32")
         ds[prefix + name].attrs["description"] = (S.DESCRIPTIONS[prefix + name]

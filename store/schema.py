@@ -27,6 +27,18 @@ FORMAT_NAME = "attngeom-store"
 SEQUENCE, LAYER, HEAD, POSITION, QUERY, KEY, LAG, SINK = (
     "sequence", "layer", "head", "position", "query", "key", "lag", "sink")
 
+# variable names (their definitions are the dicts below)
+ALPHA, COSINE, COSINE_LAYER, CONTRIBUTION, CONTRIBUTION_LAYER = (
+    "alpha", "cosine", "cosine_layer", "contribution", "contribution_layer")
+VALUE_NORM, SINK_VALUE_COSINE = "value_norm", "sink_value_cosine"
+OUTPUT_NORM, RESIDUAL_NORM, SINK_RESIDUAL_COSINE, HEAD_SHARE = (
+    "output_norm", "residual_norm", "sink_residual_cosine", "head_share")
+LAYER_OUTPUT_NORM = "layer_output_norm"
+TOKEN_ID, TOKEN, SPECIAL, LENGTH, TRUNCATED, FINITE, TEXT_INDEX = (
+    "token_id", "token", "special", "length", "truncated", "finite", "text_index")
+TAIL_PREFIX, MIDDLE_PREFIX = "tail_", "middle_"   # compact: tail_alpha, middle_alpha, ...
+MIDDLE_COUNT = "middle_count"
+
 PAIR = (SEQUENCE, LAYER, HEAD, QUERY, KEY)
 TAIL = (SEQUENCE, LAYER, HEAD, QUERY, LAG)
 SINK_PAIR = (SEQUENCE, LAYER, HEAD, QUERY, SINK)  # compact layout of the pair variables

@@ -113,7 +113,7 @@ def test_non_finite_sequence_is_flagged_and_excluded(tiny_model, data, tmp_path,
             progress=False)
     manifest = json.loads((store / "manifest.json").read_text())
     assert manifest["counts"]["nonfinite"] == 1
-    from attngeom.analysis._views import valid_sequences
+    from attngeom.analysis.blocks import valid_sequences
     from attngeom.store import open_store
 
     ds = open_store(store)
