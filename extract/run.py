@@ -19,6 +19,8 @@ from attngeom.store import schema as S
 from attngeom.store.chunks import ChunkEncoder
 from attngeom.store.distributed import check_part, parse_shard, part_record
 from attngeom.store.manifest import portable, spec_label
+from attngeom.store.packing import check_precision, stored_arrays
+from attngeom.store.vocab import FLOAT32
 from attngeom.store.shards import build_shard
 from attngeom.store.writer import StoreWriter
 
@@ -42,10 +44,12 @@ class ExtractConfig:
     batch_size: int = 4
     device: str = "cpu"
     dtype: str = "float32"
+    precision: str = FLOAT32          # stored precision: float32 or packed (store/packing.py)
 
     def check(self) -> None:
         if self.mode not in S.MODES:
             raise ValueError(f"--mode must be one of {', '.join(S.MODES)}, not '{self.mode}'")
+        check_precision(self.precision)
         for name in ("sink_k", "tail_w", "max_length", "batch_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
@@ -68,6 +72,8 @@ def store_config(info: dict, texts, cfg: ExtractConfig, shard_size: int) -> dict
     options = {"mode": cfg.mode, "sink_k": cfg.sink_k, "tail_w": cfg.tail_w,
                "max_length": cfg.max_length, "shard_size": shard_size,
                "store_text": cfg.store_text}
+    if cfg.precision != FLOAT32:          # absent means float32: older stores keep their hash
+        options["precision"] = cfg.precision
     return {"model": model, "data": data, "options": options}
 
 
@@ -144,7 +150,8 @@ def extract_shard(loaded, texts: list[str], start: int, cfg: ExtractConfig, opts
     lengths = np.array([len(ids) for ids in tokenized.ids])
     stored = set(S.variables_for(cfg.mode))
     encoder = ChunkEncoder(min(cfg.batch_size, len(texts)), *encode_workers(cfg.device),
-                           dims={name: S.dims_for(name, cfg.mode) for name in stored})
+                           dims={name: S.dims_for(name, cfg.mode, cfg.precision)
+                                 for name in stored})
     finite, row = np.ones(len(texts), dtype=np.int32), 0
     try:
         for arrays in measure_batches(loaded.model, tokenized, cfg, opts, pad_token_id(tok),
@@ -153,7 +160,8 @@ def extract_shard(loaded, texts: list[str], start: int, cfg: ExtractConfig, opts
                      if k in stored}
             rows = len(batch["value_norm"])
             finite[row:row + rows] = finite_flags(batch, lengths[row:row + rows])
-            encoder.add(batch)                 # compressed while the next batch is measured
+            # packed (int16, head-free once) and compressed while the next batch is measured
+            encoder.add(stored_arrays(batch, cfg.mode, cfg.precision))
             row += rows
         encoded = encoder.finish()
     finally:
