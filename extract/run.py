@@ -19,7 +19,7 @@ from attngeom.store import schema as S
 from attngeom.store.chunks import ChunkEncoder
 from attngeom.store.distributed import check_part, parse_shard, part_record
 from attngeom.store.manifest import portable, spec_label
-from attngeom.store.packing import check_precision, stored_arrays
+from attngeom.store.packing import check_precision, stored_arrays, stored_attrs
 from attngeom.store.vocab import FLOAT32
 from attngeom.store.shards import build_shard
 from attngeom.store.writer import StoreWriter
@@ -151,7 +151,8 @@ def extract_shard(loaded, texts: list[str], start: int, cfg: ExtractConfig, opts
     stored = set(S.variables_for(cfg.mode))
     encoder = ChunkEncoder(min(cfg.batch_size, len(texts)), *encode_workers(cfg.device),
                            dims={name: S.dims_for(name, cfg.mode, cfg.precision)
-                                 for name in stored})
+                                 for name in stored},
+                           attrs={name: stored_attrs(name, cfg.precision) for name in stored})
     finite, row = np.ones(len(texts), dtype=np.int32), 0
     try:
         for arrays in measure_batches(loaded.model, tokenized, cfg, opts, pad_token_id(tok),

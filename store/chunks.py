@@ -89,6 +89,7 @@ class Encoded:
     blobs: dict[tuple[int, ...], bytes] = field(default_factory=dict)
     dims: tuple[str, ...] = ()
     dtype: np.dtype = field(default_factory=lambda: np.dtype(np.float32))
+    attrs: dict = field(default_factory=dict)       # besides the description
 
 
 class ChunkEncoder:
@@ -101,13 +102,14 @@ class ChunkEncoder:
     time (0: none until ``finish``, when measuring leaves no core spare); ``finish`` lets
     ``after`` work at once, encodes the rest, padding the last row block as HDF5 pads edge
     chunks (NaN, or FILL for int16), and returns name -> Encoded (with its dims from
-    ``dims``, when given).
+    ``dims`` and attributes from ``attrs``, when given).
     """
 
     def __init__(self, rows: int, during: int, after: int, level: int = LEVEL,
-                 dims: dict[str, tuple[str, ...]] | None = None):
+                 dims: dict[str, tuple[str, ...]] | None = None,
+                 attrs: dict[str, dict] | None = None):
         self.rows, self.overlap, self.level = max(1, rows), during > 0, level
-        self.dims = dims or {}
+        self.dims, self.attrs = dims or {}, attrs or {}
         self.extra = max(after, during, 1) - max(during, 1)
         self.gate = threading.Semaphore(max(during, 1))
         self.pool = ThreadPoolExecutor(max(after, during, 1),
@@ -177,7 +179,8 @@ class ChunkEncoder:
                 shape = (self.done_rows[name], *self.layout[name])
                 out[name] = Encoded(shape, self.chunks[name],
                                     {off: f.result() for off, f in futures.items()},
-                                    tuple(self.dims.get(name, ())), self.dtypes[name])
+                                    tuple(self.dims.get(name, ())), self.dtypes[name],
+                                    dict(self.attrs.get(name, {})))
             return out
         finally:
             self.close()

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from . import schema as S
 from .manifest import atomic_write_bytes
-from .packing import PACKED_VARIABLES, precision_of
+from .packing import KEEP_BITS, NORM_ERROR, PACKED_VARIABLES, ROUNDED_VARIABLES, precision_of
 from .vocab import PACKED
 from .results import is_faith_only, readme_lines
 
@@ -68,6 +68,8 @@ def _units(name: str, precision: str = "float32") -> str:
         p = PACKED_VARIABLES[name]
         units += (f"; int16 packed, step {float(p.scale_factor):.3g}, error <= "
                   f"{p.max_error:.3g}")
+    elif precision == PACKED and name in ROUNDED_VARIABLES:
+        units += f"; {KEEP_BITS} mantissa bits, relative error <= {NORM_ERROR:.3g}"
     return units
 
 
@@ -142,8 +144,11 @@ def _packed_lines(mode: str) -> list[str]:
         f"at most {a.max_error:.3g} for the alphas (step {float(a.scale_factor):.4g}) and "
         f"{c.max_error:.3g} for the cosines (step {float(c.scale_factor):.4g}),",
         "half a step plus float32 rounding. Norms, head_share and middle contributions are",
-        "float32. Contributions derived from them differ from a float32 store's by at most",
-        "(value_norm / output_norm) * (|cosine| * e_alpha + alpha * e_cosine + e_alpha * e_cosine).",
+        f"float32 with mantissas rounded to {KEEP_BITS} bits (netCDF-C's BitRound; attribute",
+        f"_QuantizeBitRoundNumberOfSignificantBits): relative error at most {NORM_ERROR:.3g}.",
+        "Contributions derived from them differ from a float32 store's by at most",
+        "  (value_norm / norm) * (|cosine| e_alpha + alpha e_cosine + e_alpha e_cosine)",
+        f"  * (1 + 3 e_norm) + |contribution| * 2.01 e_norm     (e_norm = {NORM_ERROR:.3g}).",
     ] + ([
         "middle_count does not vary by head and is stored once per (sequence, layer, query);",
         "attngeom.store.open broadcasts it over heads.",

@@ -164,7 +164,8 @@ def _with_encoded(data: bytes | memoryview, ds: xr.Dataset,
                                     fletcher32=True, fillvalue=fill_value(enc.dtype))
             var.attrs.update(ds[name].attrs if name in ds
                              else {"description": S.DESCRIPTIONS[name]})
-            if is_packed(name, enc.dtype):
+            var.attrs.update(enc.attrs)
+            if is_packed(name, enc.dtype):              # int16 decodes only with these
                 var.attrs.update(cf_attrs(name))
     with h5py.File(buffer, "r+") as f:
         for name, enc in encoded.items():

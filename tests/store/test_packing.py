@@ -26,7 +26,8 @@ import attngeom.store
 import tiny_models as tm
 from attngeom.store import schema as S
 from attngeom.store.chunks import ChunkEncoder, encode_chunk
-from attngeom.store.packing import (COSINE, FILL, PACKED_VARIABLES, PROBABILITY,
+from attngeom.store.packing import (BITROUND_ATTR, COSINE, FILL, KEEP_BITS, NORM_ERROR,
+                                    PACKED_VARIABLES, PROBABILITY, ROUNDED_VARIABLES, bitround,
                                     contribution_bound, once_per_head, pack, packing_problem,
                                     stored_dataset)
 from attngeom.store.shards import encoding, write_shard
@@ -95,7 +96,7 @@ def test_quantisation_error_is_half_a_step(name):
     got = _decoded_by_xarray(name, pack(name, x))
     assert got.dtype == np.float32
     err = np.abs(got.astype(np.float64) - np.clip(x.astype(np.float64), p.low, p.high))
-    step = (p.high - p.low) / 65534
+    step = (p.high - p.low) / (2 * p.qmax)
     assert err.max() <= p.max_error
     assert err.max() > 0.99 * step / 2            # the stated bound is the real one
     assert got[-5] == p.low and got[-4] == p.high   # ends exact; roundoff beyond them clipped
@@ -104,8 +105,26 @@ def test_quantisation_error_is_half_a_step(name):
 
 def test_quantisation_steps_are_stated():
     assert PROBABILITY.max_error == pytest.approx(0.5 / 65534, rel=0.02)
-    assert COSINE.max_error == pytest.approx(0.5 / 32767, rel=0.02)
+    assert COSINE.max_error == pytest.approx(0.5 / 16383, rel=0.01)
     assert float(PROBABILITY.add_offset) == 0.5 and float(COSINE.add_offset) == 0.0
+    assert NORM_ERROR == 2.0 ** -15 and KEEP_BITS == 14
+
+
+def test_bitround_is_round_to_nearest_even_of_the_mantissa():
+    rng = np.random.default_rng(3)
+    x = (rng.standard_normal(300_000) * np.exp(rng.uniform(-30, 30, 300_000))).astype(np.float32)
+    x[:4] = [1 + 2.0 ** -15, 1 + 3 * 2.0 ** -15, -(1 + 2.0 ** -15), 2.0 ** -130]  # ties, subnormal
+    got = bitround(x)
+    m, e = np.frexp(x.astype(np.float64))                    # x = m 2**e, 0.5 <= |m| < 1
+    want = np.ldexp(np.rint(m * 2.0 ** (KEEP_BITS + 1)), e - KEEP_BITS - 1)
+    normal = np.abs(x) >= np.finfo(np.float32).tiny
+    np.testing.assert_array_equal(got[normal], want[normal].astype(np.float32))
+    assert list(got[:3]) == [1.0, 1 + 4 * 2.0 ** -15, -1.0]        # ties go to the even one
+    rel = np.abs(got[normal].astype(np.float64) - x[normal]) / np.abs(x[normal])
+    assert NORM_ERROR * 0.99 < rel.max() <= NORM_ERROR
+    np.testing.assert_array_equal(bitround(got), got)             # idempotent: rewrites keep it
+    special = np.array([np.nan, np.inf, -np.inf, 0.0], dtype=np.float32)
+    np.testing.assert_array_equal(bitround(special), special)
 
 
 def test_non_finite_values_are_stored_as_nan():
@@ -147,6 +166,7 @@ def _float_shard(rng, n=7, T=20) -> xr.Dataset:
     return xr.Dataset(
         {"tail_alpha": (S.TAIL, alpha, {"description": "a"}),
          "sink_residual_cosine": (S.PER_QUERY, cos, {"description": "c"}),
+         "head_share": (S.PER_QUERY, cos * 3, {"description": "h"}),
          "middle_count": (S.PER_QUERY, count, {"description": "m"}),
          "length": ((S.SEQUENCE,), np.arange(n, dtype=np.int32))},
         coords={S.SEQUENCE: np.arange(n), S.LAYER: np.arange(2), S.HEAD: np.arange(3),
@@ -159,9 +179,12 @@ def test_encoded_packed_shard_equals_the_hdf5_written_one(tmp_path):
     from attngeom.store.packing import stored_arrays
 
     ds = _float_shard(np.random.default_rng(2))
-    names = ("tail_alpha", "sink_residual_cosine", "middle_count")
+    from attngeom.store.packing import stored_attrs
+
+    names = ("tail_alpha", "sink_residual_cosine", "middle_count", "head_share")
     enc = ChunkEncoder(rows=3, during=1, after=2,
-                       dims={n: S.dims_for(n, "compact", "packed") for n in names})
+                       dims={n: S.dims_for(n, "compact", "packed") for n in names},
+                       attrs={n: stored_attrs(n, "packed") for n in names})
     for lo in (0, 3, 6):
         enc.add(stored_arrays({n: ds[n].values[lo:lo + 3] for n in names}, "compact", "packed"))
     packed = stored_dataset(ds, "packed")
@@ -171,6 +194,7 @@ def test_encoded_packed_shard_equals_the_hdf5_written_one(tmp_path):
         assert new.identical(old)
         assert new["tail_alpha"].encoding["dtype"] == np.int16
         assert new["middle_count"].dims == S.PER_LAYER_QUERY
+        assert new["head_share"].attrs[BITROUND_ATTR] == KEEP_BITS
     with h5py.File(tmp_path / "new.nc") as f, h5py.File(tmp_path / "old.nc") as g:
         for name in names:
             a, b = f[name], g[name]
@@ -203,6 +227,13 @@ def test_shards_hold_int16_that_plain_xarray_decodes(pair, mode):
             ok = ~np.isnan(want)
             assert np.abs(got[ok] - np.clip(want[ok], p.low, p.high)).max() <= p.max_error, name
             np.testing.assert_allclose(got, cf, atol=2 ** -23, equal_nan=True, err_msg=name)
+        for name in ROUNDED_VARIABLES:
+            if name in plain:
+                got, want = packed[name].values, plain[name].values
+                assert got.dtype == np.float32 and packed[name].attrs[BITROUND_ATTR] == KEEP_BITS
+                assert (got[np.isfinite(got)].view(np.uint32) & 0x1FF == 0).all(), name
+                ok = np.isfinite(want) & (want != 0)
+                assert np.abs(got[ok] / want[ok].astype(np.float64) - 1).max() <= NORM_ERROR
         if mode == "compact":
             assert packed["middle_count"].dims == S.PER_LAYER_QUERY
             assert plain["middle_count"].dims == S.PER_QUERY
@@ -216,12 +247,17 @@ def test_opened_packed_store_matches_float32_store(opened, mode):
     for name in a.data_vars:
         x, y = a[name], b[name]
         assert x.dims == y.dims and y.dtype == x.dtype, name
+        if x.dtype.kind == "f":
+            assert np.array_equal(np.isnan(x.values), np.isnan(y.values)), name
         if name in PACKED_VARIABLES:
             p = PACKED_VARIABLES[name]
-            assert np.array_equal(np.isnan(x.values), np.isnan(y.values)), name
             err = np.nanmax(np.abs(y.values - np.clip(x.values, p.low, p.high)))
             assert 0 < err <= p.max_error, (name, err)
-        elif name not in DERIVED:                    # norms etc.: float32 in both, equal
+        elif name in ROUNDED_VARIABLES:
+            nonzero = x.values != 0
+            rel = np.abs(y.values[nonzero].astype(np.float64) / x.values[nonzero] - 1)
+            assert 0 < np.nanmax(rel) <= NORM_ERROR, name
+        elif name not in DERIVED:                     # middle_count, per-sequence: exact
             np.testing.assert_array_equal(y.values, x.values, err_msg=name)
     if mode == "compact":       # middle_count (compared above) differs by layer: layer 0 slides
         assert not np.array_equal(b["middle_count"][:, 0], b["middle_count"][:, 1],
@@ -258,7 +294,7 @@ def test_derived_contributions_within_the_stated_bound(opened, mode):
                                    _per_pair(a, "value_norm", alpha),
                                    a[cosine].values.astype(np.float64),
                                    _per_pair(a, norm, alpha),
-                                   PROBABILITY.max_error, COSINE.max_error)
+                                   PROBABILITY.max_error, COSINE.max_error, NORM_ERROR)
         ok = np.isfinite(x)
         assert ok.any() and np.isfinite(bound[ok]).all(), name
         assert (np.abs(y - x)[ok] <= bound[ok]).all(), (name, np.max(np.abs(y - x)[ok] / bound[ok]))
@@ -273,6 +309,9 @@ def test_packed_store_validates_and_resumes_only_as_packed(pair, tmp_path):
     text = (pair["compact", "packed"] / "README.txt").read_text()
     assert "Precision: packed" in text and "middle_count  (sequence, layer, query)" in text
     assert re.search(r"tail_alpha  \(.*\)  \[.*int16 packed, step 1.53e-05, error <= 7.7", text)
+    assert re.search(r"tail_cosine  \(.*\)  \[.*int16 packed, step 6.1e-05, error <= 3.06e-05", text)
+    assert re.search(r"value_norm  \(.*\)  \[.*14 mantissa bits, relative error <= 3.05e-05",
+                     text)
     from attngeom.extract.run import ExtractConfig, extract
     from attngeom.store.manifest import StoreError
 
