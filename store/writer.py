@@ -187,11 +187,10 @@ class StoreWriter:
                   encoded: Mapping[str, Encoded] | None = None) -> dict:
         """Write ``ds`` (one block of sequences, numbered as in the store) as shard ``index``.
 
-        The shard gets the store's attributes and precision (float variables of a packed
-        store are packed here: :func:`attngeom.store.packing.stored_dataset`); its layout is
-        checked against the manifest first (ValueError naming the difference). ``encoded``:
-        variables whose chunks are compressed already, in the stored form
-        (:func:`attngeom.store.shards.write_shard`). Returns the entry.
+        The shard gets the store's attributes and precision (:func:`attngeom.store.packing.
+        stored_dataset`); its layout is checked against the manifest first (ValueError naming
+        the difference). ``encoded``: variables whose chunks are compressed already, stored
+        form (:func:`attngeom.store.shards.write_shard`). Returns the entry.
         """
         encoded = dict(encoded or {})
         ds = stored_dataset(ds, self.precision)

@@ -382,3 +382,17 @@ def test_readme_code_opens_a_packed_store_with_plain_xarray(pair, opened):
     plain = scope["ds"]
     np.testing.assert_array_equal(plain["middle_count"].broadcast_like(plain["head"])
                                   .transpose(*S.PER_QUERY).values, ds["middle_count"].values)
+
+
+def test_sink_rates_of_a_packed_store_are_within_the_alpha_error(opened):
+    """An analysis reads a packed store like a float32 one: means of alpha move by at most
+    e_alpha (each alpha does), and the sink heads are the same unless a rate sits at epsilon."""
+    from attngeom.analysis import sinks
+
+    a, b = (sinks(opened["compact", p]) for p in ("float32", "packed"))
+    for name in ("sink_rate_mean", "sink_mass_mean", "layer_sink_rate_mean"):
+        diff = np.abs(b[name].values - a[name].values)
+        assert np.isfinite(diff).all() and diff.max() <= PROBABILITY.max_error * (1 + 1e-3), name
+    np.testing.assert_array_equal(b["n_queries"].values, a["n_queries"].values)
+    near = np.abs(a["sink_rate_mean"].values - a.attrs["epsilon"]) <= PROBABILITY.max_error
+    np.testing.assert_array_equal(b["is_sink_head"].values[~near], a["is_sink_head"].values[~near])
