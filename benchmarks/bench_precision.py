@@ -75,6 +75,40 @@ def _sizes(store: Path, precision: str) -> dict:
     return out
 
 
+def _recipe_bytes(store: Path, info: dict) -> float:
+    """Bytes per head and token of the float32 store's values written as the issue's recipe
+    alone: every bounded variable int16 at 16 bits (cosines step 1/32767), the other floats
+    exact float32, middle_count once per layer (HDF5 with the store's chunks and filters)."""
+    import io
+
+    import h5py
+
+    from attngeom.store import schema as S
+    from attngeom.store.packing import PACKED_VARIABLES, Packing, pack
+
+    total, tokens = 0, 0
+    for shard in sorted((store / "shards").glob("*.nc")):
+        with h5py.File(shard) as f, h5py.File(io.BytesIO(), "w") as g:
+            tokens += int(f["length"][()].sum())
+            for name in S.variables_for("compact"):
+                x, chunks = f[name][()], f[name].chunks
+                if name in S.HEAD_FREE:
+                    x, chunks = x[:, :, 0], chunks[:2] + chunks[3:]
+                if name in PACKED_VARIABLES:
+                    p = PACKED_VARIABLES[name]
+                    x = pack(name, x) if p.qmax == 32767 else _pack16(x, Packing(p.low, p.high,
+                                                                                 32767))
+                d = g.create_dataset(name, data=x, chunks=chunks, shuffle=True, fletcher32=True,
+                                     compression="gzip", compression_opts=1)
+                total += d.id.get_storage_size()
+    return total / (tokens * info["n_layers"] * info["n_heads"])
+
+
+def _pack16(x, p):
+    q = np.rint((np.clip(x, p.low, p.high) - float(p.add_offset)) / float(p.scale_factor))
+    return np.where(np.isfinite(x), q, -32768).astype(np.int16)
+
+
 def _errors(stores: dict[str, Path]) -> dict:
     """Largest |packed - float32| per packed variable (and its bound) and per contribution
     (and its largest ratio to the bound of store/packing.py)."""
@@ -123,8 +157,11 @@ def precision_section(a) -> None:
                 log(f"precision {case} {precision}: {rows[precision]['bytes_per_head_token']:.1f}"
                     f" bytes per head and token")
             f32, packed = rows["float32"], rows["packed"]
+            recipe = _recipe_bytes(stores["float32"], loaded.info)
             emit({"bench": "store", "section": "precision", "case": case, "summary": True,
                   "tokens": f32["tokens"],
+                  "recipe_alone_bytes_per_head_token": recipe,
+                  "ratio_recipe_alone": recipe / f32["bytes_per_head_token"],
                   **{f"ratio_{k}": packed[k] / f32[k] for k in
                      ("bytes_per_head_token", "bytes_per_token", "file_bytes_per_token")},
                   **({f"bytes_per_token_{scale}_layers_{p}": rows[p]["scaled_bytes_per_token"]
