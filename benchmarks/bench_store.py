@@ -10,7 +10,18 @@ measuring is not), and, for comparison, with other HDF5 filters (gzip 4, lzf, no
 interleaved and repeated. Reports bytes per real token,
 uncompressed MB/s and the ratio of each variant's time to attngeom's.
 
-    python benchmarks/bench_store.py --modes compact,dense
+Section ``precision``: bytes per token and per head and token of compact stores written with
+``--precision float32`` and ``packed`` from the same texts (WikiText-2 articles cut to
+``--max-length``), side by side: SmolLM2-135M (real weights; a random-init SmolLM2-shaped
+model too) and a 2-layer random-init model of Llama-3.1-8B's widths (hidden 4096, 32 heads, 8
+kv heads, head_dim 128, MLP 14336; SmolLM2's tokenizer, so vocab 49152), whose layer-dependent
+bytes are scaled to 32 layers. Each store is measured and written as ``attngeom extract`` does
+(``extract_shard`` + ``StoreWriter``); bytes are the shard files' (exact, per variable from
+HDF5's storage sizes). Also the largest quantisation error of each packed variable and of the
+derived contributions against the float32 store.
+
+    python benchmarks/bench_store.py --sections writes --modes compact,dense
+    python benchmarks/bench_store.py --sections precision
 """
 
 from __future__ import annotations
@@ -24,10 +35,12 @@ from pathlib import Path
 from statistics import median
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import emit, log, machine  # noqa: E402
+from _common import REPO, emit, log, machine  # noqa: E402
 
 # mode -> (texts, max_length): dense stores are T x T per head, so they get fewer, shorter texts
 SIZES = {"compact": (8, 512), "dense": (2, 128)}
+DATA = [REPO.parent / "shared" / "data" / "wikitext2_raw_test.jsonl",      # ../shared/data
+        REPO.parent.parent / "shared" / "data" / "wikitext2_raw_test.jsonl"]  # from a worktree
 
 
 def build(mode: str, model_spec: str):
@@ -91,11 +104,24 @@ def variants(ds) -> dict:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--sections", default="writes,precision")
     p.add_argument("--modes", default="compact,dense")
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--data", default=str(next((d for d in DATA if d.is_file()), DATA[0])),
+                   help="texts of the precision section (WikiText-2)")
+    p.add_argument("--texts", type=int, default=8, help="precision: texts of the SmolLM2 cases")
+    p.add_argument("--max-length", type=int, default=512)
+    p.add_argument("--llama-texts", type=int, default=4, help="precision: texts of the 8B case")
     a = p.parse_args(argv)
     emit({"bench": "store", "section": "machine", **machine()})
+    sections = a.sections.split(",")
+    if "precision" in sections:
+        from bench_precision import precision_section
+
+        precision_section(a)
+    if "writes" not in sections:
+        return 0
     tmp = Path(tempfile.mkdtemp(prefix="attngeom-bench-"))
     try:
         for mode in a.modes.split(","):

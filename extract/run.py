@@ -20,6 +20,8 @@ from attngeom.store import schema as S
 from attngeom.store.chunks import ChunkEncoder
 from attngeom.store.distributed import check_part, parse_shard, part_record
 from attngeom.store.manifest import portable, spec_label
+from attngeom.store.packing import stored_arrays, stored_attrs
+from attngeom.store.vocab import FLOAT32
 from attngeom.store.shards import build_shard
 from attngeom.store.writer import StoreWriter
 from attngeom.store.options import ExtractConfig
@@ -47,6 +49,8 @@ def store_config(info: dict, texts, cfg: ExtractConfig, shard_size: int) -> dict
     options = {"mode": cfg.mode, "sink_k": cfg.sink_k, "tail_w": cfg.tail_w,
                "max_length": cfg.max_length, "shard_size": shard_size,
                "store_text": cfg.store_text}
+    if cfg.precision != FLOAT32:          # absent means float32: older stores keep their hash
+        options["precision"] = cfg.precision
     return {"model": model, "data": data, "options": options}
 
 
@@ -140,7 +144,9 @@ def extract_shard(loaded, texts: list[str], start: int, cfg: ExtractConfig, opts
         measured = measure_batches(loaded.model, tokenized, cfg, opts, pad_token_id(tok), bar,
                                    current=current)
     encoder = ChunkEncoder(min(current.size, len(texts)), *encode_workers(cfg.device),
-                           dims={name: S.dims_for(name, cfg.mode) for name in stored})
+                           dims={name: S.dims_for(name, cfg.mode, cfg.precision)
+                                 for name in stored},
+                           attrs={name: stored_attrs(name, cfg.precision) for name in stored})
     finite, row, seqs = np.ones(len(texts), dtype=np.int32), 0, []
     try:
         for arrays in measured:
@@ -152,7 +158,8 @@ def extract_shard(loaded, texts: list[str], start: int, cfg: ExtractConfig, opts
             rows = len(batch["value_norm"])
             batch_lengths = seqs[-1].lengths if images else lengths[row:row + rows]
             finite[row:row + rows] = finite_flags(batch, batch_lengths)
-            encoder.add(batch)                 # compressed while the next batch is measured
+            # packed (int16, head-free once) and compressed while the next batch is measured
+            encoder.add(stored_arrays(batch, cfg.mode, cfg.precision))
             row += rows
         encoded = encoder.finish()
     finally:

@@ -6,7 +6,8 @@ variables declare (shuffle, deflate, Fletcher-32; :func:`encode_chunk` gives byt
 what HDF5 itself writes) in worker threads (``zlib`` releases the lock), as soon as a batch
 of rows is measured; :func:`attngeom.store.shards.write_shard` then stores the finished
 bytes with ``write_direct_chunk``. Every netCDF/HDF5 reader decodes such a file as usual and
-verifies the checksums.
+verifies the checksums. Variables are float32, or int16 (packed stores,
+:mod:`attngeom.store.packing`): shuffle works on the array's own item size.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from .packing import FILL
 
 LEVEL = 1                       # deflate level of every shard variable
 CHUNK_BYTES = 8 * 1024 * 1024   # at most this many bytes per chunk
@@ -53,11 +56,22 @@ def fletcher32(data: bytes) -> int:
 
 
 def encode_chunk(block: np.ndarray, level: int = LEVEL) -> bytes:
-    """One chunk as HDF5 stores it with shuffle + deflate(level) + Fletcher-32."""
+    """One chunk as HDF5 stores it with shuffle + deflate(level) + Fletcher-32 (any item
+    size: shuffle groups byte i of every item)."""
     raw = np.ascontiguousarray(block)
     shuffled = raw.view(np.uint8).reshape(-1, raw.itemsize).T.tobytes()
     packed = zlib.compress(shuffled, level)
     return packed + fletcher32(packed).to_bytes(4, "little")
+
+
+def fill_value(dtype) -> np.generic:
+    """The fill (missing) value of a stored variable: NaN, or the packed int16 FILL."""
+    dtype = np.dtype(dtype)
+    if dtype == np.int16:
+        return FILL
+    if dtype.kind != "f":
+        raise ValueError(f"chunks are float32 or packed int16, not {dtype}")
+    return dtype.type(np.nan)
 
 
 def chunk_rows(row_bytes: int, rows: int) -> int:
@@ -67,29 +81,35 @@ def chunk_rows(row_bytes: int, rows: int) -> int:
 
 @dataclass
 class Encoded:
-    """One variable's compressed chunks: shape, dims, chunk shape, chunk offset -> bytes."""
+    """One variable's compressed chunks: shape, dims, chunk shape, chunk offset -> bytes,
+    and the stored dtype (float32, or int16 for a packed variable)."""
 
     shape: tuple[int, ...]
     chunks: tuple[int, ...]
     blobs: dict[tuple[int, ...], bytes] = field(default_factory=dict)
     dims: tuple[str, ...] = ()
+    dtype: np.dtype = field(default_factory=lambda: np.dtype(np.float32))
+    attrs: dict = field(default_factory=dict)       # besides the description
 
 
 class ChunkEncoder:
-    """Compresses float32 (sequence, layer, ...) variables chunk by chunk as rows arrive.
+    """Compresses (sequence, layer, ...) variables chunk by chunk as rows arrive: float
+    arrays as float32, int16 arrays (packed) as they are.
 
     Chunks hold ``chunk_rows`` sequences (``rows`` must not exceed the shard's sequences:
     HDF5 chunks are not larger than the variable) and one layer. ``add`` takes the next rows
     of every variable and hands each complete chunk to the workers, at most ``during`` at a
     time (0: none until ``finish``, when measuring leaves no core spare); ``finish`` lets
     ``after`` work at once, encodes the rest, padding the last row block as HDF5 pads edge
-    chunks, and returns name -> Encoded (with its dims from ``dims``, when given).
+    chunks (NaN, or FILL for int16), and returns name -> Encoded (with its dims from
+    ``dims`` and attributes from ``attrs``, when given).
     """
 
     def __init__(self, rows: int, during: int, after: int, level: int = LEVEL,
-                 dims: dict[str, tuple[str, ...]] | None = None):
+                 dims: dict[str, tuple[str, ...]] | None = None,
+                 attrs: dict[str, dict] | None = None):
         self.rows, self.overlap, self.level = max(1, rows), during > 0, level
-        self.dims = dims or {}
+        self.dims, self.attrs = dims or {}, attrs or {}
         self.extra = max(after, during, 1) - max(during, 1)
         self.gate = threading.Semaphore(max(during, 1))
         self.pool = ThreadPoolExecutor(max(after, during, 1),
@@ -99,6 +119,7 @@ class ChunkEncoder:
         self.futures: dict[str, dict[tuple[int, ...], Future]] = {}
         self.chunks: dict[str, tuple[int, ...]] = {}
         self.layout: dict[str, tuple[int, ...]] = {}      # (L, ...) of each variable
+        self.dtypes: dict[str, np.dtype] = {}
 
     def _encode(self, block: np.ndarray) -> bytes:
         with self.gate:
@@ -107,12 +128,19 @@ class ChunkEncoder:
     def add(self, arrays: dict[str, np.ndarray]) -> None:
         """The next rows (b, L, ...) of each variable, in sequence order."""
         for name, x in arrays.items():
+            x = np.asarray(x)
+            if x.dtype.kind == "f":
+                x = x.astype(np.float32, copy=False)
             if name not in self.chunks:
-                row_bytes = int(np.prod(x.shape[2:], dtype=np.int64)) * 4   # one layer
+                row_bytes = int(np.prod(x.shape[2:], dtype=np.int64)) * x.itemsize  # one layer
                 self.chunks[name] = (chunk_rows(row_bytes, self.rows), 1, *x.shape[2:])
                 self.layout[name] = tuple(x.shape[1:])
+                self.dtypes[name] = fill_value(x.dtype).dtype
                 self.pending[name], self.done_rows[name], self.futures[name] = [], 0, {}
-            self.pending[name].append(np.asarray(x, dtype=np.float32))
+            if x.dtype != self.dtypes[name]:
+                raise ValueError(f"rows of '{name}' are {x.dtype}, earlier ones "
+                                 f"{self.dtypes[name]}")
+            self.pending[name].append(x)
             if self.overlap:
                 self._submit(name, final=False)
 
@@ -127,7 +155,8 @@ class ChunkEncoder:
         for start in range(0, whole, rows):
             block = x[start:start + rows]
             if len(block) < rows:                       # edge chunk: stored at full size
-                fill = np.full((rows - len(block), *block.shape[1:]), np.nan, np.float32)
+                fill = np.full((rows - len(block), *block.shape[1:]),
+                               fill_value(block.dtype), block.dtype)
                 block = np.concatenate([block, fill])
             row0 = self.done_rows[name] + start
             for layer in range(x.shape[1]):
@@ -150,7 +179,8 @@ class ChunkEncoder:
                 shape = (self.done_rows[name], *self.layout[name])
                 out[name] = Encoded(shape, self.chunks[name],
                                     {off: f.result() for off, f in futures.items()},
-                                    tuple(self.dims.get(name, ())))
+                                    tuple(self.dims.get(name, ())), self.dtypes[name],
+                                    dict(self.attrs.get(name, {})))
             return out
         finally:
             self.close()

@@ -71,6 +71,11 @@ class ExtractConfig:
                                     type=int, at_least=1, record="options", auto=True)
     store_text: bool = option(True, "leave token strings out", flag="--no-text", kind="negated",
                               record="options")
+    precision: str = option(V.FLOAT32, "float32, or packed (~0.54x the bytes): alpha and "
+                            "cosines as CF-packed int16 (errors <= 7.7e-6 / 3.06e-5), norms with "
+                            "14 mantissa bits (relative error <= 3.1e-5), middle_count once per "
+                            "layer (store/packing.py)", choices=V.PRECISIONS, record="options",
+                            omit_default=True)
     batch_size: int = option(V.BATCH_SIZE, "texts per forward pass", at_least=1)
     device: str = option("cpu", "cpu, cuda, cuda:N or mps")
     dtype: str = option("float32", DTYPE_HELP)

@@ -26,7 +26,8 @@ def option(default: Any, help: str, *, flag: str | None = None, aliases: Sequenc
            choices: Sequence | None = None, at_least: int | None = None,
            within: tuple[float, float, str] | None = None, record: str | None = None,
            auto: bool = False, provenance: bool = False, positional: bool = False,
-           required: bool = False, metavar: str | None = None, cli: bool = True) -> Any:
+           required: bool = False, metavar: str | None = None, cli: bool = True,
+           omit_default: bool = False) -> Any:
     """A dataclass field declaring one option.
 
     Parameters
@@ -43,6 +44,8 @@ def option(default: Any, help: str, *, flag: str | None = None, aliases: Sequenc
     record : where a store's manifest records the option (``"options"`` or ``"data"`` of its
         config): it shapes the numbers and is part of the store's identity. auto : None lets
         the run choose the value (it records the chosen one; any recorded value matches None).
+        omit_default : recorded only when not the default (an option added later: stores
+        made before it keep their identity, and absent reads as the default).
     provenance : copied into analysis results as ``analysis_<name>``.
     positional, required, metavar, cli : argparse details; ``cli=False``: Python API only.
     """
@@ -51,7 +54,8 @@ def option(default: Any, help: str, *, flag: str | None = None, aliases: Sequenc
     meta = dict(help=help, flag=flag, aliases=tuple(aliases), kind=kind, type=type,
                 choices=None if choices is None else tuple(choices), at_least=at_least,
                 within=within, record=record, auto=auto, provenance=provenance,
-                positional=positional, required=required, metavar=metavar, cli=cli)
+                positional=positional, required=required, metavar=metavar, cli=cli,
+                omit_default=omit_default)
     return field(default=default, metadata=meta)
 
 
@@ -210,7 +214,8 @@ def identity(obj: Any, where: str | None = None) -> dict:
     """The options of ``obj`` that shape the numbers (declared with ``record``), as JSON
     values; ``where``: only those recorded there (``"options"`` or ``"data"``)."""
     return {f.name: _plain(getattr(obj, f.name)) for f in fields(obj)
-            if f.metadata["record"] and where in (None, f.metadata["record"])}
+            if f.metadata["record"] and where in (None, f.metadata["record"])
+            and not (f.metadata["omit_default"] and getattr(obj, f.name) == f.default)}
 
 
 def mismatches(obj: Any, config: dict) -> list[str]:
@@ -223,7 +228,8 @@ def mismatches(obj: Any, config: dict) -> list[str]:
         if not where:
             continue
         want = _plain(getattr(obj, f.name))
-        have = (config.get(where) or {}).get(f.name, "(absent)")
+        absent = _plain(f.default) if f.metadata["omit_default"] else "(absent)"
+        have = (config.get(where) or {}).get(f.name, absent)
         if want is None and f.metadata["auto"]:
             continue
         if have != want:

@@ -15,6 +15,7 @@ import xarray as xr
 from . import derive
 from . import schema as S
 from .manifest import StoreError, config_hash, read_manifest
+from .packing import precision_of
 from .shards import expected_labels, expected_variables, layout_problem
 
 # one dask block per (shard file, layer): extraction writes chunks of one batch of sequences,
@@ -78,7 +79,19 @@ def open_store(path: str | Path, partial: bool = False, derived: bool = True) ->
         raise StoreError(f"{path}: cannot read shards ({text}); run `attngeom store validate` "
                          "and re-extract the damaged shards") from None
     ds.attrs = attrs
+    ds = per_head(ds)
     return add_derived(ds) if derived else ds
+
+
+def per_head(ds: xr.Dataset) -> xr.Dataset:
+    """Variables a packed store keeps once per layer (:data:`attngeom.store.schema.HEAD_FREE`)
+    broadcast (lazily) over ``head``, so that both precisions open with the same dims."""
+    for name in S.HEAD_FREE:
+        if name in ds and S.HEAD not in ds[name].dims and S.HEAD in ds.dims:
+            var = ds[name]
+            ds[name] = var.broadcast_like(ds[S.HEAD]).transpose(*S.DIMS[name])
+            ds[name].attrs = dict(var.attrs)
+    return ds
 
 
 class ShardCheck:
@@ -126,7 +139,8 @@ def store_attrs(manifest: dict) -> dict:
     return {
         "model": cfg["model"]["id"], "mode": opts["mode"], "sink_k": opts["sink_k"],
         "tail_w": opts["tail_w"], "max_length": opts["max_length"],
-        "causal": int(cfg["model"]["causal"]), "config_hash": manifest["config_hash"],
+        "causal": int(cfg["model"]["causal"]), "precision": precision_of(opts),
+        "config_hash": manifest["config_hash"],
         "data": cfg["data"]["spec"], "data_sha256": cfg["data"]["sha256"],
         "attngeom_manifest": json.dumps(manifest, sort_keys=True),
     }

@@ -12,6 +12,8 @@ from pathlib import Path
 
 from . import schema as S
 from .manifest import atomic_write_bytes
+from .packing import KEEP_BITS, NORM_ERROR, PACKED_VARIABLES, ROUNDED_VARIABLES, precision_of
+from .vocab import PACKED
 from .results import is_faith_only, readme_lines
 
 README = "README.txt"
@@ -60,13 +62,22 @@ _DERIVE_COMPACT = """\
 """
 
 
-def _units(name: str) -> str:
-    return UNITS.get(name) or UNITS.get(name.removeprefix("tail_"), "")
+def _units(name: str, precision: str = "float32") -> str:
+    units = UNITS.get(name) or UNITS.get(name.removeprefix("tail_"), "")
+    if precision == PACKED and name in PACKED_VARIABLES:
+        p = PACKED_VARIABLES[name]
+        units += (f"; int16 packed, step {float(p.scale_factor):.3g}, error <= "
+                  f"{p.max_error:.3g}")
+    elif precision == PACKED and name in ROUNDED_VARIABLES:
+        units += f"; {KEEP_BITS} mantissa bits, relative error <= {NORM_ERROR:.3g}"
+    return units
 
 
-def _dims(name: str, mode: str) -> tuple[str, ...]:
-    dims = S.DIMS.get(name) or S.PAIR                  # derived pair variables: (.., key)
-    return S.SINK_PAIR if mode == "compact" and dims == S.PAIR else dims
+def _dims(name: str, mode: str, precision: str = "float32") -> tuple[str, ...]:
+    if name in S.DIMS:
+        return S.dims_for(name, mode, precision)
+    dims = S.PAIR                                      # derived pair variables: (.., key)
+    return S.SINK_PAIR if mode == "compact" else dims
 
 
 def stored_variables(config: dict) -> list[str]:
@@ -82,10 +93,11 @@ def stored_variables(config: dict) -> list[str]:
 
 
 def _variable_lines(config: dict) -> list[str]:
-    mode = config["options"]["mode"]
+    mode, precision = config["options"]["mode"], precision_of(config["options"])
     lines = []
     for name in stored_variables(config):
-        lines.append(f"  {name}  ({', '.join(_dims(name, mode))})  [{_units(name)}]")
+        lines.append(f"  {name}  ({', '.join(_dims(name, mode, precision))})  "
+                     f"[{_units(name, precision)}]")
         lines += textwrap.wrap(S.DESCRIPTIONS[name], 92, initial_indent="      ",
                                subsequent_indent="      ")
     return lines
@@ -118,7 +130,30 @@ def _layout_lines(config: dict) -> list[str]:
     ]
     text = ([] if o.get("store_text", True) else
             ["Token strings were left out (--no-text); token_id and the tokenizer give them."])
-    return common + [""] + layout + [""] + nan + ([""] + text if text else [])
+    packed = _packed_lines(o["mode"]) if precision_of(o) == PACKED else []
+    return (common + [""] + layout + [""] + nan + ([""] + text if text else [])
+            + ([""] + packed if packed else []))
+
+
+def _packed_lines(mode: str) -> list[str]:
+    a, c = PACKED_VARIABLES["alpha"], PACKED_VARIABLES["cosine"]
+    return [
+        "Precision: packed. alpha, tail_alpha, middle_alpha (0..1) and every cosine (-1..1) are",
+        "int16 with the CF attributes scale_factor and add_offset (value = add_offset +",
+        "scale_factor * q; q = -32768, the _FillValue, is NaN): every netCDF reader decodes them",
+        "(xarray does by default). Values were clipped to the range first. Quantisation error:",
+        f"at most {a.max_error:.3g} for the alphas (step {float(a.scale_factor):.4g}) and "
+        f"{c.max_error:.3g} for the cosines (step {float(c.scale_factor):.4g}),",
+        "half a step plus float32 rounding. Norms, head_share and middle contributions are",
+        f"float32 with mantissas rounded to {KEEP_BITS} bits (netCDF-C's BitRound; attribute",
+        f"_QuantizeBitRoundNumberOfSignificantBits): relative error at most {NORM_ERROR:.3g}.",
+        "Contributions derived from them differ from a float32 store's by at most",
+        "  (value_norm / norm) * (|cosine| e_alpha + alpha e_cosine + e_alpha e_cosine)",
+        f"  * (1 + 3 e_norm) + |contribution| * 2.01 e_norm     (e_norm = {NORM_ERROR:.3g}).",
+    ] + ([
+        "middle_count does not vary by head and is stored once per (sequence, layer, query);",
+        "attngeom.store.open broadcasts it over heads.",
+    ] if mode == "compact" else [])
 
 
 def _provenance_lines(manifest: dict) -> list[str]:
@@ -190,7 +225,11 @@ def readme_text(manifest: dict, store: str | Path | None = None) -> str:
         "Files",
         "  manifest.json          provenance and shard list with sha256 checksums (JSON)",
         "  shards/shard-NNNNN.nc  netCDF4/HDF5 (h5netcdf), one block of sequences each,",
-        "                         float32 with gzip; every file carries the config as attrs",
+        ("                         float32 (alpha, cosines: packed int16) with gzip; every"
+         if precision_of(cfg["options"]) == PACKED else
+         "                         float32 with gzip; every file carries the config as attrs"),
+        *(["                         file carries the config as attrs"]
+          if precision_of(cfg["options"]) == PACKED else []),
         "  README.txt             this file",
         "",
         "Provenance",
@@ -206,6 +245,9 @@ def readme_text(manifest: dict, store: str | Path | None = None) -> str:
         "",
         "Opening with plain xarray",
         _OPEN.replace("STORE", "path/to/store").rstrip(),
+        *(["    # packed: middle_count is on (sequence, layer, query); per head:",
+           "    #   ds['middle_count'] = ds.middle_count.broadcast_like(ds.head)"]
+          if precision_of(cfg["options"]) == PACKED and mode == "compact" else []),
         (_DERIVE_COMPACT if mode == "compact" else _DERIVE_DENSE).rstrip(),
         "",
         "With attngeom installed: attngeom.store.open('path/to/store') does all of this;",

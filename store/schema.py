@@ -19,7 +19,7 @@ sink key are NaN.
 
 from __future__ import annotations
 
-from .vocab import COMPACT, LAYOUTS
+from .vocab import COMPACT, FLOAT32, LAYOUTS, PACKED
 
 SCHEMA_VERSION = 1
 FORMAT_NAME = "attngeom-store"
@@ -132,10 +132,17 @@ DESCRIPTIONS: dict[str, str] = {
 COMPACT_ONLY = tuple(TAIL_VARIABLES) + tuple(MIDDLE_VARIABLES)
 MODES = LAYOUTS
 
+# variables that do not vary by head: packed stores keep them once, on these dims (the
+# attention mask is shared by a layer's heads; sliding windows make it differ by layer)
+HEAD_FREE: dict[str, tuple[str, ...]] = {"middle_count": PER_LAYER_QUERY}
 
-def dims_for(name: str, mode: str) -> tuple[str, ...]:
-    """Dims of variable ``name`` in a store of layout ``mode``: compact pair variables are on
-    ``sink`` instead of ``key``."""
+
+def dims_for(name: str, mode: str, precision: str = FLOAT32) -> tuple[str, ...]:
+    """Dims of variable ``name`` in a shard of layout ``mode`` and ``precision``: compact pair
+    variables are on ``sink`` instead of ``key``; packed stores keep :data:`HEAD_FREE`
+    variables without ``head``."""
+    if precision == PACKED and name in HEAD_FREE:
+        return HEAD_FREE[name]
     dims = DIMS[name]
     return SINK_PAIR if mode == COMPACT and dims == PAIR else dims
 

@@ -1,7 +1,8 @@
 """Shard files: one netCDF4/HDF5 file (written through h5netcdf) per block of sequences.
 
-Every shard holds the same dims padded to the store's ``max_length``, float32 with gzip and
-shuffle, chunked by sequence block and layer, and the attributes of :func:`shard_attrs`.
+Every shard holds the same dims padded to the store's ``max_length``, float32 (packed stores:
+the bounded variables CF-packed int16, :mod:`attngeom.store.packing`) with gzip and shuffle,
+chunked by sequence block and layer, and the attributes of :func:`shard_attrs`.
 :func:`write_shard` builds the file in memory and writes it atomically; extraction hands its
 measured variables over already compressed (:mod:`attngeom.store.chunks`: the same bytes HDF5
 would write, made in worker threads while the next batch is measured). :func:`layout_problem`
@@ -20,8 +21,9 @@ import numpy as np
 import xarray as xr
 
 from . import schema as S
-from .chunks import LEVEL, Encoded, chunk_rows
+from .chunks import LEVEL, Encoded, chunk_rows, fill_value
 from .manifest import atomic_write_bytes, write_error
+from .packing import FILL, cf_attrs, is_packed, precision_of
 
 SHARD_DIR = "shards"
 
@@ -103,6 +105,8 @@ def encoding(ds: xr.Dataset, rows: int | None = None) -> dict[str, dict]:
                      "fletcher32": True}       # a damaged chunk fails to read, never misreads
         if var.dtype.kind == "f":
             enc[name]["_FillValue"] = np.float32(np.nan)
+        elif is_packed(name, var.dtype):
+            enc[name]["_FillValue"] = FILL
     return enc
 
 
@@ -155,11 +159,14 @@ def _with_encoded(data: bytes | memoryview, ds: xr.Dataset,
             for dim, size in zip(dims, enc.shape):   # a dim only the encoded variables use
                 if dim not in f.dimensions:
                     f.dimensions[dim] = size
-            var = f.create_variable(name, dims, np.float32, chunks=enc.chunks,
+            var = f.create_variable(name, dims, enc.dtype, chunks=enc.chunks,
                                     compression="gzip", compression_opts=LEVEL, shuffle=True,
-                                    fletcher32=True, fillvalue=np.float32(np.nan))
+                                    fletcher32=True, fillvalue=fill_value(enc.dtype))
             var.attrs.update(ds[name].attrs if name in ds
                              else {"description": S.DESCRIPTIONS[name]})
+            var.attrs.update(enc.attrs)
+            if is_packed(name, enc.dtype):              # int16 decodes only with these
+                var.attrs.update(cf_attrs(name))
     with h5py.File(buffer, "r+") as f:
         for name, enc in encoded.items():
             dataset = f[name]
@@ -202,6 +209,7 @@ def shard_attrs(manifest: dict) -> dict:
         "tail_w": opts["tail_w"],
         "max_length": opts["max_length"],
         "causal": int(cfg["model"]["causal"]),
+        "precision": precision_of(opts),
         "Conventions": "CF-1.8",
     }
 
@@ -240,17 +248,20 @@ def layout_problem(manifest: dict, dims: Mapping[str, tuple[str, ...]],
     labels : dim -> its coordinate values (a missing coordinate counts as missing dim).
 
     Checks the variables the store must hold, each schema variable's dims in the store's
-    layout (``mode``), and every dim's size and labels: layers and heads of the model (or of
-    the subset), ``max_length`` positions, ``sink_k`` sink keys and ``tail_w`` lags.
+    layout (``mode``; ``precision`` for head-free ones), and every dim's size and labels:
+    layers and heads of the model (or of the subset), ``max_length`` positions, ``sink_k``
+    sink keys and ``tail_w`` lags.
     """
     missing = expected_variables(manifest) - set(dims)
     if missing:
         return f"missing variables {sorted(missing)[:5]}"
     mode = manifest["config"]["options"]["mode"]
+    precision = precision_of(manifest["config"]["options"])
     for name, have in dims.items():
-        if name in S.DIMS and name not in S.DERIVED and tuple(have) != S.dims_for(name, mode):
+        want = S.dims_for(name, mode, precision) if name in S.DIMS else None
+        if want and name not in S.DERIVED and tuple(have) != want:
             return (f"variable {name} has dims {tuple(have)}, not the {mode} layout's "
-                    f"{S.dims_for(name, mode)}")
+                    f"{want}" + (f" ({precision})" if name in S.HEAD_FREE else ""))
     used = {d for have in dims.values() for d in have}
     for dim, want in expected_labels(manifest).items():
         if dim not in used:

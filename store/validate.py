@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from .manifest import StoreError, config_hash, file_sha256, read_manifest
+from .packing import packing_problem, precision_of
 from .results import check as check_results
 from .results import entries as result_entries
 from .results import result_file
@@ -18,7 +19,8 @@ from .shards import layout_problem
 
 
 def check_shard(path: Path, entry: dict, manifest: dict) -> list[str]:
-    """Problems of one shard file: checksum, readability, layout, sequence range."""
+    """Problems of one shard file: checksum, readability, layout (and the packing of its
+    bounded variables), sequence range."""
     import h5netcdf
 
     if not path.is_file():
@@ -33,6 +35,9 @@ def check_shard(path: Path, entry: dict, manifest: dict) -> list[str]:
                                             if n not in f.dimensions},
                                  {d: np.asarray(f.variables[d][:]) for d in f.dimensions
                                   if d in names})
+            precision = precision_of(manifest["config"]["options"])
+            why = why or next(filter(None, (packing_problem(
+                precision, n, f.variables[n].dtype, f.variables[n].attrs) for n in names)), None)
             if why:
                 problems.append(f"{entry['file']}: {why}")
             seq = np.asarray(f.variables["sequence"][:]) if "sequence" in names else None

@@ -12,6 +12,11 @@ from __future__ import annotations
 DENSE, COMPACT = "dense", "compact"
 LAYOUTS = (DENSE, COMPACT)               # --mode of extract: every (query, key) pair, or sink+tail
 
+# ------------------------------------------------------------------ stored precision
+FLOAT32, PACKED = "float32", "packed"
+PRECISIONS = (FLOAT32, PACKED)           # --precision of extract: all float32, or alpha and the
+#                                          cosines as CF-packed int16 (store/packing.py)
+
 # ------------------------------------------------------------------ key groups of a query i
 SINK, TAIL, MIDDLE = "sink", "tail", "middle"
 GROUPS = (SINK, TAIL, MIDDLE)            # j < k; the w most recent non-sink keys j <= i; the rest

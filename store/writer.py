@@ -38,6 +38,7 @@ from .chunks import Encoded
 from .manifest import (MANIFEST, StoreError, canonical, config_difference, config_hash,
                        file_sha256, fsync_dir, new_manifest, now, read_manifest, temporary_name,
                        write_error, write_manifest)
+from .packing import precision_of, stored_dataset
 from .readme import write_readme
 from .results import FAITH_ONLY, entries, result_file
 from .shards import SHARD_DIR, layout_problem, shard_attrs, shard_name, write_file, write_shard
@@ -116,6 +117,7 @@ class StoreWriter:
     def __init__(self, path: Path, manifest: dict):
         self.path, self.manifest = Path(path), manifest
         self.attrs = shard_attrs(manifest) if "mode" in manifest["config"]["options"] else {}
+        self.precision = precision_of(manifest["config"]["options"])
 
     @classmethod
     def create(cls, path: str | Path, config: dict, n_sequences: int, extra: dict | None = None,
@@ -185,11 +187,13 @@ class StoreWriter:
                   encoded: Mapping[str, Encoded] | None = None) -> dict:
         """Write ``ds`` (one block of sequences, numbered as in the store) as shard ``index``.
 
-        The shard gets the store's attributes; its layout is checked against the manifest
-        first (ValueError naming the difference). ``encoded``: variables whose chunks are
-        compressed already (:func:`attngeom.store.shards.write_shard`). Returns the entry.
+        The shard gets the store's attributes and precision (:func:`attngeom.store.packing.
+        stored_dataset`); its layout is checked against the manifest first (ValueError naming
+        the difference). ``encoded``: variables whose chunks are compressed already, stored
+        form (:func:`attngeom.store.shards.write_shard`). Returns the entry.
         """
         encoded = dict(encoded or {})
+        ds = stored_dataset(ds, self.precision)
         dims = {n: v.dims for n, v in ds.data_vars.items()} | {n: e.dims
                                                                for n, e in encoded.items()}
         labels = {d: ds[d].values for d in ds.dims if d in ds.coords}
