@@ -326,3 +326,47 @@ def test_import_attngeom_stays_free_of_torch():
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+# ----------------------------------------------------------------------------- store.write
+@pytest.mark.parametrize("mode", ["compact", "dense"])
+def test_store_write_round_trip(made, mode, tmp_path):
+    import h5py
+
+    from attngeom.store.validate import validate
+
+    model, tok = _load(made, "llama")
+    ds = attngeom.measure(model, made["texts"], mode=mode, tail_w=3, tokenizer=tok,
+                          max_length=MAX_LENGTH, shard_size=2)
+    manifest = attngeom.store.write(ds, tmp_path / "store")
+    assert validate(tmp_path / "store") == []
+    assert cli.main(["store", "validate", str(tmp_path / "store")]) == 0
+    assert manifest["complete"] and [e["sequences"] for e in manifest["shards"]] == [[0, 2], [2, 3]]
+    assert manifest["config_hash"] == ds.attrs["config_hash"]
+    assert manifest["in_memory"]["model_class"] == "LlamaForCausalLM"
+    assert "in-memory texts" in (tmp_path / "store" / "README.txt").read_text()
+    with h5py.File(tmp_path / "store" / manifest["shards"][0]["file"]) as f:
+        assert "alpha" in f and "contribution" not in f          # derived on read
+    again = attngeom.store.open(tmp_path / "store").load()
+    assert set(again.data_vars) == set(ds.data_vars) and again.attrs["config_hash"] == \
+        ds.attrs["config_hash"]
+    for name in ds.data_vars:
+        np.testing.assert_array_equal(again[name].values, ds[name].values, err_msg=name)
+
+
+def test_store_write_refuses_cuts_and_foreign_datasets(made, tmp_path):
+    from attngeom.store import StoreError
+
+    model, tok = _load(made, "llama")
+    ds = attngeom.measure(model, made["texts"], tail_w=3, tokenizer=tok, max_length=MAX_LENGTH)
+    with pytest.raises(StoreError, match="1 layer label"):
+        attngeom.store.write(ds.isel(layer=[1]), tmp_path / "a")
+    with pytest.raises(StoreError, match="sequences 2 starting at 1"):
+        attngeom.store.write(ds.isel(sequence=slice(1, None)), tmp_path / "b")
+    with pytest.raises(StoreError, match="no attngeom_manifest"):
+        attngeom.store.write(ds.drop_attrs(), tmp_path / "c")
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "x").write_text("")
+    with pytest.raises(StoreError, match="not empty"):
+        attngeom.store.write(ds, tmp_path / "d")
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
