@@ -7,14 +7,17 @@ Data flows through four subpackages::
     attngeom.analysis  CPU statistics on an opened store
     attngeom.reports   figures and PDF documents
 
-``attngeom.view(ds, sequence=0)`` is an interactive view of a store or measurement (a
-self-contained HTML page; inline in Jupyter). Attributes load on first use, so that
-``import attngeom`` stays cheap.
+``attngeom.measure(model, inputs)`` measures a loaded model in memory (an ``xarray.Dataset``
+like an opened store; ``attngeom.store.write`` saves it as one), ``attngeom.view(ds,
+sequence=0)`` is an interactive view of a store or measurement (a self-contained HTML page;
+inline in Jupyter). Attributes load on first use, so that ``import attngeom`` stays cheap
+(no torch until ``measure`` is called).
 """
 
 __version__ = "0.1.0"
 
-_LAZY = {"view": ("attngeom.reports.view", "view")}   # name -> (module, attribute)
+_LAZY = {"view": ("attngeom.reports.view", "view"),        # name -> (module, attribute)
+         "measure": ("attngeom.extract.inmemory", "measure")}
 
 
 def __getattr__(name: str):

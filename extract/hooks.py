@@ -195,7 +195,7 @@ def register() -> None:
     AttentionMaskInterface.register(NAME, _mask)
 
 
-def _configs(model: nn.Module) -> list:
+def configs_of(model: nn.Module) -> list:
     """Every config object the model's modules read (the model's, its sub-configs', and any
     module built with a config of its own), each once."""
     cfg = model.config
@@ -214,7 +214,7 @@ def _configs(model: nn.Module) -> list:
 def _set_impl(model: nn.Module, impl: str | list) -> list:
     """Set the attention implementation of every config (``impl`` a name, or the list this
     function returned, to restore each config's own); return the previous values."""
-    configs = _configs(model)
+    configs = configs_of(model)
     previous = [c._attn_implementation for c in configs]
     values = impl if isinstance(impl, list) else [impl] * len(configs)
     try:

@@ -116,7 +116,10 @@ def open_image(item):
 
 
 def pixel_batch(processor, items: list) -> "Any":
-    """``pixel_values`` (B, C, H, W) of ``items`` preprocessed by the model's processor."""
+    """``pixel_values`` (B, C, H, W) of ``items`` preprocessed by the model's processor;
+    ``items`` that are not a list are pixel values already (a tensor, in memory)."""
+    if not isinstance(items, list):
+        return items
     images = [open_image(x) for x in items]
     return processor(images=images, return_tensors="pt")["pixel_values"]
 

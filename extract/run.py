@@ -126,11 +126,17 @@ def extract(model: str, data: str, out: str | Path, cfg: ExtractConfig | None = 
 
 
 def extract_shard(loaded, texts: list[str], start: int, cfg: ExtractConfig, opts: Options,
-                  bar=None, current: "BatchSize | None" = None) -> tuple[xr.Dataset, dict]:
+                  bar=None, current: "BatchSize | None" = None,
+                  sink=None) -> tuple[xr.Dataset, dict]:
     """Measure one block of texts; return the shard Dataset of everything but the measured
     variables, and those already compressed (for
     :meth:`attngeom.store.writer.StoreWriter.add_shard`). Each batch is handed to the chunk
-    encoder as it is measured; no second copy of the measured arrays is made."""
+    encoder as it is measured; no second copy of the measured arrays is made.
+
+    ``texts`` may be a :class:`Tokenized` already, and for a vision model a pixel tensor.
+    ``sink``: where the batches go instead of the chunk encoder (``add``, ``finish``,
+    ``close``; :mod:`attngeom.extract.inmemory` gathers numpy arrays, which the Dataset
+    then holds)."""
     current = current or BatchSize(cfg.batch_size)
     tok = loaded.tokenizer
     T = cfg.max_length
@@ -139,14 +145,16 @@ def extract_shard(loaded, texts: list[str], start: int, cfg: ExtractConfig, opts
     if images:
         measured = measure_images(loaded, texts, cfg.batch_size, opts, cfg.store_text, bar)
     else:
-        tokenized = tokenize_texts(tok, texts, cfg.max_length)
+        tokenized = texts if isinstance(texts, Tokenized) else tokenize_texts(
+            tok, texts, cfg.max_length)
         lengths = np.array([len(ids) for ids in tokenized.ids])
         measured = measure_batches(loaded.model, tokenized, cfg, opts, pad_token_id(tok), bar,
                                    current=current)
-    encoder = ChunkEncoder(min(current.size, len(texts)), *encode_workers(cfg.device),
-                           dims={name: S.dims_for(name, cfg.mode, cfg.precision)
-                                 for name in stored},
-                           attrs={name: stored_attrs(name, cfg.precision) for name in stored})
+    encoder = sink or ChunkEncoder(min(current.size, len(texts)), *encode_workers(cfg.device),
+                                   dims={name: S.dims_for(name, cfg.mode, cfg.precision)
+                                         for name in stored},
+                                   attrs={name: stored_attrs(name, cfg.precision)
+                                          for name in stored})
     finite, row, seqs = np.ones(len(texts), dtype=np.int32), 0, []
     try:
         for arrays in measured:

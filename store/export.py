@@ -21,17 +21,18 @@ or the dataset card). ``no_text`` leaves token strings out.
 
 from __future__ import annotations
 
+import contextlib
 import json
-import shutil
 from pathlib import Path
 
 import numpy as np
 
 from . import schema as S
-from .manifest import MANIFEST, StoreError, atomic_write_bytes, read_manifest
+from .manifest import MANIFEST, StoreError, read_manifest
 from .readme import README, readme_text
 from .results import entries as result_entries
 from .results import is_faith_only
+from .writer import atomic_file, copy_file, write_bytes
 
 FORMATS = ("zarr", "parquet", "hf")
 TABLE_FORMATS = ("parquet", "hf")          # the long-table layouts: flat files, or a Hub repo
@@ -65,16 +66,16 @@ def export(store: str | Path, out: str | Path, fmt: str, tables=None, no_text: b
         written = _parquet(ds, out, manifest, tables, hub=fmt == "hf")
     written = {**{t: written[t] for t in TABLES if t in written},
                **_results(store, manifest, out, fmt)}
-    atomic_write_bytes(out / MANIFEST.replace(".json", ".source.json"),
-                       json.dumps(manifest, indent=1, sort_keys=True).encode())
+    write_bytes(out / MANIFEST.replace(".json", ".source.json"),
+                json.dumps(manifest, indent=1, sort_keys=True).encode())
     if fmt == "hf":
         from .hub_card import dataset_card
 
         card = dataset_card(manifest, out, written, license=license, no_text=no_text,
                             store=store)
-        atomic_write_bytes(out / "README.md", card.encode())
+        write_bytes(out / "README.md", card.encode())
     else:
-        atomic_write_bytes(out / README, _export_readme(manifest, fmt, store, no_text).encode())
+        write_bytes(out / README, _export_readme(manifest, fmt, store, no_text).encode())
     return out
 
 
@@ -133,7 +134,7 @@ def _results(store: Path, manifest: dict, out: Path, fmt: str) -> dict[str, str]
             res.to_zarr(out, group=f"faithfulness/{name}", mode="w-", consolidated=False,
                         zarr_format=2)
             continue
-        shutil.copyfile(store / entry["file"], out / Path(entry["file"]).name)
+        copy_file(store / entry["file"], out / Path(entry["file"]).name)
         by_dims: dict[tuple, list[str]] = {}
         for v, da in res.data_vars.items():
             if da.dims:
@@ -141,9 +142,9 @@ def _results(store: Path, manifest: dict, out: Path, fmt: str) -> dict[str, str]
         for dims, names in by_dims.items():
             table = f"{name}.{'_'.join(dims)}"
             path = out / (hub_path(table, 0, 1) if fmt == "hf" else f"{table}.parquet")
-            path.parent.mkdir(parents=True, exist_ok=True)
-            res[names].transpose(*dims).to_dataframe().reset_index().to_parquet(path,
-                                                                                 index=False)
+            with atomic_file(path) as tmp:
+                res[names].transpose(*dims).to_dataframe().reset_index().to_parquet(
+                    tmp, index=False)
             written[table] = hub_pattern(table)
     if fmt == "zarr" and found:
         import zarr
@@ -263,7 +264,7 @@ def _parquet(ds, out: Path, manifest: dict, tables: list[str], hub: bool = False
     bounds = np.cumsum([0] + [e["sequences"][1] - e["sequences"][0]
                               for e in sorted(manifest["shards"], key=lambda e: e["sequences"][0])])
     count = len(bounds) - 1
-    writers: dict[Path, object] = {}
+    writers: dict[Path, tuple] = {}              # path -> (ParquetWriter, its ExitStack)
     written: dict[str, str] = {}
 
     def write(name: str, cols: dict[str, np.ndarray], index: int) -> None:
@@ -272,16 +273,20 @@ def _parquet(ds, out: Path, manifest: dict, tables: list[str], hub: bool = False
         path = out / (hub_path(name, index, count) if hub else f"{name}.parquet")
         table = pa.table(cols)
         if path not in writers:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            writers[path] = pq.ParquetWriter(path.with_name(path.name + ".tmp"),
-                                             table.schema.with_metadata(meta))
+            stack = contextlib.ExitStack()                 # closed whole: renamed to path
+            tmp = stack.enter_context(atomic_file(path))
+            writer = pq.ParquetWriter(str(tmp), table.schema.with_metadata(meta))
+            stack.callback(writer.close)
+            writers[path] = (writer, stack)
             written[name] = hub_pattern(name)
-        writers[path].write_table(table.replace_schema_metadata(meta))
+        writers[path][0].write_table(table.replace_schema_metadata(meta))
 
-    def close() -> None:
-        for path, w in writers.items():
-            w.close()
-            shutil.move(path.with_name(path.name + ".tmp"), path)
+    def close(failed: BaseException | None = None) -> None:
+        for _, stack in writers.values():                  # failed: temporaries removed
+            if failed is None:
+                stack.close()
+            else:
+                stack.__exit__(type(failed), failed, failed.__traceback__)
         writers.clear()
 
     try:
@@ -299,9 +304,9 @@ def _parquet(ds, out: Path, manifest: dict, tables: list[str], hub: bool = False
             if hub:
                 close()
         close()
-    finally:
-        for w in writers.values():
-            w.close()
+    except BaseException as exc:
+        close(exc)
+        raise
     return written if hub else {}
 
 

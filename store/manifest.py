@@ -7,13 +7,14 @@ two runs with equal ``config`` produce the same store, and resuming or merging r
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import datetime as _dt
 import hashlib
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from .schema import FORMAT_NAME, SCHEMA_VERSION
 
@@ -101,6 +102,26 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     finally:
         if tmp.exists():
             tmp.unlink(missing_ok=True)
+    fsync_dir(path.parent)
+
+
+@contextlib.contextmanager
+def atomic_file(path: str | Path) -> Iterator[Path]:
+    """A temporary name beside ``path`` for a writer that needs a file of its own (a streaming
+    Parquet writer): when the block ends the file is fsynced and renamed to ``path``; when
+    it raises, removed. A failed write raises StoreWriteError naming ``path``."""
+    path = Path(path)
+    tmp = temporary_name(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        yield tmp
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise write_error(path, exc) from exc
+    finally:
+        tmp.unlink(missing_ok=True)
     fsync_dir(path.parent)
 
 

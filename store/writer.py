@@ -19,7 +19,8 @@ Result files (``attngeom faithfulness``)::
     partial.write_block(ds, start, stop) / partial.read_block(start, stop)
     record_result(out, name, ds, config, versions, partial)
 
-Files outside a store (analysis results): :func:`write_netcdf`, :func:`write_bytes`.
+Files outside a store (analysis results, exports): :func:`write_netcdf`, :func:`write_bytes`,
+:func:`copy_file`, and :func:`atomic_file` for a writer that streams into a file of its own.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ import xarray as xr
 
 from . import schema as S
 from .chunks import Encoded
+from .manifest import atomic_file  # noqa: F401 - part of the writer API (exports use it)
 from .manifest import (MANIFEST, StoreError, canonical, config_difference, config_hash,
                        file_sha256, fsync_dir, new_manifest, now, read_manifest, temporary_name,
                        write_error, write_manifest)

@@ -1,8 +1,10 @@
-"""README.md stays true: its Python example runs, every command, option and variable is in it.
+"""README.md stays true: its Python examples run, every command, option and variable is in it.
 
-The Python API block is executed on a small real compact store (tests/reports/conftest.py),
-with the demo store's path replaced; the sum of contributions over keys it prints is checked
-against the exact identity Σ_j c_ij = 1, and its sink-head count against a plain numpy count.
+The Python API's first block is executed on a small real compact store
+(tests/reports/conftest.py), with the demo store's path replaced, the second (measure in
+memory) on the tiny llama in place of SmolLM2; the sum of contributions over keys each prints is
+checked against the exact identity Σ_j c_ij = 1, and its sink-head count against a plain numpy
+count.
 """
 
 from __future__ import annotations
@@ -76,7 +78,7 @@ def test_granularity_default_is_the_one_the_readme_gives():
 
 def test_python_api_example_runs_on_a_real_store(compact_store):
     blocks = code_blocks(section("Python API"), "python")
-    assert len(blocks) == 1 and "runs/demo/store" in blocks[0]
+    assert len(blocks) == 2 and "runs/demo/store" in blocks[0]
     code = blocks[0].replace("runs/demo/store", str(compact_store))
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
@@ -94,6 +96,32 @@ def test_python_api_example_runs_on_a_real_store(compact_store):
     assert abs(parts - 1) < 1e-5                                   # the accessor's groups too
     block = float(re.search(r"sink rate of a block: (\S+)", text).group(1))
     assert 0 < block < 1
+
+
+def test_notebook_example_measures_a_model_in_memory(tiny, tmp_path, monkeypatch):
+    """The second block: measure -> analysis -> view -> store.write, on the tiny llama in
+    place of SmolLM2 (no hub here); its printed sum is the identity, its sink-head count a
+    plain numpy count, and the store it writes validates and reads back the same."""
+    from attngeom.store import open_store
+    from attngeom.store.validate import validate
+
+    code = code_blocks(section("Python API"), "python")[1]
+    hub_id = re.search(r'name = "([^"]+)"', code).group(1)
+    assert hub_id == "HuggingFaceTB/SmolLM2-135M-Instruct" and "attngeom.measure(" in code
+    monkeypatch.chdir(tmp_path)
+    out, scope = io.StringIO(), {}
+    with contextlib.redirect_stdout(out):
+        exec(compile(code.replace(hub_id, str(tiny["model"])), "README.md", "exec"),
+             scope)                                                # noqa: S102 (our README)
+    text, ds = out.getvalue(), scope["ds"]
+    assert abs(float(re.search(r"sum over keys: (\S+)", text).group(1)) - 1) < 1e-5
+    rate = np.nanmean(ds["alpha"].isel(sink=0).values[..., 1:], axis=(0, 3))   # (L, H)
+    assert f"{int((rate > 0.3).sum())} sink heads" in text
+    assert "<script>" in (tmp_path / "view.html").read_text(encoding="utf-8")
+    assert validate(tmp_path / "notes-store") == []
+    again = open_store(tmp_path / "notes-store")
+    assert again.attrs["config_hash"] == ds.attrs["config_hash"]
+    np.testing.assert_array_equal(again["contribution"].values, ds["contribution"].values)
 
 
 def test_plain_xarray_snippet_opens_the_store(compact_store, monkeypatch):

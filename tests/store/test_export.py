@@ -120,3 +120,25 @@ def test_export_errors(made, tmp_path, capsys):
     assert "--tables bogus" in capsys.readouterr().err
     assert main(["store", "export", str(path), "--format", "zarr", "--tables", "pairs",
                  "--out", str(tmp_path / "y")]) == 2
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "hf"])
+def test_a_failed_export_leaves_no_partial_table(made, tmp_path, monkeypatch, fmt):
+    """Tables go through the writer API (temporary name, fsync, rename): an export that fails
+    midway leaves no file with a final name that is not whole, and no temporaries."""
+    import attngeom.store.export as export_module
+
+    path, _ = made["dense"]
+    real, calls = export_module._block_tables, []
+
+    def failing(block):
+        calls.append(1)
+        if len(calls) == 2:                              # the second layer of the first shard
+            raise RuntimeError("simulated failure")
+        return real(block)
+
+    monkeypatch.setattr(export_module, "_block_tables", failing)
+    with pytest.raises(RuntimeError, match="simulated"):
+        export(path, tmp_path / "out", fmt)
+    left = [p.name for p in (tmp_path / "out").rglob("*") if p.is_file()]
+    assert left == []                         # the first shard's tables were never whole
