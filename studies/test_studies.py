@@ -57,3 +57,116 @@ def test_drift_loss_ci_all_positive_gives_smallest_wilcoxon_p():
     assert r["mean"] == pytest.approx(5.5)
     assert r["p_value"] == pytest.approx(1 / 2 ** 10)   # exact one-sided signed-rank, all positive
     assert r["ci_low"] < 5.5 < r["ci_high"]
+
+
+# ----------------------------------------------------------------------- second study
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+import gu_sinks  # noqa: E402
+import plan  # noqa: E402
+import texts  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def tok():
+    import tiny_models
+
+    return tiny_models.make_tokenizer("llama")             # word level, adds <bos>
+
+
+def words(n: int, start: int = 0) -> str:
+    """n known words of the tiny tokenizer (one token each)."""
+    import tiny_models
+
+    vocab = sorted(w for w in tiny_models.make_tokenizer("llama").get_vocab() if w[0] != "<")
+    return " ".join(vocab[(start + k) % 40] for k in range(n))
+
+
+def test_prose_texts_keep_sections_reaching_the_length_round_robin(tmp_path, tok):
+    # tokens = words + <bos>; length 6 keeps sections of >= 5 words
+    recs = [{"module": "m1", "text": words(7)}, {"module": "m1", "text": words(3)},
+            {"module": "m1", "text": words(5)}, {"module": "m2", "text": words(9)},
+            {"module": "m3", "text": words(4)}, {"module": "m3", "text": words(6)}]
+    prepare.write_jsonl(recs, tmp_path / "p.jsonl")
+    n = texts.prose_texts(tok, tmp_path / "p.jsonl", tmp_path / "out.jsonl", 10, length=6)
+    got = prepare.read_jsonl(tmp_path / "out.jsonl")
+    # round-robin over modules: m1's first, m2's, m3's (its first is too short), m1's second
+    assert n == 4 and [r["source"] for r in got] == [0, 3, 5, 2]
+    assert [r["tokens"] for r in got] == [8, 10, 7, 6]
+    assert texts.prose_texts(tok, tmp_path / "p.jsonl", tmp_path / "o2.jsonl", 2, 6) == 2
+
+
+def test_gsm8k_texts_keep_items_long_enough_after_the_cut(tmp_path, tok):
+    recs = [{"question": words(q), "answer": words(a, 3)} for q, a in ((2, 1), (3, 3), (9, 9))]
+    prepare.write_jsonl(recs, tmp_path / "g.jsonl")
+    # "Question: ...\nAnswer: ..." -> "Question", ":", "Answer", ":" + q + a words + <bos>:
+    # 8, 11 and 23 tokens, 8, 11 and 12 after the cut at 12
+    n = texts.gsm8k_texts(tok, tmp_path / "g.jsonl", tmp_path / "out.jsonl", 5, low=9, length=12)
+    got = prepare.read_jsonl(tmp_path / "out.jsonl")
+    assert n == 2 and [r["source"] for r in got] == [1, 2]
+    assert got[0]["text"] == f"Question: {words(3)}\nAnswer: {words(3, 3)}"
+    from attngeom.extract.data import load_texts
+    assert load_texts(str(tmp_path / "g.jsonl")).texts[1] == got[0]["text"]   # as the CLI forms it
+
+
+def test_gu_inputs_random_repeated_and_bos(tmp_path, tok):
+    special = set(tok.all_special_ids)
+    r = texts.random_inputs(tok, 50, 16, seed=1)
+    assert r.shape == (50, 16) and not special & set(r.ravel().tolist())
+    assert len(set(r.ravel().tolist())) > 30                  # uniform over 60 words, not one
+    rep = texts.repeated_inputs(tok, 5, 16, seed=2, bos_id=tok.bos_token_id)
+    assert (rep[:, 0] == tok.bos_token_id).all() and (rep[:, 1:] == rep[:, 1:2]).all()
+    assert texts.adds_bos(tok)
+    prepare.write_jsonl([{"text": words(30)}, {"text": words(5)}], tmp_path / "w.jsonl")
+    nat = texts.natural_inputs(tok, tmp_path / "w.jsonl", 10, 12, bos=True, chunk_chars=1000)
+    plain = texts.natural_inputs(tok, tmp_path / "w.jsonl", 10, 12, bos=False, chunk_chars=1000)
+    assert nat.shape == (1, 12) and nat[0, 0] == tok.bos_token_id      # the 5-word text is out
+    assert (nat[0, 1:] == plain[0, :11]).all()
+
+
+def gu_reference(alpha: np.ndarray, eps: float) -> float:
+    """Gu et al.'s released formula (eval_sink_open_source.py) on full (N, L, H, T, T)
+    attention: importance of key k = sum_i A_ik / (T - k); percent of (N, L, H) above eps."""
+    N, L, H, T, _ = alpha.shape
+    pct = 0.0
+    for n in range(N):
+        for layer in range(L):
+            for h in range(H):
+                score = sum(alpha[n, layer, h, i, 0] for i in range(T)) / T
+                pct += score > eps
+    return 100 * pct / (N * L * H)
+
+
+def test_gu_metric_against_eager_attention_and_their_formula():
+    import torch
+    import tiny_models
+
+    ids = np.asarray(texts.random_inputs(tiny_models.make_tokenizer("llama"), 6, 12, seed=3))
+    model = tiny_models.build("llama")
+    eager = tiny_models.build("llama", attn_implementation="eager")
+    with torch.no_grad():
+        att = eager(torch.as_tensor(ids), output_attentions=True).attentions
+    full = torch.stack(att, 1).numpy()                          # (N, L, H, T, T)
+    got = gu_sinks.measure_alpha0(model, ids, batch_size=4)     # (N, L, H, T)
+    np.testing.assert_allclose(got, full[..., 0], atol=1e-5)
+    for eps in (0.05, 0.1, 0.3):
+        pct = gu_sinks.sink_percentages(got, eps)
+        assert pct["pct_per_input_q0"] == pytest.approx(gu_reference(full, eps))
+        pooled = (full[..., 1:, 0].mean(-1).mean(0) > eps).mean() * 100   # design: i >= 1
+        assert pct["pct_pooled_q1"] == pytest.approx(pooled)
+
+
+def test_plan_counts_the_designs_passes():
+    from attngeom.extract.faithfulness import FaithConfig
+    cfg = FaithConfig(task="lm", metrics=("attention", "value_weighted",
+                                          "value_weighted_normalized", "contribution"),
+                      modes=("comprehensiveness", "sufficiency"), ranks=("signed", "magnitude"),
+                      fractions=(0.01, 0.02, 0.05, 0.1, 0.2), granularity="head", drift=False)
+    # README: 4 distinct rankings x 2 modes x 5 fractions + 1 clean = 41 per batch
+    assert plan.passes_per_batch(cfg) == 41
+    cfg2 = FaithConfig(task="lm", metrics=("attention", "value_weighted", "contribution"),
+                       modes=("comprehensiveness",), ranks=("signed",), fractions=(0.2,),
+                       layers=(4,), drift=False)
+    assert plan.passes_per_batch(cfg2) == 4
+    row = plan.Step("d", 161, 4, 41, plan.Timed(2.0, 1.5), threads=1, runs=3).row()
+    assert row["batches"] == 41 and row["batch_passes"] == 3 * 41 * 41
+    assert row["cpu_hours"] == pytest.approx(round(3 * 41 * 41 * 1.5 / 3600, 3))

@@ -168,7 +168,7 @@ def test_layer_table_holm_over_layers_matches_scipy_and_statsmodels():
             for layer, e in effects.items()}
     steps = (("attention", "value_weighted"), ("value_weighted", "contribution"),
              ("attention", "contribution"))
-    t = eq.layer_table(runs, steps, eq.DELTA_LOG, variable=eq.LOG_RATIO, n_resamples=999)
+    t = eq.layer_table(runs, steps, eq.DELTA_LOG, variable=eq.LOG_RATIO, n_resamples=199)
     assert list(t.columns) == list(eq.LAYER_COLUMNS)
     sub = t[(t["mode"] == "comprehensiveness") & (t["rank"] == "signed")]
     assert len(sub) == 9
