@@ -160,9 +160,10 @@ def _distinct_tested(table: pd.DataFrame) -> np.ndarray:
 
 def _extras(d: np.ndarray, delta: float, m: int, p_holm: float, ci_low: float, ci_high: float,
             level: float, power: float) -> dict:
-    sd = float(np.std(d, ddof=1)) if len(d) > 1 else np.nan
+    testable = bool(np.isfinite(p_holm))
+    sd = float(np.std(d, ddof=1)) if len(d) > 1 and testable else np.nan
     found = mde(sd, len(d), m, level, power)
-    tost = tost_paired(d, delta, level) if np.isfinite(p_holm) else tost_paired([], delta)
+    tost = tost_paired(d if testable else [], delta, level)
     v = verdict(p_holm, ci_low, ci_high, tost["p_tost"], level)
     return dict(sd_improvement=sd, m_tests=m, alpha_first=level / m if m else np.nan,
                 mde=found, mde_sd=found / sd if sd else np.nan, delta=delta, **tost,
@@ -186,8 +187,9 @@ def equivalence_table(ds: xr.Dataset, delta: float, variable: str | None = None,
     for r in table.itertuples(index=False):
         d = improvements(ds, r.mode, r.rank, r.lower, r.higher, variable)
         if len(d) and not np.isclose(d.mean(), r.mean_improvement, rtol=1e-9, atol=1e-12):
-            raise RuntimeError("paired improvements disagree with order_table's: the "
-                               "orientation of analysis/faithfulness.py changed")
+            raise RuntimeError(f"{r.mode}/{r.rank} {r.lower}->{r.higher}: paired improvements "
+                               "disagree with order_table's (its orientation changed, or a "
+                               "ranking recorded as a copy holds other numbers)")
         rows.append(_extras(d, delta, m, r.p_holm, r.ci_low, r.ci_high, level, power))
     extra = pd.DataFrame(rows, index=table.index)
     extra.insert(0, "variable", faith.loss(ds, variable).name)

@@ -69,6 +69,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--results", help="CSVs and figures (default studies/MODEL/results2)")
     p.add_argument("--steps", default=",".join(STEPS), help=f"comma-separated: {','.join(STEPS)}")
     p.add_argument("--plan", action="store_true", help="print and write the plan, run nothing")
+    p.add_argument("--reuse-plan", action="store_true",
+                   help="print RESULTS/plan.csv instead of timing again (a resumed run)")
     p.add_argument("--prose-n", type=int, default=160)
     p.add_argument("--gsm8k-n", type=int, default=160)
     p.add_argument("--length", type=int, default=128, help="tokens per text (the cut)")
@@ -278,8 +280,7 @@ class SecondStudy(study.Study):
             cmd += ["--layers", ",".join(map(str, cfg.layers))]
         self.sh(step, *cmd)
         key = "design2" if step.startswith("design2") else "design1"
-        passes = plan.Step(step, cfg.limit, cfg.batch_size, plan.passes_per_batch(cfg), 0,
-                           1).row()["batch_passes"]
+        passes = plan.n_batches(cfg.limit, cfg.batch_size) * plan.passes_per_batch(cfg)
         timed, done = self.per_pass.get(key), self.timings[-1]
         done.update(resumed=resumed, batch_passes=passes,
                     seconds_per_pass=round(done["seconds"] / passes, 3),
@@ -359,7 +360,12 @@ class SecondStudy(study.Study):
         a = self.a
         a.results.mkdir(parents=True, exist_ok=True)
         files = self.select_texts()
-        self.plan(files)
+        saved = a.results / "plan.csv"
+        if a.reuse_plan and saved.exists() and not a.plan:
+            print(f"[study] plan (timed {pd.read_csv(saved)['timed'].iloc[0]}):")
+            print(pd.read_csv(saved).drop(columns=["model", "timed"]).to_string(index=False))
+        else:
+            self.plan(files)
         if a.plan:
             return
         if "gu" in a.steps:

@@ -46,6 +46,9 @@ def curves_figure(results: Path, prefix: str) -> list[Path]:
                         marker=marker, ms=4, capsize=2, label=LABEL.get(metric, metric),
                         alpha=0.6 if metric == "value_weighted_normalized" else 1.0)
         ax.set_xscale("log")
+        ticks = sorted(sub["fraction"].unique())
+        ax.set_xticks(ticks, [f"{p:g}" for p in ticks])
+        ax.minorticks_off()
         ax.set_title(f"{mode}, {rank}", fontsize=9)
         ax.set_xlabel("fraction of keys removed (every layer)")
     axes[0][0].set_ylabel("mean log(PPL / clean PPL)")

@@ -45,6 +45,11 @@ class Clock:
         return Timed(self.wall / n, self.cpu / n)
 
 
+def n_batches(n_units: int, batch_size: int) -> int:
+    """Batches of a faithfulness run over ``n_units`` texts (the last one may be short)."""
+    return math.ceil(n_units / batch_size) if n_units else 0
+
+
 @dataclass
 class Step:
     """One planned step: ``runs`` runs of ``passes_per_batch`` passes over ``n_units`` units."""
@@ -59,7 +64,7 @@ class Step:
     note: str = ""
 
     def row(self) -> dict:
-        batches = math.ceil(self.n_units / self.batch_size) if self.n_units else 0
+        batches = n_batches(self.n_units, self.batch_size)
         passes = self.runs * batches * self.passes_per_batch
         return dict(step=self.step, runs=self.runs, n_units=self.n_units,
                     batch_size=self.batch_size, batches=batches,

@@ -170,3 +170,84 @@ def test_plan_counts_the_designs_passes():
     row = plan.Step("d", 161, 4, 41, plan.Timed(2.0, 1.5), threads=1, runs=3).row()
     assert row["batches"] == 41 and row["batch_passes"] == 3 * 41 * 41
     assert row["cpu_hours"] == pytest.approx(round(3 * 41 * 41 * 1.5 / 3600, 3))
+
+
+def synthetic_result(path: Path, n: int = 24, seed: int = 0) -> Path:
+    """A design-1-shaped faithfulness result: contribution removes more than attention."""
+    rng = np.random.default_rng(seed)
+    metrics = ["attention", "value_weighted", "value_weighted_normalized", "contribution"]
+    fractions = [0.01, 0.1, 0.2]
+    clean = rng.uniform(10, 20, n)
+    effect = np.array([0.0, 0.3, 0.3, 0.6])[:, None, None, None, None]
+    sign = np.array([1.0, -1.0])[None, None, :, None, None]
+    p = np.array(fractions)[None, None, None, :, None]
+    log_ratio = p * (3 + sign * effect) + rng.normal(0, 0.05, (4, 2, 2, 3, n))
+    log_ratio[2] = log_ratio[1]                                   # vwn copies vw
+    log_ratio[:3, 1] = log_ratio[:3, 0]                 # magnitude = signed (non-negative)
+    ppl = clean * np.exp(log_ratio)
+    same = np.array([["", "attention/signed"], ["", "value_weighted/signed"],
+                     ["value_weighted/signed", "value_weighted/signed"], ["", ""]], dtype=object)
+    ds = xr.Dataset(
+        {"ppl": (("metric", "rank", "mode", "fraction", "sequence"), ppl),
+         "clean_ppl": (("sequence",), clean), "delta_ppl": (("metric", "rank", "mode",
+                                                            "fraction", "sequence"), ppl - clean),
+         "same_ranking_as": (("metric", "rank"), same)},
+        coords={"metric": metrics, "rank": ["signed", "magnitude"],
+                "mode": ["comprehensiveness", "sufficiency"], "fraction": fractions,
+                "sequence": np.arange(n)},
+        attrs={"loss_variable": "delta_ppl", "unit_dim": "sequence", "granularity": "head",
+               "task": "lm", "layers": "all"})
+    ds.to_netcdf(path)
+    return path
+
+
+def test_design1_csvs_let_the_power_figures_be_recomputed(tmp_path):
+    from scipy import stats
+
+    nc = synthetic_result(tmp_path / "d1.nc")
+    export.export_design1(nc, tmp_path, "d1_prose")
+    order = pd_read(tmp_path / "d1_prose_order_log.csv")
+    units = pd_read(tmp_path / "d1_prose_units.csv")
+    info = pd_read(tmp_path / "d1_prose_info.csv").iloc[0]
+    assert info["m_tests"] == 6 and info["delta_log"] == 0.05
+    for r in order[order["p_value"].notna()].itertuples():
+        col = "aopc_log_ppl_ratio_{}_{}_" + r.mode
+        d = units[col.format(r.higher, r.rank)] - units[col.format(r.lower, r.rank)]
+        d = d if r.mode == "comprehensiveness" else -d
+        z = stats.norm.ppf(1 - 0.05 / info["m_tests"]) + stats.norm.ppf(0.8)
+        assert r.mde == pytest.approx(z * d.std(ddof=1) / np.sqrt(len(d)) * np.sqrt(np.pi / 3))
+        assert r.mean_improvement == pytest.approx(d.mean())
+    contrib = order[(order["higher"] == "contribution") & (order["mode"] == "comprehensiveness")]
+    assert (contrib["verdict"] == "holds").all()
+    curves = pd_read(tmp_path / "d1_prose_curves.csv")
+    assert set(curves["variable"]) == {"log_ppl_ratio", "delta_ppl"}
+    assert len(curves) == 2 * 4 * 2 * 2 * 3
+
+
+def test_design2_export_and_summary_tables(tmp_path):
+    import summarize
+    import summarize2
+
+    runs = {layer: synthetic_result(tmp_path / f"l{layer}.nc", n=12, seed=layer)
+            for layer in (0, 5)}
+    for layer, nc in runs.items():       # a design-2 run: one mode, one rank, one fraction
+        with xr.open_dataset(nc) as ds:
+            ds = ds.load().sel(mode=["comprehensiveness"], rank=["signed"], fraction=[0.2],
+                               metric=["attention", "value_weighted", "contribution"])
+        ds["same_ranking_as"][:] = ""
+        ds.to_netcdf(tmp_path / f"d2_{layer}.nc")
+        runs[layer] = tmp_path / f"d2_{layer}.nc"
+    results = tmp_path / "smollm2-135m" / "results2"
+    export.export_design2(runs, results, "d2_prose")
+    t = pd_read(results / "d2_prose_layers.csv")
+    assert len(t) == 2 * 3 and (t["m_tests"] == 2).all()
+    text = summarize2.layer_details(tmp_path, "smollm2-135m")
+    assert text.count("\n| 0 |") == 1 and text.count("\n| 5 |") == 1
+    assert "holds" in summarize2.layers_cell(tmp_path, "smollm2-135m")
+    assert summarize.f(0.0001) == "1.0e-04"
+
+
+def pd_read(path):
+    import pandas as pd
+
+    return pd.read_csv(path)
