@@ -186,64 +186,72 @@ class SecondStudy(study.Study):
 
     # -------------------------------------------------------------------------- plan
     def plan(self, files: dict) -> pd.DataFrame:
-        a, steps = self.a, []
-        threads = a.threads
-        wiki = Path(a.wikitext).exists()
-        if "gu" in a.steps and a.gu_n and wiki:
-            ids = texts.random_inputs(self.model().tokenizer, a.batch_size * 2, a.gu_length)
-            sec = plan.time_measure(self.model().model, ids)
-            kinds = 3 + 3 * int(texts.adds_bos(self.model().tokenizer))
-            steps.append(plan.Step("gu", a.gu_n, a.batch_size * 2, kinds, sec, threads,
-                                   note=f"{kinds} input kinds x {a.gu_n}, measure passes"))
-        for tag in ("prose", "gsm8k"):
-            n = a.prose_n if tag == "prose" else a.gsm8k_n
-            if f"design1-{tag}" in a.steps and tag in files and n:
-                cfg = self.design1_cfg(min(n, files[tag][1]))
-                if "design1" not in self.per_pass:
-                    self.per_pass["design1"] = plan.time_faithfulness(
-                        self.model(), str(files[tag][0]), cfg)
-                    plain = plan.time_plain(self.model(), str(files[tag][0]), cfg)
-                    print(f"[study] one removal pass: {self.per_pass['design1'].cpu:.2f} CPU s, "
-                          f"a plain forward of the same batch: {plain.cpu:.2f} CPU s "
-                          f"({self.per_pass['design1'].cpu / plain.cpu:.1f}x)")
-                steps.append(plan.Step(f"design1-{tag}", cfg.limit, a.batch_size,
-                                       plan.passes_per_batch(cfg), self.per_pass["design1"],
-                                       threads))
-        if "design2" in a.steps and a.design2_n and "prose" in files:
-            layers = self.layers()
-            cfg = self.design2_cfg(layers[len(layers) // 2])
-            sec = plan.time_faithfulness(self.model(), str(files["prose"][0]), cfg)
-            self.per_pass["design2"] = sec
-            steps.append(plan.Step("design2", cfg.limit, a.batch_size,
-                                   plan.passes_per_batch(cfg), sec, threads, runs=len(layers),
-                                   note=f"one run per layer ({len(layers)}), each with its "
-                                        "clean pass"))
-        if "geometry" in a.steps and a.geo_n and wiki:
-            chunks = self.data / "wikitext_chunks.jsonl"
-            prepare.geometry_texts(a.wikitext, chunks, a.geo_n, a.chunk_chars)
-            ids = self.geometry_ids(chunks)
-            sec = plan.time_measure(self.model().model, ids)
-            steps.append(plan.Step("geometry", a.geo_n, len(ids), 1, sec, threads,
-                                   note="extract passes only; `attngeom analyze` comes on top "
-                                        "(first study: 130 s at 64 chunks)"))
-        frame = plan.table(steps)
+        """Time one batch per kind of step, print the plan and write RESULTS/plan.csv."""
+        a = self.a
+        steps = [self.plan_gu()] + [self.plan_design1(tag, files) for tag in ("prose", "gsm8k")]
+        steps += [self.plan_design2(files), self.plan_geometry()]
+        frame = plan.table([s for s in steps if s is not None])
         frame.insert(0, "model", a.model)
         frame["timed"] = time.strftime("%Y-%m-%d %H:%M")
-        print(f"[study] plan for {a.model} (seconds per pass timed now, {threads} thread(s); "
+        print(f"[study] plan for {a.model} (seconds per pass timed now, {a.threads} thread(s); "
               "CPU-hours from process CPU time, wall hours at the machine's present load):")
         print(frame.drop(columns=["model", "timed"]).to_string(index=False))
         a.results.mkdir(parents=True, exist_ok=True)
         frame.to_csv(a.results / "plan.csv", index=False)
         return frame
 
-    def geometry_ids(self, chunks: Path):
-        import numpy as np
-
+    def plan_gu(self) -> plan.Step | None:
+        a = self.a
+        if "gu" not in a.steps or not a.gu_n or not Path(a.wikitext).exists():
+            return None
         tok = self.model().tokenizer
-        rows = [tok(r["text"], truncation=True, max_length=self.a.geo_max_length)["input_ids"]
-                for r in prepare.read_jsonl(chunks)[: self.a.batch_size]]
-        T = min(len(r) for r in rows)
-        return np.array([r[:T] for r in rows], dtype=np.int64)
+        timed = plan.time_measure(self.model().model, texts.random_inputs(tok, a.batch_size * 2,
+                                                                          a.gu_length))
+        kinds = 3 + 3 * int(texts.adds_bos(tok))
+        return plan.Step("gu", a.gu_n, a.batch_size * 2, kinds, timed, a.threads,
+                         note=f"{kinds} input kinds x {a.gu_n} inputs, measure passes")
+
+    def plan_design1(self, tag: str, files: dict) -> plan.Step | None:
+        a = self.a
+        n = a.prose_n if tag == "prose" else a.gsm8k_n
+        if f"design1-{tag}" not in a.steps or tag not in files or not n:
+            return None
+        data, cfg = str(files[tag][0]), self.design1_cfg(min(n, files[tag][1]))
+        if "design1" not in self.per_pass:
+            self.per_pass["design1"] = plan.time_faithfulness(self.model(), data, cfg)
+            plain = plan.time_plain(self.model(), data, cfg)
+            self.per_pass["plain"] = plain
+            print(f"[study] one removal pass: {self.per_pass['design1'].cpu:.2f} CPU s, a plain "
+                  f"forward of the same batch: {plain.cpu:.2f} CPU s "
+                  f"({self.per_pass['design1'].cpu / plain.cpu:.1f}x)")
+        ratio = self.per_pass["design1"].cpu / self.per_pass["plain"].cpu
+        return plan.Step(f"design1-{tag}", cfg.limit, a.batch_size, plan.passes_per_batch(cfg),
+                         self.per_pass["design1"], a.threads,
+                         note=f"a removal pass costs {ratio:.1f}x a plain forward (CPU time)")
+
+    def plan_design2(self, files: dict) -> plan.Step | None:
+        a = self.a
+        if "design2" not in a.steps or not a.design2_n or "prose" not in files:
+            return None
+        layers = self.layers()
+        cfg = self.design2_cfg(layers[len(layers) // 2])
+        timed = plan.time_faithfulness(self.model(), str(files["prose"][0]), cfg)
+        self.per_pass["design2"] = timed
+        return plan.Step("design2", cfg.limit, a.batch_size, plan.passes_per_batch(cfg), timed,
+                         a.threads, runs=len(layers),
+                         note=f"one run per layer ({len(layers)}), each with its clean pass")
+
+    def plan_geometry(self) -> plan.Step | None:
+        a = self.a
+        if "geometry" not in a.steps or not a.geo_n or not Path(a.wikitext).exists():
+            return None
+        chunks = self.data / "wikitext_chunks.jsonl"
+        prepare.geometry_texts(a.wikitext, chunks, a.geo_n, a.chunk_chars)
+        ids = texts.chunk_ids(self.model().tokenizer, chunks, a.batch_size, a.geo_max_length)
+        return plan.Step("geometry", a.geo_n, len(ids), 1,
+                         plan.time_measure(self.model().model, ids), a.threads,
+                         note="extract passes only; `attngeom analyze` comes on top "
+                              "(first study: 130 s at 64 chunks)")
 
     # ------------------------------------------------------------------------- steps
     def gu(self) -> None:
@@ -339,21 +347,6 @@ class SecondStudy(study.Study):
         """Free the in-process model before the CLI steps load their own copy."""
         self.loaded = None
         gc.collect()
-
-    def write_logs(self) -> None:
-        cols = ["step", "seconds", "cpu_seconds", "resumed", "batch_passes",
-                "seconds_per_pass", "cpu_seconds_per_pass", "planned_cpu_seconds_per_pass"]
-        path = self.a.results / "timings.csv"
-        old = pd.read_csv(path) if path.exists() else pd.DataFrame(columns=cols)
-        new = pd.DataFrame(self.timings, columns=cols)
-        keep = old[~old["step"].isin(new["step"])]
-        pd.concat([df for df in (keep, new) if len(df)]).to_csv(path, index=False)
-        sizes = pd.DataFrame(self.sizes, columns=["use", "data", "n", "max_length"])
-        old = self.a.results / "data.csv"
-        if old.exists():
-            prev = pd.read_csv(old)
-            sizes = pd.concat([prev[~prev["use"].isin(sizes["use"])], sizes])
-        sizes.to_csv(old, index=False)
 
     # --------------------------------------------------------------------------- run
     def run(self) -> None:

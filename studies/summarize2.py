@@ -87,8 +87,12 @@ def claims(root: Path, models: list[str], geo_cells) -> str:
              "δ = 0.05 nats)", lambda m: order_cell(root, m)),
             ("Order per layer, each layer alone (design 2)", lambda m: layers_cell(root, m)),
             ("Sink heads, Gu et al.'s protocol (ε = 0.3, 64 tokens)", lambda m: gu_cell(root, m))]
+    sizes = {m: read(root, m, "data") for m in models}
+    n = {m: int(d.set_index("use").loc["geo_wikitext", "n"]) for m, d in sizes.items()
+         if d is not None and "geo_wikitext" in set(d["use"])}
+    label = "/".join(str(v) for v in sorted(set(n.values()))) or "?"
     for name, cell in geo_cells:
-        rows.append((f"{name} (geometry, n = 256 chunks)",
+        rows.append((f"{name} (geometry, {label} WikiText-2 chunks)",
                      lambda m, c=cell: c(m, "wikitext")
                      if (root / m / FOLDER / "geo_wikitext_summary.csv").exists() else "not run"))
     lines = ["| claim | " + " | ".join(models) + " |", "|---" * (len(models) + 1) + "|"]
@@ -134,8 +138,11 @@ def curve_details(root: Path, model: str) -> str:
         c = c[c["variable"] == "log_ppl_ratio"]
         a = a.set_index(["variable", "metric", "rank", "mode"])
         fractions = sorted(c["fraction"].unique())
-        for (mode, rank, metric), g in c.groupby(["mode", "rank", "metric"], sort=False):
-            g = g.set_index("fraction")["loss_mean"]
+        groups = c.groupby(["mode", "rank", "metric"], sort=False)
+        for mode, rank, metric in sorted(groups.groups, key=lambda k: (
+                list(c["mode"].unique()).index(k[0]), list(c["rank"].unique()).index(k[1]),
+                list(SHORT).index(k[2]) if k[2] in SHORT else len(SHORT))):
+            g = groups.get_group((mode, rank, metric)).set_index("fraction")["loss_mean"]
             la, da = a.loc[("log_ppl_ratio", metric, rank, mode)], a.loc[
                 ("delta_ppl", metric, rank, mode)]
             rows.append(f"| {label} | {mode} | {rank} | {SHORT.get(metric, metric)} | "
@@ -188,7 +195,7 @@ def gu_details(root: Path, models: list[str]) -> str:
         return ""
     for name, values in gu_sinks.GU_TABLE1.items():
         rows.append(f"| {name} (Gu et al., Table 1) | tokenizer default | "
-                    + " | ".join(f"{v:.2f}" for v in values) + " | 100 |")
+                    + " | ".join(f"{v:.2f}" for v in values) + " | — |")
     head = ("| model | first token | natural | random | repeated | inputs |\n" + "|---" * 6 + "|")
     return ("\n#### Sink heads with Gu et al.'s protocol (`gu_sinks.csv`): percent of heads with "
             "mean α to the first token > 0.3 — their count (per input, queries i ≥ 0) and, in "

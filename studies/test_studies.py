@@ -251,3 +251,47 @@ def pd_read(path):
     import pandas as pd
 
     return pd.read_csv(path)
+
+
+@pytest.mark.slow
+def test_the_study_runs_end_to_end_on_a_tiny_model_and_skips_when_rerun(tmp_path):
+    """Every step of faithfulness_study.py on a tiny llama and tiny data; a rerun skips all.
+    Slow: ten CLI processes (2-3 minutes on a quiet machine; -m "not slow" leaves it out)."""
+    import subprocess
+
+    import pandas as pd
+    import tiny_models
+
+    model = tiny_models.save_tiny("llama", tmp_path / "model")
+    data = tmp_path / "data"
+    prepare.write_jsonl([{"module": f"m{k % 3}", "text": words(12, k)} for k in range(8)],
+                        data / "openstax_psychology2e.jsonl")
+    prepare.write_jsonl([{"question": words(5, k), "answer": words(4, k + 1)} for k in range(6)],
+                        data / "gsm8k_test.jsonl")
+    prepare.write_jsonl([{"title": "t", "text": "\n".join(words(12, k) for k in range(20))}],
+                        data / "wikitext2_raw_test.jsonl")
+    script = Path(__file__).resolve().parent / "faithfulness_study.py"
+    cmd = [sys.executable, str(script), "--model", str(model), "--data-dir", str(data),
+           "--work", str(tmp_path / "work"), "--results", str(tmp_path / "results"),
+           "--prose-n", "4", "--gsm8k-n", "4", "--length", "10", "--gsm8k-min", "8",
+           "--fractions", "0.1,0.5", "--design2-n", "4", "--gu-n", "4", "--gu-length", "8",
+           "--geo-n", "6", "--geo-max-length", "16", "--chunk-chars", "100",
+           "--bootstrap", "5", "--batch-size", "2"]
+    first = subprocess.run(cmd, capture_output=True, text=True)
+    assert first.returncode == 0, first.stderr[-3000:]
+    results = tmp_path / "results"
+    for name in ("plan", "timings", "data", "gu_sinks", "d1_prose_order_log", "d1_gsm8k_order",
+                 "d1_prose_units", "d2_prose_layers", "geo_wikitext_summary"):
+        assert (results / f"{name}.csv").exists(), name
+    assert (results / "d2_prose_layers.png").exists()
+    p = pd.read_csv(results / "plan.csv").set_index("step")
+    # 4 rankings x 2 modes x 2 fractions + clean; 2 batches of 2 texts
+    assert p.loc["design1-prose", "passes_per_batch"] == 17
+    assert p.loc["design1-prose", "batch_passes"] == 34
+    assert p.loc["design2", "runs"] == 2 and p.loc["design2", "batch_passes"] == 2 * 2 * 4
+    t = pd.read_csv(results / "d2_prose_layers.csv")
+    assert sorted(t["layer"].unique()) == [0, 1] and (t["m_tests"] == 2).all()
+    again = subprocess.run(cmd + ["--reuse-plan"], capture_output=True, text=True)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert again.stdout.count("already done") == 1 + 2 + 2 + 1   # gu, d1 x2, d2 x2, analyze
+    assert "attngeom faithfulness" not in again.stdout

@@ -121,3 +121,12 @@ def repeated_inputs(tok, n: int, length: int = 64, seed: int = 0,
     vocab = non_special_ids(tok)
     token = np.random.default_rng(seed).choice(vocab, size=(n, 1), replace=True)
     return with_bos(np.repeat(token, length, axis=1), bos_id)
+
+
+def chunk_ids(tok, chunks: str | Path, n: int, max_length: int) -> np.ndarray:
+    """(n, T) ids of the first ``n`` chunk records cut to their common length (at most
+    ``max_length``): a batch as ``attngeom extract`` sees it, for timing."""
+    rows = [tok(r["text"], truncation=True, max_length=max_length)["input_ids"]
+            for r in prepare.read_jsonl(chunks)[:n]]
+    T = min(len(r) for r in rows)
+    return np.array([r[:T] for r in rows], dtype=np.int64)
