@@ -16,6 +16,7 @@ import pandas as pd
 import xarray as xr
 from scipy import stats
 
+from attngeom.analysis import equivalence as eq
 from attngeom.analysis import faithfulness as faith
 
 QUESTIONS = ("sinks", "convexity", "anti_alignment", "decomposition")
@@ -86,8 +87,8 @@ def export_faithfulness(nc: Path, results: Path, prefix: str, level: float = 0.0
     if "ppl" in ds and "clean_ppl" in ds:
         # robustness check: comprehensiveness losses are heavy-tailed (ΔPPL up to 1e4), so the
         # order is also tested on log(ppl / clean_ppl), which no single exploding text dominates
-        ds["log_ppl_ratio"] = np.log(ds["ppl"] / ds["clean_ppl"])
-        files["order_log"] = faith.order_table(ds, level=level, variable="log_ppl_ratio")
+        ds = eq.with_log_ppl_ratio(ds)
+        files["order_log"] = faith.order_table(ds, level=level, variable=eq.LOG_RATIO)
     info = dict(task=ds.attrs.get("task"), granularity=ds.attrs.get("granularity"),
                 loss_variable=ds.attrs.get("loss_variable"), n_units=ds.sizes[faith.unit_dim(ds)])
     if "clean_accuracy" in ds:
@@ -126,3 +127,110 @@ def clean_accuracy(nc: Path, chance: float, level: float = 0.05) -> dict:
     return dict(n=n, correct=k, accuracy=k / n, ci_low=ci.low, ci_high=ci.high, chance=chance,
                 majority_rate=majority, p_above_chance=p_chance, baseline=baseline,
                 p_above_baseline=p_base, above_chance=bool(p_base < level and ci.low > baseline))
+
+
+# ---------------------------------------------------------------------- second study
+D2_STEPS = (("attention", "value_weighted"), ("value_weighted", "contribution"),
+            ("attention", "contribution"))
+
+
+def _load(nc: Path) -> xr.Dataset:
+    with xr.open_dataset(nc) as ds:
+        return eq.with_log_ppl_ratio(ds.load())
+
+
+def _long(ds: xr.Dataset, names: list[str]) -> pd.DataFrame:
+    return ds[names].to_dataframe().reset_index()
+
+
+def curves_and_aopc(ds: xr.Dataset) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Loss per fraction and AOPC (mean, s.e., median over units) of both outcomes, long."""
+    curves, aopcs = [], []
+    dim = faith.unit_dim(ds)
+    for var in (eq.LOG_RATIO, "delta_ppl"):
+        c = faith.loss_curves(ds, var)
+        c["loss_median"] = faith.loss(ds, var).median(dim)
+        curves.append(_long(c, list(c.data_vars)).assign(variable=var))
+        a = faith.aopc_summary(ds, var)
+        a["aopc_median"] = faith.aopc(ds, var).median(dim)
+        aopcs.append(_long(a, list(a.data_vars)).assign(variable=var))
+    return pd.concat(curves, ignore_index=True), pd.concat(aopcs, ignore_index=True)
+
+
+def design1_units(ds: xr.Dataset) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(one row per unit: clean PPL, length and every AOPC of both outcomes; one row per
+    (unit, metric, rank, mode, fraction): ppl, log_ppl_ratio, delta_ppl): the paired data
+    every test and power figure can be recomputed from."""
+    dim = faith.unit_dim(ds)
+    units = pd.DataFrame({dim: ds[dim].values})
+    for name in ("clean_ppl", "length", "truncated", "n_scored"):
+        if name in ds and ds[name].dims == (dim,):
+            units[name] = ds[name].values
+    for var in (eq.LOG_RATIO, "delta_ppl"):
+        a = faith.aopc(ds, var)
+        for m in a["metric"].values:
+            for r in a["rank"].values:
+                for mode in a["mode"].values:
+                    units[f"aopc_{var}_{m}_{r}_{mode}"] = a.sel(
+                        metric=m, rank=r, mode=mode).transpose(dim).values
+    fractions = _long(ds, ["ppl", eq.LOG_RATIO, "delta_ppl"])
+    return units, fractions
+
+
+def export_design1(nc: Path, results: Path, prefix: str, level: float = 0.05) -> list[Path]:
+    """CSVs of a design-1 run: the order with MDE/TOST/verdicts on the primary outcome (AOPC
+    of log PPL ratio, ``_order_log``) and on ΔPPL (``_order``), curves, AOPCs, units, info."""
+    ds = _load(nc)
+    primary = eq.equivalence_table(ds, eq.DELTA_LOG, variable=eq.LOG_RATIO, level=level)
+    margin = eq.delta_ppl_margin(ds)
+    secondary = eq.equivalence_table(ds, margin, variable="delta_ppl", level=level)
+    curves, aopcs = curves_and_aopc(ds)
+    units, fractions = design1_units(ds)
+    info = dict(task=ds.attrs.get("task"), granularity=ds.attrs.get("granularity"),
+                layers=ds.attrs.get("layers"), n_units=ds.sizes[faith.unit_dim(ds)],
+                fractions=",".join(map(str, ds["fraction"].values)),
+                clean_ppl_mean=float(ds["clean_ppl"].mean()), delta_log=eq.DELTA_LOG,
+                delta_ppl=margin, m_tests=primary.attrs["m_tests"], level=level,
+                power=eq.POWER, model=ds.attrs.get("model"), data=ds.attrs.get("data"))
+    files = {"order_log": primary, "order": secondary, "curves": curves, "aopc": aopcs,
+             "units": units, "units_fraction": fractions, "info": pd.DataFrame([info])}
+    return _write(files, results, prefix)
+
+
+def export_design2(runs: dict[int, Path], results: Path, prefix: str,
+                   level: float = 0.05) -> list[Path]:
+    """CSVs of the single-layer runs ``{layer: result file}``: per (step, layer) tests with
+    Holm over layers on the log PPL ratio (``_layers``) and on ΔPPL (``_layers_dppl``), the
+    mean outcome per (layer, metric) and one row per (layer, unit, metric)."""
+    data = {layer: _load(nc) for layer, nc in runs.items()}
+    primary = eq.layer_table(data, D2_STEPS, eq.DELTA_LOG, variable=eq.LOG_RATIO, level=level)
+    margin = eq.delta_ppl_margin(next(iter(data.values())))
+    secondary = eq.layer_table(data, D2_STEPS, margin, variable="delta_ppl", level=level)
+    means, units = [], []
+    for layer, ds in sorted(data.items()):
+        dim = faith.unit_dim(ds)
+        x = ds[[eq.LOG_RATIO, "delta_ppl", "ppl"]].squeeze(["fraction", "mode", "rank"])
+        u = x.to_dataframe().reset_index().assign(layer=layer)
+        u["clean_ppl"] = ds["clean_ppl"].sel({dim: u[dim].values}).values
+        units.append(u)
+        g = u.groupby("metric")
+        means.append(pd.DataFrame({
+            "layer": layer, "n": g[eq.LOG_RATIO].count(),
+            "log_ppl_ratio_mean": g[eq.LOG_RATIO].mean(),
+            "log_ppl_ratio_sem": g[eq.LOG_RATIO].sem(),
+            "log_ppl_ratio_median": g[eq.LOG_RATIO].median(),
+            "delta_ppl_mean": g["delta_ppl"].mean()}).reset_index())
+    files = {"layers": primary, "layers_dppl": secondary,
+             "layer_means": pd.concat(means, ignore_index=True),
+             "units": pd.concat(units, ignore_index=True)}
+    return _write(files, results, prefix)
+
+
+def _write(files: dict[str, pd.DataFrame], results: Path, prefix: str) -> list[Path]:
+    results.mkdir(parents=True, exist_ok=True)
+    written = []
+    for key, frame in files.items():
+        path = results / f"{prefix}_{key}.csv"
+        frame.to_csv(path, index=False)
+        written.append(path)
+    return written

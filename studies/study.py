@@ -215,12 +215,15 @@ class Study:
         shutil.copyfile(pdf, self.a.results.parent / "report.pdf")
 
     def write_logs(self) -> None:
-        path = self.a.results / "timings.csv"
-        old = pd.read_csv(path) if path.exists() else pd.DataFrame(columns=["step", "seconds"])
-        new = pd.DataFrame(self.timings, columns=["step", "seconds"])
-        keep = old[~old["step"].isin(new["step"])]
-        pd.concat([keep, new]).to_csv(path, index=False)
-        pd.DataFrame(self.sizes).to_csv(self.a.results / "data.csv", index=False)
+        """timings.csv and data.csv: this run's rows replace earlier rows of the same step/use
+        (extra columns of a timing row, e.g. CPU seconds, are kept)."""
+        for name, key, rows in (("timings", "step", self.timings), ("data", "use", self.sizes)):
+            path = self.a.results / f"{name}.csv"
+            new = pd.DataFrame(rows, columns=None if rows else [key])
+            if path.exists():
+                old = pd.read_csv(path)
+                new = pd.concat([df for df in (old[~old[key].isin(new[key])], new) if len(df)])
+            new.to_csv(path, index=False)
 
 
 if __name__ == "__main__":

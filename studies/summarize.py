@@ -1,10 +1,12 @@
-"""Build the claims table of studies/README.md from the committed CSVs (studies/*/results).
+"""Build the claims tables of studies/README.md from the committed CSVs.
 
-    .venv/bin/python studies/summarize.py            # rewrite the generated part of the README
-    .venv/bin/python studies/summarize.py --print    # print it instead
+    .venv/bin/python studies/summarize.py            # rewrite the generated parts of the README
+    .venv/bin/python studies/summarize.py --print    # print them instead
 
-Everything between the markers ``<!-- BEGIN GENERATED -->`` and ``<!-- END GENERATED -->`` in
-studies/README.md is replaced; every number comes from a CSV named next to it.
+The first study (studies/*/results) goes between ``<!-- BEGIN GENERATED -->`` and
+``<!-- END GENERATED -->``, the second (studies/*/results2, studies/summarize2.py) between
+``<!-- BEGIN GENERATED 2 -->`` and ``<!-- END GENERATED 2 -->``; every number comes from a CSV
+named next to it.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ HERE = Path(__file__).resolve().parent
 MODELS = ("smollm2-135m", "gemma3-270m", "minilm-l6")
 ENCODERS = ("minilm-l6",)
 BEGIN, END = "<!-- BEGIN GENERATED -->", "<!-- END GENERATED -->"
+BEGIN2, END2 = "<!-- BEGIN GENERATED 2 -->", "<!-- END GENERATED 2 -->"
 SHORT = {"attention": "raw", "value_weighted": "vw", "value_weighted_normalized": "vwn",
          "contribution": "contrib"}
 LM_RUNS = (("faith_prose", "prose"), ("faith_gsm8k", "GSM8K"), ("faith_prose_query", "prose, query gran."),
@@ -39,11 +42,23 @@ def f(x, d: int = 2) -> str:
 
 
 ROOT = [HERE]  # where the <model>/results folders are (--root)
+RESULTS = ["results"]  # the results folder the cells read (results2: the second study)
 
 
 def read(model: str, name: str) -> pd.DataFrame | None:
-    path = ROOT[0] / model / "results" / f"{name}.csv"
+    path = ROOT[0] / model / RESULTS[0] / f"{name}.csv"
     return pd.read_csv(path) if path.exists() else None
+
+
+def second_study(cell):
+    """``cell(model, tag)`` reading the second study's folder (results2)."""
+    def run(model: str, tag: str) -> str:
+        RESULTS[0] = "results2"
+        try:
+            return cell(model, tag)
+        finally:
+            RESULTS[0] = "results"
+    return run
 
 
 # --------------------------------------------------------------------------------- claims
@@ -234,22 +249,38 @@ def generated() -> str:
     return "\n".join(parts) + "\n"
 
 
+def generated2() -> str:
+    import summarize2
+
+    geo = [(name, second_study(cell)) for name, cell in
+           (("Sinks driven by norm ratio & cosine, tail by α & cosine", decomposition_cell),
+            ("Anti-alignment of sink values", anti_cell),
+            ("Convex sink-rate curve, interior minimum", convex_cell),
+            ("Sink heads (mean α_i0 > 0.3 over queries)", sink_cell))]
+    return summarize2.generated(ROOT[0], list(MODELS[:2]), geo)
+
+
+def replace_block(text: str, begin: str, end: str, body: str) -> str:
+    if begin not in text or end not in text:
+        raise SystemExit(f"studies/README.md: markers {begin} / {end} missing; add them where "
+                         "the tables go")
+    head, rest = text.split(begin, 1)
+    return head + begin + "\n" + body + end + rest.split(end, 1)[1]
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--print", action="store_true", help="print instead of editing the README")
     p.add_argument("--root", type=Path, default=HERE, help="folder holding <model>/results")
     args = p.parse_args()
     ROOT[0] = args.root
-    text = generated()
+    first, second = generated(), generated2()
     if args.print:
-        print(text)
+        print(first + "\n" + second)
         return
     readme = HERE / "README.md"
-    old = readme.read_text(encoding="utf-8")
-    if BEGIN not in old or END not in old:
-        raise SystemExit(f"{readme}: markers {BEGIN} / {END} missing; add them where the table goes")
-    head, rest = old.split(BEGIN, 1)
-    readme.write_text(head + BEGIN + "\n" + text + END + rest.split(END, 1)[1], encoding="utf-8")
+    text = replace_block(readme.read_text(encoding="utf-8"), BEGIN, END, first)
+    readme.write_text(replace_block(text, BEGIN2, END2, second), encoding="utf-8")
     print(f"updated {readme}")
 
 

@@ -1,0 +1,395 @@
+"""The second study (studies/README.md, "Design of the second faithfulness study").
+
+Run from the repository root after ``make setup`` (``studies/<model>/run2.sh`` passes the
+design's sizes)::
+
+    .venv/bin/python studies/faithfulness_study.py --model smollm2-135m [--data-dir DIR] [--plan]
+
+Steps (``--steps``, default all; each is skipped when its result exists, an interrupted
+faithfulness run resumes from its finished blocks, so rerunning the same command resumes):
+
+- ``gu``: Gu et al.'s sink-head metric (studies/gu_sinks.py) on natural / random / repeated inputs;
+- ``design1-prose``, ``design1-gsm8k``: every layer at once, the fraction grid, both modes and
+  ranks, head granularity, no drift pass (``attngeom faithfulness``);
+- ``design2``: one run per layer (``--layers L``), the first ``--design2-n`` prose texts,
+  comprehensiveness, one fraction, attention / value_weighted / contribution, signed rank;
+- ``geometry``: ``attngeom extract`` + ``analyze`` on ``--geo-n`` WikiText-2 chunks.
+
+Before any step runs the plan is printed and written to RESULTS/plan.csv: forward passes per
+step and the hours they take at the seconds per pass timed here on one batch of the study's own
+texts (studies/plan.py). ``--plan`` stops after it. Texts are selected with the model's tokenizer
+(studies/texts.py) into WORK/data; faithfulness results go to WORK/faith_*; CSVs, figures,
+``plan.csv``, ``timings.csv`` and ``data.csv`` to RESULTS (default studies/MODEL/results2).
+Separate steps may run in separate processes at the same time (``--steps``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import export  # noqa: E402
+import figures  # noqa: E402
+import gu_sinks  # noqa: E402
+import plan  # noqa: E402
+import prepare  # noqa: E402
+import study  # noqa: E402
+import texts  # noqa: E402
+
+STEPS = ("gu", "design1-prose", "design1-gsm8k", "design2", "geometry")
+DESIGN1 = dict(task="lm", granularity="head", drift=False,
+               metrics=("attention", "value_weighted", "value_weighted_normalized",
+                        "contribution"),
+               modes=("comprehensiveness", "sufficiency"), ranks=("signed", "magnitude"))
+DESIGN2 = dict(task="lm", granularity="head", drift=False,
+               metrics=("attention", "value_weighted", "contribution"),
+               modes=("comprehensiveness",), ranks=("signed",))
+# options of a result that must match for a finished step to be reused
+MATCH = ("task", "metrics", "modes", "ranks", "fractions", "granularity", "layers",
+         "max_length", "limit", "drift")
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", required=True)
+    p.add_argument("--data-dir", default="../shared/data", help="default folder of the data")
+    p.add_argument("--prose", help="OpenStax sections (default DATA_DIR/openstax_psychology2e.jsonl)")
+    p.add_argument("--gsm8k", help="GSM8K records (default DATA_DIR/gsm8k_test.jsonl)")
+    p.add_argument("--wikitext", help="WikiText-2 articles (default DATA_DIR/wikitext2_raw_test.jsonl)")
+    p.add_argument("--work", help="scratch folder (default studies/MODEL/work2)")
+    p.add_argument("--results", help="CSVs and figures (default studies/MODEL/results2)")
+    p.add_argument("--steps", default=",".join(STEPS), help=f"comma-separated: {','.join(STEPS)}")
+    p.add_argument("--plan", action="store_true", help="print and write the plan, run nothing")
+    p.add_argument("--reuse-plan", action="store_true",
+                   help="print RESULTS/plan.csv instead of timing again (a resumed run)")
+    p.add_argument("--prose-n", type=int, default=160)
+    p.add_argument("--gsm8k-n", type=int, default=160)
+    p.add_argument("--length", type=int, default=128, help="tokens per text (the cut)")
+    p.add_argument("--gsm8k-min", type=int, default=96, help="fewest GSM8K tokens after the cut")
+    p.add_argument("--fractions", default="0.01,0.02,0.05,0.1,0.2")
+    p.add_argument("--design2-n", type=int, default=64, help="prose texts of design 2 (0: skip)")
+    p.add_argument("--design2-fraction", type=float, default=0.2)
+    p.add_argument("--design2-layers", default="all", help="layers, e.g. 0:30 or 3,7 (all)")
+    p.add_argument("--gu-n", type=int, default=100, help="inputs per kind (0: skip)")
+    p.add_argument("--gu-length", type=int, default=64)
+    p.add_argument("--geo-n", type=int, default=256, help="WikiText-2 chunks (0: skip)")
+    p.add_argument("--geo-max-length", type=int, default=256)
+    p.add_argument("--chunk-chars", type=int, default=1400)
+    p.add_argument("--bootstrap", type=int, default=50, help="resamples of `attngeom analyze`")
+    p.add_argument("--batch-size", type=int, default=4)
+    p.add_argument("--threads", type=int, default=1, help="torch threads per process")
+    a = p.parse_args(argv)
+    d = Path(a.data_dir)
+    for key, name in (("prose", "openstax_psychology2e"), ("gsm8k", "gsm8k_test"),
+                      ("wikitext", "wikitext2_raw_test")):
+        if getattr(a, key) is None:
+            setattr(a, key, str(d / f"{name}.jsonl"))
+    here = Path(__file__).resolve().parent / a.model
+    a.work, a.results = Path(a.work or here / "work2"), Path(a.results or here / "results2")
+    a.steps = [s.strip() for s in a.steps.split(",") if s.strip()]
+    bad = [s for s in a.steps if s not in STEPS]
+    if bad:
+        p.error(f"--steps: unknown {','.join(bad)}; choose from {','.join(STEPS)}")
+    a.fractions = tuple(float(x) for x in a.fractions.split(","))
+    # names study.Study's geometry step reads
+    a.geo_limit, a.faith_max_length = a.geo_n, a.length
+    return a
+
+
+def recorded_options(nc: Path) -> dict | None:
+    """The options a finished faithfulness result was computed with (None if unreadable)."""
+    import xarray as xr
+
+    try:
+        with xr.open_dataset(nc) as ds:
+            return json.loads(ds.attrs["attngeom_config"])["options"]
+    except (OSError, KeyError, ValueError):
+        return None
+
+
+def same_options(recorded: dict | None, cfg) -> bool:
+    """True when a result's options equal ``cfg``'s on every option in :data:`MATCH`."""
+    if recorded is None:
+        return False
+    wanted = cfg.options()
+    return all(json.dumps(recorded.get(k)) == json.dumps(wanted.get(k)) for k in MATCH)
+
+
+class SecondStudy(study.Study):
+    """Plan, text selection, the steps and their CSVs (see the module doc)."""
+
+    def __init__(self, args: argparse.Namespace):
+        super().__init__(args)
+        self.loaded = None
+        self._layers: list[int] | None = None
+        self.per_pass: dict[str, float] = {}
+        self.data = args.work / "data"
+
+    # ------------------------------------------------------------------------ inputs
+    def model(self):
+        if self.loaded is None:
+            import torch
+
+            from attngeom.extract.models import load
+
+            torch.set_num_threads(self.a.threads)
+            self.loaded = load(self.a.model)
+        return self.loaded
+
+    def select_texts(self) -> dict[str, tuple[Path, int]]:
+        """Prose and GSM8K files of the tokenizer-selected texts, and how many there are."""
+        a, tok, out = self.a, self.model().tokenizer, {}
+        if not self.missing("prose", a.prose):
+            path = self.data / "prose.jsonl"
+            out["prose"] = path, texts.prose_texts(tok, a.prose, path, max(a.prose_n,
+                                                                             a.design2_n),
+                                                   a.length)
+        if not self.missing("gsm8k", a.gsm8k):
+            path = self.data / "gsm8k.jsonl"
+            out["gsm8k"] = path, texts.gsm8k_texts(tok, a.gsm8k, path, a.gsm8k_n,
+                                                   a.gsm8k_min, a.length)
+        for tag, (path, n) in out.items():
+            want = a.prose_n if tag == "prose" else a.gsm8k_n
+            if n < want:
+                print(f"[study] {tag}: only {n} texts reach the length rule (asked {want})")
+        return out
+
+    def cfg(self, design: dict, n: int, fractions, layers=None):
+        return plan.faith_config(**design, fractions=tuple(fractions), layers=layers,
+                                 max_length=self.a.length, limit=n,
+                                 batch_size=self.a.batch_size)
+
+    def design1_cfg(self, n: int):
+        return self.cfg(DESIGN1, n, self.a.fractions)
+
+    def design2_cfg(self, layer: int):
+        return self.cfg(DESIGN2, self.a.design2_n, (self.a.design2_fraction,), (layer,))
+
+    def layers(self) -> list[int]:
+        """Design 2's layers (resolved once, against the model's layer count)."""
+        from attngeom.store.ranges import parse_ranges
+
+        if self._layers is None:
+            n = self.model().info["n_layers"]
+            self._layers = parse_ranges(self.a.design2_layers, range(n), "--design2-layers",
+                                        "this model's layers") or list(range(n))
+        return self._layers
+
+    # -------------------------------------------------------------------------- plan
+    def plan(self, files: dict) -> pd.DataFrame:
+        """Time one batch per kind of step, print the plan and write RESULTS/plan.csv."""
+        a = self.a
+        steps = [self.plan_gu()] + [self.plan_design1(tag, files) for tag in ("prose", "gsm8k")]
+        steps += [self.plan_design2(files), self.plan_geometry()]
+        frame = plan.table([s for s in steps if s is not None])
+        frame.insert(0, "model", a.model)
+        frame["timed"] = time.strftime("%Y-%m-%d %H:%M")
+        print(f"[study] plan for {a.model} (seconds per pass timed now, {a.threads} thread(s); "
+              "CPU-hours from process CPU time, wall hours at the machine's present load):")
+        print(frame.drop(columns=["model", "timed"]).to_string(index=False))
+        a.results.mkdir(parents=True, exist_ok=True)
+        frame.to_csv(a.results / "plan.csv", index=False)
+        return frame
+
+    def plan_gu(self) -> plan.Step | None:
+        a = self.a
+        if "gu" not in a.steps or not a.gu_n or not Path(a.wikitext).exists():
+            return None
+        tok = self.model().tokenizer
+        timed = plan.time_measure(self.model().model, texts.random_inputs(tok, a.batch_size * 2,
+                                                                          a.gu_length))
+        kinds = 3 + 3 * int(texts.adds_bos(tok))
+        return plan.Step("gu", a.gu_n, a.batch_size * 2, kinds, timed, a.threads,
+                         note=f"{kinds} input kinds x {a.gu_n} inputs, measure passes")
+
+    def plan_design1(self, tag: str, files: dict) -> plan.Step | None:
+        a = self.a
+        n = a.prose_n if tag == "prose" else a.gsm8k_n
+        if f"design1-{tag}" not in a.steps or tag not in files or not n:
+            return None
+        data, cfg = str(files[tag][0]), self.design1_cfg(min(n, files[tag][1]))
+        if "design1" not in self.per_pass:
+            self.per_pass["design1"] = plan.time_faithfulness(self.model(), data, cfg)
+            plain = plan.time_plain(self.model(), data, cfg)
+            self.per_pass["plain"] = plain
+            print(f"[study] one removal pass: {self.per_pass['design1'].cpu:.2f} CPU s, a plain "
+                  f"forward of the same batch: {plain.cpu:.2f} CPU s "
+                  f"({self.per_pass['design1'].cpu / plain.cpu:.1f}x)")
+        ratio = self.per_pass["design1"].cpu / self.per_pass["plain"].cpu
+        return plan.Step(f"design1-{tag}", cfg.limit, a.batch_size, plan.passes_per_batch(cfg),
+                         self.per_pass["design1"], a.threads,
+                         note=f"a removal pass costs {ratio:.1f}x a plain forward (CPU time)")
+
+    def plan_design2(self, files: dict) -> plan.Step | None:
+        a = self.a
+        if "design2" not in a.steps or not a.design2_n or "prose" not in files:
+            return None
+        layers = self.layers()
+        cfg = self.design2_cfg(layers[len(layers) // 2])
+        timed = plan.time_faithfulness(self.model(), str(files["prose"][0]), cfg)
+        self.per_pass["design2"] = timed
+        return plan.Step("design2", cfg.limit, a.batch_size, plan.passes_per_batch(cfg), timed,
+                         a.threads, runs=len(layers),
+                         note=f"one run per layer ({len(layers)}), each with its clean pass")
+
+    def plan_geometry(self) -> plan.Step | None:
+        a = self.a
+        if "geometry" not in a.steps or not a.geo_n or not Path(a.wikitext).exists():
+            return None
+        chunks = self.data / "wikitext_chunks.jsonl"
+        prepare.geometry_texts(a.wikitext, chunks, a.geo_n, a.chunk_chars)
+        ids = texts.chunk_ids(self.model().tokenizer, chunks, a.batch_size, a.geo_max_length)
+        return plan.Step("geometry", a.geo_n, len(ids), 1,
+                         plan.time_measure(self.model().model, ids), a.threads,
+                         note="extract passes only; `attngeom analyze` comes on top "
+                              "(first study: 130 s at 64 chunks)")
+
+    # ------------------------------------------------------------------------- steps
+    def gu(self) -> None:
+        a, done = self.a, self.a.results / "gu_sinks.csv"
+        if not a.gu_n or self.missing("gu", a.wikitext) or self.skip("gu", done):
+            return
+        with plan.Clock() as clock:
+            rows, heads = gu_sinks.gu_table(self.model().model, self.model().tokenizer,
+                                            a.wikitext, a.gu_n, a.gu_length,
+                                            batch_size=a.batch_size * 2)
+        rows.insert(0, "model", a.model)
+        heads.to_csv(a.results / "gu_sinks_heads.csv", index=False)
+        rows.to_csv(done, index=False)
+        self.timings.append(dict(step="gu", seconds=round(clock.wall, 1),
+                                 cpu_seconds=round(clock.cpu, 1)))
+        self.sizes.append(dict(use="gu", data=a.wikitext, n=a.gu_n, max_length=a.gu_length))
+        self.write_logs()
+
+    def faith_run(self, step: str, data: Path, out: Path, name: str, cfg) -> Path:
+        """One ``attngeom faithfulness`` run, skipped when finished with these options."""
+        nc = out / f"{name}.nc"
+        if nc.exists() and same_options(recorded_options(nc), cfg):
+            print(f"[study] {step}: already done ({nc})", flush=True)
+            return nc
+        resumed = (out / f"{name}.partial").exists()
+        cmd = ["faithfulness", "--model", self.a.model, "--data", str(data), "--out", str(out),
+               "--name", name, "--task", cfg.task, "--metrics", ",".join(cfg.metrics),
+               "--modes", ",".join(cfg.modes), "--ranks", ",".join(cfg.ranks),
+               "--fractions", ",".join(map(str, cfg.fractions)),
+               "--granularity", cfg.granularity, "--max-length", str(cfg.max_length),
+               "--limit", str(cfg.limit), "--batch-size", str(cfg.batch_size),
+               "--no-drift", "--quiet"]
+        if cfg.layers is not None:
+            cmd += ["--layers", ",".join(map(str, cfg.layers))]
+        self.sh(step, *cmd)
+        key = "design2" if step.startswith("design2") else "design1"
+        passes = plan.n_batches(cfg.limit, cfg.batch_size) * plan.passes_per_batch(cfg)
+        timed, done = self.per_pass.get(key), self.timings[-1]
+        done.update(resumed=resumed, batch_passes=passes,
+                    seconds_per_pass=round(done["seconds"] / passes, 3),
+                    cpu_seconds_per_pass=round(done["cpu_seconds"] / passes, 3),
+                    planned_cpu_seconds_per_pass=round(timed.cpu, 3) if timed else None)
+        self.write_logs()
+        return nc
+
+    def design1(self, tag: str, files: dict) -> None:
+        n = self.a.prose_n if tag == "prose" else self.a.gsm8k_n
+        if tag not in files or not n:
+            return
+        path, found = files[tag]
+        cfg = self.design1_cfg(min(n, found))
+        nc = self.faith_run(f"design1-{tag}", path, self.a.work / f"faith_d1_{tag}",
+                            f"d1_{tag}", cfg)
+        export.export_design1(nc, self.a.results, f"d1_{tag}")
+        figures.curves_figure(self.a.results, f"d1_{tag}")
+        self.sizes.append(dict(use=f"d1_{tag}", data=getattr(self.a, tag), n=cfg.limit,
+                               max_length=self.a.length))
+
+    def design2(self, files: dict) -> None:
+        if not self.a.design2_n or "prose" not in files:
+            return
+        path, runs = files["prose"][0], {}
+        for layer in self.layers():
+            cfg = self.design2_cfg(layer)
+            runs[layer] = self.faith_run(f"design2-layer{layer:02d}", path,
+                                         self.a.work / "faith_d2" / f"layer{layer:02d}",
+                                         f"d2_layer{layer:02d}", cfg)
+        export.export_design2(runs, self.a.results, "d2_prose")
+        figures.layers_figure(self.a.results, "d2_prose")
+        self.sizes.append(dict(use="d2_prose", data=self.a.prose, n=self.a.design2_n,
+                               max_length=self.a.length))
+
+    def geometry_step(self) -> None:
+        a = self.a
+        if not a.geo_n or self.missing("geometry", a.wikitext):
+            return
+        chunks = self.data / "wikitext_chunks.jsonl"
+        n = prepare.geometry_texts(a.wikitext, chunks, a.geo_n, a.chunk_chars)
+        self.sizes.append(dict(use="geo_wikitext", data=a.wikitext, n=n,
+                               max_length=a.geo_max_length))
+        self.geometry("wikitext", chunks, "text")
+
+    def sh(self, step: str, *cmd: str) -> None:
+        """The CLI step, with its CPU seconds (children's rusage) next to its wall seconds."""
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        super().sh(step, *cmd)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        self.timings[-1]["cpu_seconds"] = round(after.ru_utime + after.ru_stime
+                                                - before.ru_utime - before.ru_stime, 1)
+        self.write_logs()
+
+    def release(self) -> None:
+        """Free the in-process model before the CLI steps load their own copy."""
+        self.loaded = None
+        gc.collect()
+
+    # --------------------------------------------------------------------------- run
+    def run(self) -> None:
+        a = self.a
+        a.results.mkdir(parents=True, exist_ok=True)
+        files = self.select_texts()
+        saved = a.results / "plan.csv"
+        if a.reuse_plan and saved.exists() and not a.plan:
+            print(f"[study] plan (timed {pd.read_csv(saved)['timed'].iloc[0]}):")
+            print(pd.read_csv(saved).drop(columns=["model", "timed"]).to_string(index=False))
+        else:
+            self.plan(files)
+        if a.plan:
+            return
+        if "gu" in a.steps:
+            self.gu()
+        if "design2" in a.steps and a.design2_n:
+            self.layers()                 # resolve the layer list while the model is loaded
+        self.release()
+        for tag in ("prose", "gsm8k"):
+            if f"design1-{tag}" in a.steps:
+                self.design1(tag, files)
+        if "design2" in a.steps:
+            self.design2(files)
+        if "geometry" in a.steps:
+            self.geometry_step()
+        self.write_logs()
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse(argv)
+    try:
+        SecondStudy(a).run()
+    except subprocess.CalledProcessError as exc:
+        print(f"[study] a step failed (exit {exc.returncode}): {' '.join(exc.cmd[1:4])} ...; "
+              "fix it and rerun the same command: finished steps and blocks are kept",
+              file=sys.stderr)
+        return 2
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"[study] {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
