@@ -10,10 +10,11 @@ Sequences are the unit of replication. Per (layer, head) and sequence:
 Across sequences, per (layer, head): one-sided t-test and Wilcoxon signed-rank test (H1: mean < 0),
 Cohen's d = mean / sd with a normal-approximation CI (se = sqrt(1/n + d^2 / (2n))),
 Benjamini-Hochberg (``q_value``) and Benjamini-Yekutieli (``q_value_by``) over layer x head. Per
-layer, a statsmodels MixedLM of the per-(sequence, head) means on an intercept with a random
-intercept per sequence (robustness check; one-sided z-test of the intercept < 0). MixedLM's cost
-grows faster than linearly in the number of groups, so it is fitted to a seeded random subset of
-at most ``mixed_max_sequences`` sequences (default 500; the t and Wilcoxon tests use all).
+layer, a REML random-intercept model of the per-(sequence, head) means on an intercept with a
+random intercept per sequence (robustness check; one-sided z-test of the intercept < 0): solved
+exactly when balanced (:func:`balanced_random_intercept`), else by statsmodels MixedLM, whose
+cost grows faster than linearly in the number of groups; it is fitted to a seeded random subset
+of at most ``mixed_max_sequences`` sequences (default 500; the t and Wilcoxon tests use all).
 
 Output names (stable), :func:`anti_alignment`; the residual cosine uses the same names with the
 prefix ``residual_``: over (layer, head) ``mean_cos sd_cos n_sequences t_stat p_value
