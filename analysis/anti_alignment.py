@@ -10,10 +10,11 @@ Sequences are the unit of replication. Per (layer, head) and sequence:
 Across sequences, per (layer, head): one-sided t-test and Wilcoxon signed-rank test (H1: mean < 0),
 Cohen's d = mean / sd with a normal-approximation CI (se = sqrt(1/n + d^2 / (2n))),
 Benjamini-Hochberg (``q_value``) and Benjamini-Yekutieli (``q_value_by``) over layer x head. Per
-layer, a statsmodels MixedLM of the per-(sequence, head) means on an intercept with a random
-intercept per sequence (robustness check; one-sided z-test of the intercept < 0). MixedLM's cost
-grows faster than linearly in the number of groups, so it is fitted to a seeded random subset of
-at most ``mixed_max_sequences`` sequences (default 500; the t and Wilcoxon tests use all).
+layer, a REML random-intercept model of the per-(sequence, head) means on an intercept with a
+random intercept per sequence (robustness check; one-sided z-test of the intercept < 0): solved
+exactly when balanced (:func:`balanced_random_intercept`), else by statsmodels MixedLM, whose
+cost grows faster than linearly in the number of groups; it is fitted to a seeded random subset
+of at most ``mixed_max_sequences`` sequences (default 500; the t and Wilcoxon tests use all).
 
 Output names (stable), :func:`anti_alignment`; the residual cosine uses the same names with the
 prefix ``residual_``: over (layer, head) ``mean_cos sd_cos n_sequences t_stat p_value
@@ -68,24 +69,70 @@ def one_sample_less(values: np.ndarray, level: float = LEVEL) -> dict[str, float
 
 
 def mixed_less_than_zero(values: np.ndarray, sequence: np.ndarray) -> dict[str, float]:
-    """MixedLM ``value ~ 1 + (1 | sequence)``; one-sided z-test of the intercept < 0."""
+    """MixedLM ``value ~ 1 + (1 | sequence)`` (REML); one-sided z-test of the intercept < 0.
+
+    Balanced groups (every sequence with the same number of values): the REML fit is the one-way
+    ANOVA solution, so the same intercept and standard error come from a statsmodels OLS on less
+    redundant data (:func:`balanced_random_intercept`). Otherwise statsmodels MixedLM, started
+    from the ANOVA estimate of the variance ratio.
+    """
     ok = np.isfinite(values)
     y, g = values[ok], sequence[ok]
     out = dict.fromkeys(MIXED_NAMES, np.nan)
     if len(np.unique(g)) < 3:
         return out
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        try:
-            res = sm.MixedLM(y, np.ones((len(y), 1)), groups=g).fit(reml=True)
-        except (np.linalg.LinAlgError, ValueError):
-            return out
-        est, se = float(res.fe_params[0]), float(res.bse_fe[0])  # bse may warn: keep inside
-    converged = bool(res.converged) and not any(
-        "converge" in str(w.message).lower() for w in caught)
+    fit = balanced_random_intercept(y, g)
+    if fit is None:
+        fit = _mixedlm(y, g)
+    if fit is None:
+        return out
+    est, se, converged = fit
     p = stats.norm.cdf(est / se) if se > 0 else np.nan
     out.update(mixed_mean_cos=est, mixed_se=se, mixed_p_value=p, mixed_converged=float(converged))
     return out
+
+
+def _one_way(y: np.ndarray, g: np.ndarray) -> tuple[np.ndarray, np.ndarray, float, float]:
+    """Group sizes (G,), group means (G,), and the one-way ANOVA mean squares (between, within)."""
+    _, inv, n = np.unique(g, return_inverse=True, return_counts=True)
+    means = np.bincount(inv, weights=y) / n
+    ssw = float(((y - means[inv]) ** 2).sum())
+    ssb = float((n * (means - y.mean()) ** 2).sum())
+    return n, means, ssb / (len(n) - 1), ssw / max(len(y) - len(n), 1)
+
+
+def balanced_random_intercept(y: np.ndarray, g: np.ndarray) -> tuple[float, float, bool] | None:
+    """(intercept, se, converged) of the REML random-intercept model for balanced groups, else None.
+
+    With G groups of n values, REML's between variance is (MSB - MSW) / n when positive (the
+    ANOVA estimate) and 0 otherwise. Positive: the intercept and its se are those of an OLS of the
+    G group means on a constant (se^2 = MSB / (n G)); zero: those of an OLS of all values on a
+    constant (se^2 = SST / ((N - 1) N)). Both are statsmodels OLS fits.
+    """
+    n, means, msb, msw = _one_way(y, g)
+    if n.min() != n.max() or n[0] < 2 or not msw > 0:
+        return None
+    rows = means if msb > msw else y
+    res = sm.OLS(rows, np.ones((len(rows), 1))).fit()
+    return float(res.params[0]), float(res.bse[0]), True
+
+
+def _mixedlm(y: np.ndarray, g: np.ndarray) -> tuple[float, float, bool] | None:
+    """statsmodels MixedLM REML fit, started from the ANOVA variance ratio (floored at 1e-8)."""
+    n, _, msb, msw = _one_way(y, g)
+    n0 = (len(y) - (n**2).sum() / len(y)) / (len(n) - 1)
+    ratio = max((msb - msw) / n0 / msw, 1e-8) if msw > 0 else 1.0
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            res = sm.MixedLM(y, np.ones((len(y), 1)), groups=g).fit(
+                reml=True, start_params=np.array([np.sqrt(ratio)]))
+        except (np.linalg.LinAlgError, ValueError):
+            return None
+        est, se = float(res.fe_params[0]), float(res.bse_fe[0])  # bse may warn: keep inside
+    converged = bool(res.converged) and not any(
+        "converge" in str(w.message).lower() for w in caught)
+    return est, se, converged
 
 
 def _sequence_means(cos: np.ndarray, ok: np.ndarray) -> np.ndarray:

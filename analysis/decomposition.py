@@ -59,13 +59,13 @@ class Moments:
         self.mean = np.zeros(p)
         self.comoment = np.zeros((p, p))
 
-    def add(self, rows: np.ndarray) -> None:
-        """Merge the rows (n, p) of a block; ``rows`` is centred in place."""
-        other = Moments(rows.shape[1])
-        if len(rows):
-            other.n, other.mean = len(rows), rows.mean(0)
-            rows -= other.mean
-            other.comoment = rows.T @ rows
+    def add(self, cols: np.ndarray) -> None:
+        """Merge the observations of a block, given as columns (p, n); centred in place."""
+        other = Moments(cols.shape[0])
+        if cols.shape[1]:
+            other.n, other.mean = cols.shape[1], cols.mean(1)
+            cols -= other.mean[:, None]
+            other.comoment = cols @ cols.T
         self.merge(other)
 
     def merge(self, other: "Moments") -> "Moments":
@@ -158,11 +158,11 @@ class DecompositionAccumulator:
             ok = np.ones(raw[0].shape, bool)
             for x in raw:  # positive and finite, so that the log is finite
                 ok &= (x > 0) & (x < np.inf)
-            rows = np.empty((int(ok.sum()), 4))
+            cols = np.empty((4, int(ok.sum())))  # (part..., log|c|) x pairs, contiguous rows
             for col, x in enumerate(raw):
-                np.log(x[ok], out=rows[:, col])
-            rows[:, 3] = rows[:, :3].sum(1)
-            cur["m"].add(rows)
+                np.log(x[ok], out=cols[col])
+            np.add(cols[0] + cols[1], cols[2], out=cols[3])
+            cur["m"].add(cols)
             cur["neg"] += int((keys.group(g, S.CONTRIBUTION).values[ok] < 0).sum())
 
     @staticmethod

@@ -1,12 +1,19 @@
-"""Analysis time and peak memory on synthetic compact stores; one JSON object per line.
+"""Analysis time against a plain read of the same store, and peak memory; one JSON object per line.
 
 For each size in ``--sequences`` a synthetic compact store (``synthetic_store.py``: the real
-schema, written by attngeom's own shard writer) is generated, or reused from ``--cache``, and
-``attngeom.analysis.run_all(open_store(...), out)`` runs in a fresh subprocess whose peak RSS
-(``os.wait4``) and wall time are reported. Several sizes show how memory scales; the target is
-2,000 sequences x 30 layers x 9 heads x 256 queries within 4 GiB.
+schema, written by attngeom's own shard writer) is generated, or reused from ``--cache``. For
+each thread count in ``--threads`` (``all`` = every core) two cases run, each in a fresh
+subprocess (peak RSS by ``os.wait4``), alternating:
 
-    python benchmarks/bench_analysis.py --sequences 100,200        # quick scaling (~10 min)
+* ``plain_read``: every shard opened with plain xarray (h5netcdf) and every variable
+  decompressed into memory, one shard at a time (the I/O floor);
+* ``analyze``: ``attngeom.analysis.run_all(open_store(...), out)``.
+
+Threads: BLAS/OpenMP threads (environment) and dask's workers (``synchronous`` at 1). The
+target (issue 17): ``analyze`` within 3x ``plain_read`` at the same threads, at 200 and 2,000
+sequences, and 2,000 sequences x 30 layers x 9 heads x 256 queries within 4 GiB.
+
+    python benchmarks/bench_analysis.py --sequences 200 --threads 1,all      # ~6 min
     python benchmarks/bench_analysis.py --sequences 2000 --cache /big/disk   # the target size
 """
 
@@ -14,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 import tempfile
@@ -26,9 +34,42 @@ from _common import emit, json_lines, log, machine, run_child_rss  # noqa: E402
 TARGET_GIB = 4.0
 
 
-def _child(store: str, out: str, trace: bool) -> None:
-    """Internal: open the store and run every analysis once (optionally: where RSS peaks)."""
+def _threads(threads: int) -> None:
+    """Use ``threads`` workers in dask (synchronous at 1); BLAS threads come from the environment."""
+    import dask
+
+    if threads <= 1:
+        dask.config.set(scheduler="synchronous")
+    else:
+        dask.config.set(scheduler="threads", num_workers=threads)
+
+
+def plain_read(store: str, threads: int) -> int:
+    """Open every shard with plain xarray and decompress every variable, one shard at a time
+    (``Dataset.load``; with dask's threads over the file's chunks when ``threads`` > 1)."""
+    import dask
+    import xarray as xr
+
+    total = 0
+    for shard in sorted(Path(store, "shards").glob("*.nc")):
+        with xr.open_dataset(shard, engine="h5netcdf",
+                             chunks={} if threads > 1 else None) as ds:
+            arrays = (dask.compute(*[ds[v].data for v in ds.data_vars]) if threads > 1
+                      else [ds[v].values for v in ds.data_vars])
+            total += sum(a.nbytes for a in arrays)
+            del arrays
+    return total
+
+
+def _child(case: str, store: str, out: str, threads: int, trace: bool) -> None:
+    """Internal: one case in this fresh process (optionally: where RSS peaks)."""
     t0 = time.perf_counter()
+    _threads(threads)
+    if case == "plain_read":
+        nbytes = plain_read(store, threads)
+        print(json.dumps({"read_s": time.perf_counter() - t0, "decompressed_bytes": nbytes}),
+              flush=True)
+        return
     from attngeom.analysis import run_all
     from attngeom.store.reader import open_store
     t1 = time.perf_counter()
@@ -40,6 +81,13 @@ def _child(store: str, out: str, trace: bool) -> None:
     if sampler:
         rec["rss_peak_at"] = sampler.stop()
     print(json.dumps(rec), flush=True)
+
+
+def _env(threads: int) -> dict:
+    env = dict(os.environ)
+    for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        env[name] = str(threads)
+    return env
 
 
 class PeakSampler:
@@ -81,6 +129,27 @@ def available() -> str | None:
     return None
 
 
+def _ratio(a, b):
+    return a / b if a and b else None
+
+
+def _run(case: str, store: Path, threads: int, a) -> dict:
+    """One case in a fresh subprocess: its JSON record, wall/CPU seconds and peak RSS."""
+    out = Path(tempfile.mkdtemp(prefix="attngeom-bench-out-"))
+    log(f"analysis: {case} on {store.name}, {threads} thread(s)")
+    res = run_child_rss([sys.executable, __file__, "--child", case, str(store), str(out),
+                         str(threads)] + (["--trace-peak"] if a.trace_peak else []),
+                        env=_env(threads), rss_limit_mib=a.rss_limit_gib * 1024)
+    shutil.rmtree(out, ignore_errors=True)
+    rec = {**(json_lines(res["stdout"]) or [{}])[-1], "rc": res["rc"], "wall_s": res["wall_s"],
+           "cpu_s": res["cpu_s"], "peak_rss_mib": res["peak_rss_mib"],
+           "killed_over_rss_limit": res["killed_over_rss_limit"]}
+    if res["rc"] != 0:
+        rec["error"] = res["stderr"].strip().splitlines()[-1:]
+        emit({"bench": "analysis", "case": case, "threads": threads, **rec})
+    return rec
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sequences", default="200",
@@ -94,10 +163,14 @@ def main(argv=None) -> int:
                    help="stop the analysis child above this RSS (protects a shared machine)")
     p.add_argument("--trace-peak", action="store_true",
                    help="also report the call stack where the RSS peaked (sampled)")
-    p.add_argument("--child", nargs=2, metavar=("STORE", "OUT"), help=argparse.SUPPRESS)
+    p.add_argument("--threads", default="1,all",
+                   help="comma-separated thread counts (all: every core)")
+    p.add_argument("--child", nargs=4, metavar=("CASE", "STORE", "OUT", "THREADS"),
+                   help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.child:
-        _child(*a.child, a.trace_peak)
+        case, store, out, threads = a.child
+        _child(case, store, out, int(threads), a.trace_peak)
         return 0
     emit({"bench": "analysis", "section": "machine", **machine()})
     why = available()
@@ -106,6 +179,7 @@ def main(argv=None) -> int:
         return 0
     from synthetic_store import generate
 
+    threads = [os.cpu_count() if t == "all" else int(t) for t in a.threads.split(",") if t]
     root = Path(a.cache) if a.cache else Path(tempfile.mkdtemp(prefix="attngeom-bench-"))
     root.mkdir(parents=True, exist_ok=True)
     try:
@@ -119,25 +193,20 @@ def main(argv=None) -> int:
                 log(f"analysis: generating {store.name}")
                 gen = generate(store, n, a.layers, a.heads, a.length)
             nbytes = sum(f.stat().st_size for f in store.rglob("*") if f.is_file())
-            out = Path(tempfile.mkdtemp(prefix="attngeom-bench-out-"))
-            log(f"analysis: run_all on {store.name}")
-            res = run_child_rss([sys.executable, __file__, "--child", str(store), str(out)]
-                                + (["--trace-peak"] if a.trace_peak else []),
-                                rss_limit_mib=a.rss_limit_gib * 1024)
-            shutil.rmtree(out, ignore_errors=True)
-            inner = (json_lines(res["stdout"]) or [{}])[-1]
-            cells = n * a.layers * a.heads * a.length
-            rec = {"bench": "analysis", "case": "run_all", "sequences": n, "layers": a.layers,
-                   "heads": a.heads, "queries": a.length, "store_bytes": nbytes,
-                   "rc": res["rc"], "wall_s": res["wall_s"], "cpu_s": res["cpu_s"],
-                   "killed_over_rss_limit": res["killed_over_rss_limit"],
-                   "peak_rss_mib": res["peak_rss_mib"], **inner,
-                   "ns_per_cell": 1e9 * inner.get("analysis_s", float("nan")) / cells,
-                   "target": f"2000 sequences within {TARGET_GIB} GiB",
-                   "generate": {k: v for k, v in gen.items() if k != "store"}}
-            if res["rc"] != 0:
-                rec["error"] = res["stderr"].strip().splitlines()[-1:]
-            emit(rec)
+            for t in threads:
+                recs = {case: _run(case, store, t, a) for case in ("plain_read", "analyze")}
+                read, run = recs["plain_read"], recs["analyze"]
+                emit({"bench": "analysis", "case": "analyze_vs_plain_read", "sequences": n,
+                      "layers": a.layers, "heads": a.heads, "queries": a.length,
+                      "store_bytes": nbytes, "threads": t,
+                      "plain_read_s": read.get("read_s"), "analyze_s": run.get("analysis_s"),
+                      "ratio": _ratio(run.get("analysis_s"), read.get("read_s")),
+                      "target_ratio": 3.0,
+                      "plain_read_peak_rss_mib": read["peak_rss_mib"],
+                      "analyze_peak_rss_mib": run["peak_rss_mib"],
+                      "target_rss_gib": TARGET_GIB if n >= 2000 else None,
+                      "load_avg_1m": os.getloadavg()[0],
+                      "generate": {k: v for k, v in gen.items() if k != "store"}})
     finally:
         if not a.cache:
             shutil.rmtree(root, ignore_errors=True)

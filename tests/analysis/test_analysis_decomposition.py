@@ -97,7 +97,7 @@ def test_lmg_matches_brute_force_shapley_with_statsmodels():
             brute[j] += (r2(order[: pos + 1]) - r2(order[:pos])) / 6
     m = Moments()
     for chunk in np.array_split(np.column_stack([z, y]), 7):
-        m.add(chunk)
+        m.add(np.ascontiguousarray(chunk.T))  # columns (p, n)
     np.testing.assert_allclose(m.cov, np.cov(np.column_stack([z, y]), rowvar=False))
     got = shares(m.cov)
     np.testing.assert_allclose(got["lmg_share"], brute, rtol=1e-8)

@@ -103,3 +103,34 @@ def test_bad_scheduler_is_one_line(analysed, tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--scheduler" in err[0] and "local:N" in err[0]
     assert not (tmp_path / "x").exists()
+
+
+def test_mixed_model_matches_statsmodels_mixedlm(analysed, monkeypatch):
+    """On a real store the per-layer fits equal statsmodels MixedLM's (the former estimator)."""
+    import warnings
+
+    import statsmodels.api as sm
+
+    from attngeom.analysis import anti_alignment
+    from attngeom.store.reader import open_store
+
+    module = __import__("attngeom.analysis.anti_alignment", fromlist=["x"])
+    calls = []
+    real = module.mixed_less_than_zero
+
+    def spy(values, sequence):
+        out = real(values, sequence)
+        calls.append((values, sequence, out))
+        return out
+
+    monkeypatch.setattr(module, "mixed_less_than_zero", spy)
+    anti_alignment(open_store(analysed["compact"].parent / "compact"))
+    assert len(calls) >= 4
+    for values, sequence, out in calls:
+        ok = np.isfinite(values)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            res = sm.MixedLM(values[ok], np.ones((ok.sum(), 1)), groups=sequence[ok]).fit(
+                reml=True, gtol=1e-12, maxiter=500)
+        np.testing.assert_allclose(out["mixed_mean_cos"], res.fe_params[0], rtol=1e-9)
+        np.testing.assert_allclose(out["mixed_se"], res.bse_fe[0], rtol=1e-6)

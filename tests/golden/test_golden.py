@@ -25,8 +25,15 @@ import build  # noqa: E402
 
 # GOLDEN_EXACT=1: bitwise (same machine and thread count as the golden files)
 RTOL, ATOL = (0.0, 0.0) if os.environ.get("GOLDEN_EXACT") == "1" else (1e-6, 1e-7)
-# per artifact: variables whose values are allowed to move by more (none so far)
-LOOSER: dict[str, dict[str, float]] = {}
+# per artifact: variables whose values are allowed to move by more.
+# analysis mixed_se / mixed_p_value (issue 17): the golden files hold statsmodels MixedLM's BFGS
+# answer, which stops within its gradient tolerance of the REML optimum (rel. error up to ~2e-5
+# measured); the balanced fit now gives the exact optimum (tests/analysis/test_analysis_mixed.py
+# checks it against MixedLM run to gtol=1e-12), so these move by up to 1e-4 relative.
+MIXED_RTOL = 1e-4
+LOOSER: dict[str, dict[str, float]] = {
+    "analysis": {f"anti_alignment.{p}mixed_{v}": MIXED_RTOL
+                 for p in ("", "residual_") for v in ("se", "p_value")}}
 
 
 @pytest.fixture(scope="module")
