@@ -125,32 +125,37 @@ def section_rounds(args, model: Path, tmp: Path) -> None:
 
         def inproc():
             out = tmp / f"in{r}"
-            t0 = time.perf_counter()
             import contextlib
             import io
+            t0, c0 = time.perf_counter(), time.process_time()
             with contextlib.redirect_stdout(io.StringIO()):
                 rc = cli_main(command_args(model, args.limit, args.max_length, out))
             got["in_process_s"] = time.perf_counter() - t0
+            got["in_process_cpu_s"] = time.process_time() - c0
             assert rc == 0, rc
             shutil.rmtree(out, ignore_errors=True)
 
         def eager():
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             forward()
             got["eager_s"] = time.perf_counter() - t0
+            got["eager_cpu_s"] = time.process_time() - c0
 
         steps = [sub, eager, inproc] if r % 2 == 0 else [eager, inproc, sub]
         for step in steps:
             step()
         got["ratio_command"] = got["command_s"] / got["eager_s"]
         got["ratio_in_process"] = got["in_process_s"] / got["eager_s"]
+        got["ratio_command_cpu"] = got["command_cpu_s"] / got["eager_cpu_s"]
+        got["ratio_in_process_cpu"] = got["in_process_cpu_s"] / got["eager_cpu_s"]
         rows.append(got)
         log(f"round {r + 1}/{args.repeats}: command {got['command_s']:.1f}s, in-process "
             f"{got['in_process_s']:.1f}s, eager {got['eager_s']:.1f}s -> "
             f"{got['ratio_command']:.2f}x / {got['ratio_in_process']:.2f}x")
     summary = {k: median(row[k] for row in rows) for k in rows[0]}
     spread = {k: [min(row[k] for row in rows), max(row[k] for row in rows)]
-              for k in ("ratio_command", "ratio_in_process")}
+              for k in ("ratio_command", "ratio_in_process", "ratio_command_cpu",
+                        "ratio_in_process_cpu")}
     emit({"bench": "command", "section": "rounds", "texts": args.limit,
           "max_length": args.max_length, "tokens": tokens, "threads": torch.get_num_threads(),
           "median": summary, "spread": spread, "target": "command <= 1.25 x eager forward",
