@@ -142,20 +142,22 @@ def section_rounds(args, model: Path, tmp: Path) -> None:
             got["eager_cpu_s"] = time.process_time() - c0
 
         steps = [sub, eager, inproc] if r % 2 == 0 else [eager, inproc, sub]
+        if not args.in_process:
+            steps.remove(inproc)
         for step in steps:
             step()
         got["ratio_command"] = got["command_s"] / got["eager_s"]
-        got["ratio_in_process"] = got["in_process_s"] / got["eager_s"]
         got["ratio_command_cpu"] = got["command_cpu_s"] / got["eager_cpu_s"]
-        got["ratio_in_process_cpu"] = got["in_process_cpu_s"] / got["eager_cpu_s"]
+        if args.in_process:
+            got["ratio_in_process"] = got["in_process_s"] / got["eager_s"]
+            got["ratio_in_process_cpu"] = got["in_process_cpu_s"] / got["eager_cpu_s"]
         rows.append(got)
         log(f"round {r + 1}/{args.repeats}: command {got['command_s']:.1f}s, in-process "
-            f"{got['in_process_s']:.1f}s, eager {got['eager_s']:.1f}s -> "
-            f"{got['ratio_command']:.2f}x / {got['ratio_in_process']:.2f}x")
+            f"{got.get('in_process_s', float('nan')):.1f}s, eager {got['eager_s']:.1f}s -> "
+            f"{got['ratio_command']:.2f}x / {got.get('ratio_in_process', float('nan')):.2f}x")
     summary = {k: median(row[k] for row in rows) for k in rows[0]}
     spread = {k: [min(row[k] for row in rows), max(row[k] for row in rows)]
-              for k in ("ratio_command", "ratio_in_process", "ratio_command_cpu",
-                        "ratio_in_process_cpu")}
+              for k in rows[0] if k.startswith("ratio")}
     emit({"bench": "command", "section": "rounds", "texts": args.limit,
           "max_length": args.max_length, "tokens": tokens, "threads": torch.get_num_threads(),
           "median": summary, "spread": spread, "target": "command <= 1.25 x eager forward",
@@ -254,6 +256,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--limit", type=int, default=16)
     p.add_argument("--max-length", type=int, default=512)
+    p.add_argument("--no-in-process", dest="in_process", action="store_false",
+                   help="skip the in-process attngeom.cli.main leg (shorter rounds)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (0: torch's default)")
     p.add_argument("--cache", default=None, help="where the random model directory is kept "
                    "(default: a folder under the system's temp dir)")
