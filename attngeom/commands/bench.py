@@ -15,8 +15,8 @@ import sys
 from pathlib import Path
 
 SCRIPTS = {"extract": "bench_extract.py", "command": "bench_command.py",
-           "store": "bench_store.py", "analysis": "bench_analysis.py", "faithfulness": "bench_faithfulness.py",
-           "gpu": "gpu.py"}
+           "store": "bench_store.py", "analysis": "bench_analysis.py",
+           "faithfulness": "bench_faithfulness.py", "gpu": "gpu.py"}
 ALL = ("extract", "store", "analysis", "faithfulness")
 
 
