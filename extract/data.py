@@ -296,13 +296,31 @@ def tokenize_texts(tokenizer: Any, texts: Sequence[str], max_length: int) -> Tok
     full = tokenizer(texts, add_special_tokens=True, truncation=False, verbose=False)["input_ids"]
     long = [i for i, ids in enumerate(full) if len(ids) > max_length]
     ids = [list(map(int, x)) for x in full]
-    if long:
+    if long and cuts_by_slicing(tokenizer):          # the same ids, without encoding twice
+        for i in long:
+            ids[i] = ids[i][:max_length]
+    elif long:
         cut = tokenizer([texts[i] for i in long], add_special_tokens=True, truncation=True,
                         max_length=max_length, verbose=False)["input_ids"]
         for i, row in zip(long, cut):
             ids[i] = list(map(int, row))
     truncated = [len(x) > max_length for x in full]
     return Tokenized(ids=ids, truncated=truncated)
+
+
+def cuts_by_slicing(tokenizer: Any) -> bool:
+    """True when the tokenizer's own truncation of one text to N tokens keeps its first N ids:
+    it truncates on the right and adds special tokens only in front (BOS), checked on a probe
+    text. Then an over-long text's ids are cut from its full encoding instead of encoding it
+    again with ``truncation=True``."""
+    if getattr(tokenizer, "truncation_side", "right") != "right":
+        return False
+    try:
+        plain = tokenizer("a b c", add_special_tokens=False)["input_ids"]
+        special = tokenizer("a b c", add_special_tokens=True)["input_ids"]
+    except Exception:                                # noqa: BLE001 - encode twice instead
+        return False
+    return len(special) >= len(plain) and list(special[len(special) - len(plain):]) == list(plain)
 
 
 def pad_token_id(tokenizer: Any) -> int:

@@ -17,6 +17,8 @@ import json
 import re
 from typing import TYPE_CHECKING
 
+from .fingerprint import cached_fingerprint, weight_fingerprint
+
 if TYPE_CHECKING:                                   # torch is imported when a model loads
     import torch
 
@@ -255,7 +257,9 @@ def load(spec: str, device: str = "cpu", dtype: str = "float32",
         revision = getattr(config, "_commit_hash", None)
     model = model.to(device).eval()
     discover(model)                                  # fails early on an unsupported model
-    return Loaded(model, tok, model_info(spec, model, tok, revision, dtype, tower))
+    local = cached if gguf else (where if isinstance(where, Path) else None)
+    fingerprint = cached_fingerprint(model, local, cache_dir(), DTYPES[dtype], device, tower)
+    return Loaded(model, tok, model_info(spec, model, tok, revision, dtype, tower, fingerprint))
 
 
 def _source_digest(path: Path, cached: Path) -> str:
@@ -287,24 +291,14 @@ def _file_digest(path: Path) -> str:
     return h.hexdigest()
 
 
-def weight_fingerprint(model: "torch.nn.Module") -> str:
-    """Hash of every parameter's name, shape and a strided sample of its values."""
-    h = hashlib.sha256()
-    for name, p in sorted(model.state_dict().items()):
-        flat = p.detach().reshape(-1)
-        step = max(1, flat.numel() // 4096)
-        sample = flat[::step].float().cpu().numpy().tobytes()
-        h.update(f"{name}:{tuple(p.shape)}:{p.dtype}:".encode() + sample)
-        h.update(repr(float(flat.double().sum())).encode())
-    return h.hexdigest()
-
-
-def model_info(spec: str, model, tok, revision, dtype: str, tower: str | None = None) -> dict:
+def model_info(spec: str, model, tok, revision, dtype: str, tower: str | None = None,
+               fingerprint: str | None = None) -> dict:
     """Provenance and head layout of a loaded model (recorded in the store's config).
 
     ``learned_sinks``, ``inputs`` and ``tower`` are recorded only where they apply (models
     with learned sink logits, vision models, a tower of a multimodal checkpoint), so the
-    config, and the content hash, of every other store is what it was.
+    config, and the content hash, of every other store is what it was. ``fingerprint``: the
+    weight fingerprint when already known (:func:`attngeom.extract.fingerprint.cached_fingerprint`).
     """
     from .archs import discover
 
@@ -315,7 +309,7 @@ def model_info(spec: str, model, tok, revision, dtype: str, tower: str | None = 
         "spec": spec,
         "id": spec,
         "revision": revision,
-        "weight_fingerprint": weight_fingerprint(model),
+        "weight_fingerprint": fingerprint or weight_fingerprint(model),
         "model_type": cfg.model_type,
         "architecture": (getattr(cfg, "architectures", None) or [type(model).__name__])[0],
         "causal": arch.causal,

@@ -120,6 +120,31 @@ def write_file(path: str | Path, data: bytes | memoryview) -> None:
     atomic_write_bytes(path, data)
 
 
+def netcdf_bytes(ds: xr.Dataset, encoding: Mapping[str, dict] | None = None) -> memoryview:
+    """``ds.to_netcdf(None, engine="h5netcdf", encoding=encoding)``: the same bytes, without
+    the dask import xarray does to pick a file lock (it asks dask which scheduler runs, which
+    imports dask.distributed: about 2 s of a short ``attngeom extract``). A file built in
+    memory needs no file lock; HDF5's own lock is kept. Falls back to ``to_netcdf`` where
+    this xarray lays its backends out otherwise."""
+    try:
+        from xarray.backends import H5NetCDFStore
+        from xarray.backends.common import ArrayWriter
+        from xarray.backends.locks import HDF5_LOCK
+        from xarray.backends.writers import dump_to_store
+    except ImportError:
+        return memoryview(ds.to_netcdf(None, engine="h5netcdf", encoding=dict(encoding or {}),
+                                       invalid_netcdf=False))
+    buffer = io.BytesIO()
+    store = H5NetCDFStore.open(buffer, mode="w", lock=HDF5_LOCK, invalid_netcdf=False)
+    try:
+        writer = ArrayWriter()                       # dask-backed variables: written by sync
+        dump_to_store(ds, store, writer, encoding=dict(encoding or {}))
+        writer.sync()
+    finally:
+        store.close()
+    return buffer.getbuffer()
+
+
 def write_shard(ds: xr.Dataset, path: str | Path,
                 encoded: Mapping[str, Encoded] | None = None) -> None:
     """Write a shard atomically with the store's compression and chunking.
@@ -135,7 +160,7 @@ def write_shard(ds: xr.Dataset, path: str | Path,
     """
     encoded = dict(encoded or {})
     rest = ds.drop_vars([n for n in encoded if n in ds])
-    data = rest.to_netcdf(None, engine="h5netcdf", encoding=encoding(rest), invalid_netcdf=False)
+    data = netcdf_bytes(rest, encoding(rest))
     if encoded:
         data = _with_encoded(data, ds, encoded)
     with memoryview(data) as view:                   # no copy of the file's bytes

@@ -43,7 +43,8 @@ from .manifest import (MANIFEST, StoreError, canonical, config_difference, confi
 from .packing import precision_of, stored_dataset
 from .readme import write_readme
 from .results import FAITH_ONLY, entries, result_file
-from .shards import SHARD_DIR, layout_problem, shard_attrs, shard_name, write_file, write_shard
+from .shards import (SHARD_DIR, layout_problem, netcdf_bytes, shard_attrs, shard_name,
+                     write_file, write_shard)
 
 Log = Callable[[str], None]
 
@@ -60,8 +61,7 @@ def write_netcdf(ds: xr.Dataset, path: str | Path, encoding: dict | None = None)
     Built in memory first: a failed write (disk full, read-only folder) raises
     StoreWriteError naming ``path`` and leaves nothing behind.
     """
-    write_file(path, ds.to_netcdf(None, engine="h5netcdf", encoding=encoding or {},
-                                  invalid_netcdf=False))
+    write_file(path, netcdf_bytes(ds, encoding))
 
 
 def copy_file(src: str | Path, dst: str | Path, link: bool = False) -> None:

@@ -14,9 +14,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-SCRIPTS = {"extract": "bench_extract.py", "store": "bench_store.py",
-           "analysis": "bench_analysis.py", "faithfulness": "bench_faithfulness.py",
-           "gpu": "gpu.py"}
+SCRIPTS = {"extract": "bench_extract.py", "command": "bench_command.py",
+           "store": "bench_store.py", "analysis": "bench_analysis.py",
+           "faithfulness": "bench_faithfulness.py", "gpu": "gpu.py"}
 ALL = ("extract", "store", "analysis", "faithfulness")
 
 

@@ -296,3 +296,33 @@ def test_end_to_end_builtin_to_batches():
     assert all(ids[0] == 2 for ids in tk.ids) and all(tk.truncated)
     (b,) = list(batches(tk, batch_size=4, pad_id=pad_token_id(tok)))
     assert b["input_ids"].shape == (4, 64) and b["attention_mask"].all()
+
+
+def _tokenizer_with(template: str | None, side: str = "right"):
+    tokenizers = pytest.importorskip("tokenizers")
+    transformers = pytest.importorskip("transformers")
+    vocab = {**VOCAB, "</s>": 8}
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    if template:
+        tok.post_processor = tokenizers.processors.TemplateProcessing(
+            single=template, special_tokens=[("<s>", 2), ("</s>", 8)])
+    return transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tok, unk_token="<unk>", pad_token="<pad>", bos_token="<s>",
+        eos_token="</s>", truncation_side=side)
+
+
+@pytest.mark.parametrize("template,side", [("<s> $A", "right"), (None, "right"),
+                                           ("<s> $A </s>", "right"), ("$A </s>", "right"),
+                                           ("<s> $A", "left")])
+def test_tokenize_cuts_as_the_tokenizer_truncates(template, side):
+    """Cut ids are the tokenizer's own ``truncation=True`` ids, whatever its special tokens
+    and truncation side (slicing is used only where it gives the same)."""
+    tok = _tokenizer_with(template, side)
+    texts = ["the cat sat on the mat the cat", "the cat", "sat on the mat", "dog dog dog"]
+    for n in (2, 3, 4, 5, 20):
+        want = tok(texts, truncation=True, max_length=n)["input_ids"]
+        out = tokenize_texts(tok, texts, max_length=n)
+        assert out.ids == [list(x) for x in want]
+        full = tok(texts)["input_ids"]
+        assert out.truncated == [len(x) > n for x in full]

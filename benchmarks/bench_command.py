@@ -1,0 +1,294 @@
+"""The whole ``attngeom extract`` command against a plain eager forward; one JSON object per line.
+
+Issue 17's case: a random-init SmolLM2-135M-shaped Llama saved as a directory (with the
+SmolLM2 tokenizer), 16 WikiText-2 articles (``../shared/data/wikitext2_raw_test.jsonl``) cut to
+512 tokens, fp32, one torch thread.
+
+Sections (``--sections``, default both):
+
+``rounds``   paired rounds, order alternating: (a) the command as a user runs it, a fresh
+             ``python -m attngeom extract --model DIR --data FILE ...`` subprocess (imports,
+             load, tokenize, measure, write: everything), and (b) in this process, a plain
+             eager forward with full logits over the same tokens in the same batches (model
+             loaded once, forward only). Also (c) ``attngeom.cli.main`` in this process (the
+             same code path, imports already paid). Per round the ratios (a)/(b) and (c)/(b);
+             then the medians and spread.
+``startup``  1 text of 8 tokens: the command in a fresh subprocess with a timer around each
+             phase (imports, load model: config / weights / tokenizer / discovery /
+             fingerprint, load texts, store creation, first batch measured, write), and the
+             bare ``import torch, transformers`` in another.
+
+    python benchmarks/bench_command.py                       # ~6 min on 2 cores
+    python benchmarks/bench_command.py --sections startup
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from statistics import median
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import REPO, SMOLLM2, emit, json_lines, log, machine, run_child_rss  # noqa: E402
+
+DATA = REPO.parent / "shared" / "data" / "wikitext2_raw_test.jsonl"
+if not DATA.is_file():                          # a worktree: /work/wt/X -> /work/shared
+    DATA = REPO.parent.parent / "shared" / "data" / "wikitext2_raw_test.jsonl"
+SECTIONS = ("rounds", "startup")
+
+
+def model_dir(cache: Path) -> Path:
+    """The random-init SmolLM2-shaped model saved as a directory (built once into ``cache``)."""
+    where = cache / "smollm2-shaped-random"
+    if (where / "config.json").is_file():
+        return where
+    from _common import random_llama
+    from transformers import AutoTokenizer
+
+    from attngeom.extract.models import cache_dir
+    found = sorted((cache_dir() / "models").glob("SmolLM2-135M-Instruct*/tokenizer.json"))
+    if not found:
+        raise SystemExit("no cached SmolLM2 tokenizer: run `attngeom extract --model "
+                         "smollm2-135m --data builtin --limit 1 --out /tmp/x` once")
+    tmp = where.with_name(where.name + f".tmp-{os.getpid()}")
+    random_llama(SMOLLM2).save_pretrained(tmp)
+    AutoTokenizer.from_pretrained(found[0].parent).save_pretrained(tmp)
+    os.replace(tmp, where)
+    return where
+
+
+def command_args(model: Path, limit: int, max_length: int, out: Path) -> list[str]:
+    return ["extract", "--model", str(model), "--data", str(DATA), "--limit", str(limit),
+            "--max-length", str(max_length), "--quiet", "--out", str(out)]
+
+
+def child_env(threads: int) -> dict:
+    env = dict(os.environ)
+    if threads:
+        env["OMP_NUM_THREADS"] = str(threads)
+    return env
+
+
+# ------------------------------------------------------------------------------------ rounds
+def eager_forward(model_path: Path, limit: int, max_length: int):
+    """A zero-argument callable: the plain eager forward (full logits) over the command's
+    tokens, in the command's batches."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from attngeom.extract.data import batches, load_texts, pad_token_id, tokenize_texts
+    from attngeom.store import vocab as V
+
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32,
+                                                 attn_implementation="eager").eval()
+    tok = AutoTokenizer.from_pretrained(model_path)
+    texts = load_texts(str(DATA), limit=limit)
+    tokenized = tokenize_texts(tok, texts.texts, max_length)
+    pad = pad_token_id(tok)
+
+    def run():
+        with torch.inference_mode():
+            for b in batches(tokenized, V.BATCH_SIZE, pad_id=pad):
+                model(input_ids=torch.as_tensor(b["input_ids"]),
+                      attention_mask=torch.as_tensor(b["attention_mask"]), use_cache=False)
+    return run, sum(len(x) for x in tokenized.ids)
+
+
+def section_rounds(args, model: Path, tmp: Path) -> None:
+    import torch
+
+    from attngeom.cli import main as cli_main
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    forward, tokens = eager_forward(model, args.limit, args.max_length)
+    forward()                                               # warm-up (allocator, kernels)
+    rows = []
+    for r in range(args.repeats):
+        got: dict[str, float] = {}
+
+        def sub():
+            out = tmp / f"sub{r}"
+            res = run_child_rss([sys.executable, "-m", "attngeom", *command_args(
+                model, args.limit, args.max_length, out)], env=child_env(args.threads))
+            if res["rc"] != 0:
+                raise SystemExit("attngeom extract failed: " + res["stderr"][-500:])
+            got["command_s"] = res["wall_s"]
+            got["command_cpu_s"] = res["cpu_s"]
+            shutil.rmtree(out, ignore_errors=True)
+
+        def inproc():
+            out = tmp / f"in{r}"
+            import contextlib
+            import io
+            t0, c0 = time.perf_counter(), time.process_time()
+            with contextlib.redirect_stdout(io.StringIO()):
+                rc = cli_main(command_args(model, args.limit, args.max_length, out))
+            got["in_process_s"] = time.perf_counter() - t0
+            got["in_process_cpu_s"] = time.process_time() - c0
+            assert rc == 0, rc
+            shutil.rmtree(out, ignore_errors=True)
+
+        def eager():
+            t0, c0 = time.perf_counter(), time.process_time()
+            forward()
+            got["eager_s"] = time.perf_counter() - t0
+            got["eager_cpu_s"] = time.process_time() - c0
+
+        steps = [sub, eager, inproc] if r % 2 == 0 else [eager, inproc, sub]
+        if not args.in_process:
+            steps.remove(inproc)
+        for step in steps:
+            step()
+        got["ratio_command"] = got["command_s"] / got["eager_s"]
+        got["ratio_command_cpu"] = got["command_cpu_s"] / got["eager_cpu_s"]
+        if args.in_process:
+            got["ratio_in_process"] = got["in_process_s"] / got["eager_s"]
+            got["ratio_in_process_cpu"] = got["in_process_cpu_s"] / got["eager_cpu_s"]
+        rows.append(got)
+        log(f"round {r + 1}/{args.repeats}: command {got['command_s']:.1f}s, in-process "
+            f"{got.get('in_process_s', float('nan')):.1f}s, eager {got['eager_s']:.1f}s -> "
+            f"{got['ratio_command']:.2f}x / {got.get('ratio_in_process', float('nan')):.2f}x")
+    summary = {k: median(row[k] for row in rows) for k in rows[0]}
+    spread = {k: [min(row[k] for row in rows), max(row[k] for row in rows)]
+              for k in rows[0] if k.startswith("ratio")}
+    emit({"bench": "command", "section": "rounds", "texts": args.limit,
+          "max_length": args.max_length, "tokens": tokens, "threads": torch.get_num_threads(),
+          "median": summary, "spread": spread, "target": "command <= 1.25 x eager forward",
+          "rounds": rows, "machine": machine()})
+
+
+# ------------------------------------------------------------------------------------ startup
+# (module, attribute, label): wrapped with a timer in the startup child
+PHASES = [
+    ("attngeom.commands.extract", "load_data", "load texts"),
+    ("attngeom.extract.models", "load", "load model (all)"),
+    ("attngeom.extract.models", "_load_hf", "  config + weights"),
+    ("attngeom.extract.models", "_processor", "  tokenizer"),
+    ("attngeom.extract.archs", "_discover", "  discovery probe pass"),
+    ("attngeom.extract.models", "weight_fingerprint", "  weight fingerprint"),
+    ("attngeom.extract.run", "versions", "versions"),
+    ("attngeom.store.writer.StoreWriter", "create", "store creation"),
+    ("attngeom.extract.run", "measure", "measure (all batches)"),
+    ("attngeom.store.writer.StoreWriter", "add_shard", "write shard"),
+    ("attngeom.store.writer.StoreWriter", "finish", "finish store"),
+    ("attngeom.store.info", "summary", "summary"),
+]
+
+
+def _resolve(path: str):
+    import importlib
+
+    parts = path.split(".")
+    for i in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:i]))
+        except ModuleNotFoundError:
+            continue
+        for name in parts[i:]:
+            obj = getattr(obj, name)
+        return obj
+    raise ImportError(path)
+
+
+def _child_startup(args) -> None:
+    """Internal: the command in this fresh process, each phase timed from the process start."""
+    t0 = time.perf_counter()
+    import torch  # noqa: F401
+    import transformers  # noqa: F401
+    t_torch = time.perf_counter() - t0
+    from attngeom.cli import main
+    import attngeom.extract.run  # noqa: F401
+    import attngeom.extract.archs  # noqa: F401
+    t_import = time.perf_counter() - t0
+    spent: dict[str, float] = {}
+    first: dict[str, float] = {}
+
+    def timed(fn, label):
+        def wrapper(*a, **kw):
+            s = time.perf_counter()
+            try:
+                return fn(*a, **kw)
+            finally:
+                spent[label] = spent.get(label, 0.0) + time.perf_counter() - s
+                first.setdefault(label, time.perf_counter() - t0)
+        return wrapper
+
+    for path, attr, label in PHASES:
+        owner = _resolve(path)
+        raw = owner.__dict__[attr]
+        wrapped = timed(raw.__func__ if isinstance(raw, classmethod) else raw, label)
+        setattr(owner, attr, classmethod(wrapped) if isinstance(raw, classmethod) else wrapped)
+    import contextlib
+    import io
+    with contextlib.redirect_stdout(io.StringIO()):
+        rc = main(command_args(Path(args.model), 1, 8, Path(args.child_out)))
+    print(json.dumps({"rc": rc, "import_torch_transformers_s": t_torch, "import_s": t_import,
+                      "total_s": time.perf_counter() - t0, "phases_s": spent,
+                      "first_batch_done_at_s": first.get("measure (all batches)"),
+                      "ends_at_s": first}), flush=True)
+
+
+def section_startup(args, model: Path, tmp: Path) -> None:
+    env = child_env(args.threads)
+    bare = run_child_rss([sys.executable, "-c", "import torch, transformers"], env=env)
+    cmd = run_child_rss([sys.executable, "-m", "attngeom", *command_args(model, 1, 8,
+                         tmp / "startup-cmd")], env=env)
+    res = run_child_rss([sys.executable, __file__, "--child", "startup", "--model", str(model),
+                         "--child-out", str(tmp / "startup")], env=env)
+    rec = (json_lines(res["stdout"]) or [{"error": res["stderr"][-800:]}])[-1]
+    emit({"bench": "command", "section": "startup", "texts": 1, "max_length": 8,
+          "import_torch_transformers_process_s": bare["wall_s"],
+          "command_process_s": cmd["wall_s"], "command_rc": cmd["rc"],
+          "timed_process_s": res["wall_s"], **rec})
+
+
+# ------------------------------------------------------------------------------------ main
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--sections", default=",".join(SECTIONS))
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--limit", type=int, default=16)
+    p.add_argument("--max-length", type=int, default=512)
+    p.add_argument("--no-in-process", dest="in_process", action="store_false",
+                   help="skip the in-process attngeom.cli.main leg (shorter rounds)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads (0: torch's default)")
+    p.add_argument("--cache", default=None, help="where the random model directory is kept "
+                   "(default: a folder under the system's temp dir)")
+    p.add_argument("--child", choices=["startup"], help=argparse.SUPPRESS)
+    p.add_argument("--child-out", help=argparse.SUPPRESS)
+    p.add_argument("--model", help=argparse.SUPPRESS)
+    return p
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
+    if args.child == "startup":
+        _child_startup(args)
+        return 0
+    sections = [s for s in args.sections.split(",") if s]
+    bad = [s for s in sections if s not in SECTIONS]
+    if bad:
+        raise SystemExit(f"unknown section(s) {bad}; choose from {SECTIONS}")
+    cache = Path(args.cache or Path(tempfile.gettempdir()) / "attngeom-bench-command")
+    cache.mkdir(parents=True, exist_ok=True)
+    model = model_dir(cache)
+    tmp = Path(tempfile.mkdtemp(prefix="attngeom-bench-"))
+    try:
+        if "startup" in sections:
+            section_startup(args, model, tmp)
+        if "rounds" in sections:
+            section_rounds(args, model, tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
