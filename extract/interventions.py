@@ -12,8 +12,7 @@ already changed), every eligible key j of every query i gets a score (see :data:
 ``contribution_layer``         C_ij^h = alpha <o_i, v~_j^h> / ||o_i||^2       signed
 =============================  =====================================  ====================
 
-all from head-space Gram identities (:mod:`.geometry`), in float64 whatever the model's dtype
-(so that float32 roundoff does not decide near-ties of the ranking). Eligible keys: those the model's mask
+all from head-space Gram identities (:mod:`.geometry`). Eligible keys: those the model's mask
 allows (causal, sliding window) that are real tokens, for real queries. ``n_remove =
 floor(p * n_eligible + 0.5)``; ranking puts higher scores first, ties to the lower position
 (``rank="magnitude"`` ranks by |score|). Comprehensiveness removes the ``n_remove`` top-ranked
@@ -22,6 +21,19 @@ keys, sufficiency the ``n_remove`` bottom-ranked. Granularity: ``head`` ranks th
 lower head); ``token`` ranks keys by the head-summed score (magnitude: |sum|) and removes the key
 from every head. Removing key j deletes alpha_ij v~_j^h from o_i^h: alpha set to zero, no
 renormalisation.
+
+Precision and near-ties. Every pass (clean, sink-zeroed, removal) computes attention densely
+in float32 (or the model's dtype if wider), like the model's own eager attention. The ranking
+is that of the *float64* scores of the layer's inputs (:func:`metric_scores`): scores are
+computed in float32 (:func:`fast_scores`) with a bound on their rounding error, the cut is read
+from one value sort (:mod:`.selection`), and only the rows where the bound lets a key cross
+the cut, or where two keys tie at it, are re-ranked from float64 scores recomputed for those
+rows (:class:`ExactScores`). The result can differ from ranking every row in float64 only if
+a float32 error exceeds its bound (ten times the largest seen, see :data:`ERROR_UNITS`), or
+between keys whose float64 scores agree to float64 rounding. Across layers, the inputs of
+layer l > 0 carry float32 rounding, as in any float32 forward pass (the code before 2026-12
+ran attention in float64): keys whose scores differ by about 1e-6 relative can swap against
+such a run.
 
 Sink zeroing (semantic drift). v_j = 0 for the sink keys j < k, alpha kept.
 """
@@ -35,6 +47,9 @@ from torch import nn
 
 from .archs import attention_layers
 from .geometry import Projection, norm_from_gram, repeat_kv, softmax_masked
+from .removal_scores import (ExactScores, exact_alpha, fast_scores, logit_scale, logits,
+                             metric_scores)
+from .selection import n_remove, select  # noqa: F401  (n_remove: part of this module's API)
 
 Tensor = torch.Tensor
 METRICS = ("attention", "value_weighted", "value_weighted_normalized", "contribution",
@@ -66,103 +81,12 @@ class Removal:
             raise ValueError(f"fraction {self.fraction} is outside [0, 1]")
 
 
-# ------------------------------------------------------------------------------------ scores
-def _finite(x: Tensor) -> Tensor:
-    """0/0 (a zero head output) scores 0; +-inf clipped to the largest finite float."""
-    big = torch.finfo(x.dtype).max
-    return torch.nan_to_num(x, nan=0.0, posinf=big, neginf=-big)
-
-
-def metric_scores(metric: str, alpha: Tensor, vf: Tensor, z: Tensor, proj: Projection) -> Tensor:
-    """Score of every (head, query, key): (B, H, T, T), in the inputs' dtype.
-
-    Parameters
-    ----------
-    alpha : (B, H, T, T) clean attention; vf : (B, H, T, dh) values per query head;
-    z : (B, H, T, dh) clean head outputs before W_O (``alpha @ vf``).
-    """
-    if metric == "attention":
-        return alpha
-    if metric in ("value_weighted", "value_weighted_normalized"):
-        _, value_norm = norm_from_gram(vf, proj.gram)                  # (B, H, T)
-        s = alpha * value_norm[:, :, None, :]
-        if metric == "value_weighted_normalized":
-            _, output_norm = norm_from_gram(z, proj.gram)
-            s = s / output_norm[..., None]
-        return _finite(s)
-    if metric == "contribution":
-        zg, output_norm = norm_from_gram(z, proj.gram)                 # z_i G_h, ||o_i^h||
-        return _finite(alpha * (zg @ vf.transpose(-1, -2)) / output_norm.square()[..., None])
-    if metric == "contribution_layer":
-        B, H, T, dh = z.shape
-        o = z.transpose(1, 2).reshape(B, T, H * dh) @ proj.weight      # (B, T, d) layer output
-        u = (o @ proj.weight.T).view(B, T, H, dh).transpose(1, 2)      # o_i (W_O^h)^T
-        layer_sq = o.square().sum(-1)[:, None, :, None]                 # ||o_i||^2
-        return _finite(alpha * (u @ vf.transpose(-1, -2)) / layer_sq)
-    raise ValueError(f"unknown metric '{metric}'; use one of {', '.join(METRICS)}")
-
-
-# ------------------------------------------------------------------------------------ selection
-def n_remove(n_eligible: Tensor, fraction: float) -> Tensor:
-    """floor(p * n + 0.5) in float64, as an integer tensor of the shape of ``n_eligible``."""
-    return torch.floor(n_eligible.double() * fraction + 0.5).long()
-
-
-def _select_last(s: Tensor, eligible: Tensor, fraction: float, mode: str) -> Tensor:
-    """Removed entries along the last axis: top (comprehensiveness) or bottom n_remove."""
-    n = eligible.sum(-1)                                               # (...)
-    k = n_remove(n, fraction)
-    key = s.masked_fill(~eligible, float("-inf"))                      # ineligible rank last
-    order = torch.sort(key, dim=-1, descending=True, stable=True).indices   # ties: lower first
-    r = torch.arange(s.shape[-1], device=s.device)
-    if mode == "comprehensiveness":
-        chosen = r < k[..., None]
-    else:
-        chosen = (r >= (n - k)[..., None]) & (r < n[..., None])
-    return torch.zeros_like(eligible).scatter(-1, order, chosen)
-
-
-def select(score: Tensor, eligible: Tensor, fraction: float, mode: str, rank: str = "signed",
-           granularity: str = "head") -> Tensor:
-    """Which (head, query, key) terms to remove: (B, H, T, T) bool.
-
-    Parameters
-    ----------
-    score : (B, H, T, T) metric scores; eligible : (B, 1 or H, T, T) bool.
-    """
-    B, H, T, Tk = score.shape
-    e = eligible.expand(B, H, T, Tk)
-    if granularity == "token":
-        s = score.masked_fill(~e, 0.0).sum(1)                          # (B, T, Tk)
-        s = s.abs() if rank == "magnitude" else s
-        e_tok = e.any(1)
-        return _select_last(s, e_tok, fraction, mode)[:, None] & e
-    s = score.abs() if rank == "magnitude" else score
-    if granularity == "head":
-        return _select_last(s, e, fraction, mode)
-    if granularity == "query":                                         # (B, T, Tk*H), key-major
-        flat = lambda x: x.permute(0, 2, 3, 1).reshape(B, T, Tk * H)    # noqa: E731
-        chosen = _select_last(flat(s), flat(e), fraction, mode)
-        return chosen.view(B, T, Tk, H).permute(0, 3, 1, 2)
-    raise ValueError(f"unknown granularity '{granularity}'; use one of {', '.join(GRANULARITIES)}")
-
-
 def eligible_keys(allowed: Tensor, token_mask: Tensor) -> Tensor:
     """(B, 1|H, T, T) bool: allowed by the model's mask, real key, real query."""
     return allowed & token_mask[:, None, None, :] & token_mask[:, None, :, None]
 
 
 # ------------------------------------------------------------------------------------ handler
-def _logits64(q: Tensor, k: Tensor, scale: float, softcap: float | None) -> Tensor:
-    """Attention logits (B, H, Tq, Tk) in float64.
-
-    Rankings decide which keys are removed; float64 keeps near-ties from being decided by
-    float32 roundoff (alpha, scores and the intervened head outputs are all float64).
-    """
-    s = (q.double() @ k.double().transpose(-1, -2)) * scale
-    return s if softcap is None else torch.tanh(s / softcap) * softcap
-
-
 class Intervener:
     """Attention handler that runs each layer densely and applies one intervention.
 
@@ -184,35 +108,46 @@ class Intervener:
         self.trace = trace
         self.token_mask: Tensor | None = None
 
-    def projection(self, module: nn.Module, n_heads: int) -> Projection:
-        """W_O and its per-head Gram matrices in float64 (built once per module)."""
-        if id(module) not in self.projections:
+    def projection(self, module: nn.Module, n_heads: int, dtype=torch.float64) -> Projection:
+        """W_O and its per-head Gram matrices in ``dtype`` (built once per module and dtype)."""
+        cached = id(module) if dtype == torch.float64 else (id(module), dtype)
+        if cached not in self.projections:
+            if dtype != torch.float64:
+                exact = self.projection(module, n_heads)
+                self.projections[cached] = Projection(
+                    weight=exact.weight.to(dtype), gram=exact.gram.to(dtype),
+                    full=exact.full.to(dtype))
+                return self.projections[cached]
             w = self.layers[id(module)][1].detach().double()              # (H*dh, d)
             full = w @ w.T
             dh = w.shape[0] // n_heads
             blocks = full.view(n_heads, dh, n_heads, dh)
             gram = torch.stack([blocks[h, :, h] for h in range(n_heads)])
-            self.projections[id(module)] = Projection(weight=w, gram=gram, full=full)
-        return self.projections[id(module)]
+            self.projections[cached] = Projection(weight=w, gram=gram, full=full)
+        return self.projections[cached]
 
     def attend(self, module, query, key, value, allowed, scaling, softcap):
         if id(module) not in self.layers:
             raise RuntimeError(f"attention module {type(module).__name__} was not registered")
         layer = self.layers[id(module)][0]
         B, H, T, _ = query.shape
+        dtype = torch.promote_types(query.dtype, torch.float32)          # computed in
         proj = self.projection(module, H)
         mask = self.token_mask
         mask = (torch.ones(B, T, dtype=torch.bool, device=query.device) if mask is None
                 else mask.to(query.device))
         allowed = allowed & mask[:, None, None, :]
-        alpha = softmax_masked(_logits64(query, repeat_kv(key, H), scaling, softcap), allowed)
-        vf = repeat_kv(value, H).double()                                # (B, H, T, dh)
+        alpha = softmax_masked(logits(query, repeat_kv(key, H), scaling, softcap, dtype), allowed)
+        vf = repeat_kv(value, H).to(dtype)                               # (B, H, T, dh)
         weights, remove = alpha, None
         r = self.removal
         if r is not None and (r.layers is None or layer in r.layers):
             eligible = eligible_keys(allowed, mask)
-            score = metric_scores(r.metric, alpha, vf, alpha @ vf, proj)
-            remove = select(score, eligible, r.fraction, r.mode, r.rank, r.granularity)
+            score, error = fast_scores(r.metric, alpha, vf, self.projection(module, H, dtype),
+                                       logit_scale(query, key, scaling))
+            exact = ExactScores(r.metric, query, key, value, allowed, scaling, softcap, proj)
+            remove = select(score, eligible, r.fraction, r.mode, r.rank, r.granularity,
+                            error, exact)
             weights = alpha.masked_fill(remove, 0.0)
         v_used = vf
         if self.sink_k is not None:
@@ -220,11 +155,13 @@ class Intervener:
             v_used[:, :, : self.sink_k] = 0.0
         z = weights @ v_used                                             # (B, H, T, dh)
         if self.probe is not None:
-            self.probe.observe(layer, z, vf, eligible_keys(allowed, mask), mask, proj)
-        if self.trace is not None:
-            self.trace.append({"layer": layer, "alpha": alpha, "v": vf, "z": z,
-                               "allowed": allowed, "token_mask": mask, "remove": remove,
-                               "gram": proj.gram, "weight": proj.weight})
+            self.probe.observe(layer, z, value, eligible_keys(allowed, mask), mask, proj)
+        if self.trace is not None:                 # the exact (float64) layer, for tests
+            self.trace.append({
+                "layer": layer, "v": repeat_kv(value, H).double(), "z": z,
+                "alpha": exact_alpha(query, repeat_kv(key, H), allowed, scaling, softcap),
+                "allowed": allowed, "token_mask": mask, "remove": remove,
+                "gram": proj.gram, "weight": proj.weight})
         return z.to(query.dtype)
 
 
@@ -246,14 +183,17 @@ class DriftProbe:
         self.low: dict[int, Tensor] = {}
         self.sums: dict[str, dict[int, dict[str, Tensor]]] = {"before": {}, "after": {}}
 
-    def observe(self, layer: int, z: Tensor, vf: Tensor, eligible: Tensor, mask: Tensor,
+    def observe(self, layer: int, z: Tensor, value: Tensor, eligible: Tensor, mask: Tensor,
                 proj: Projection) -> None:
+        """One layer: z (B, H, T, dh) head outputs, value (B, G, T, dh) per kv head."""
         B, H, T, _ = z.shape
         semantic = eligible.clone()
         semantic[..., : self.sink_k] = False
-        semantic = semantic.to(vf.dtype)                                 # (B, 1|H, T, T)
+        semantic = semantic.double()                                     # (B, 1|H, T, T)
         n = semantic.sum(-1)
-        m = (semantic @ vf) / n[..., None]                               # (B, H, T, dh)
+        v = value.double() if semantic.shape[1] == 1 else repeat_kv(value, H).double()
+        m = repeat_kv((semantic @ v) / n[..., None], H)                  # (B, H, T, dh)
+        z = z.double()
         zg, output_norm = norm_from_gram(z, proj.gram)
         _, m_norm = norm_from_gram(m, proj.gram)
         cos = (zg * m).sum(-1) / (output_norm * m_norm)                  # (B, H, T)
