@@ -46,10 +46,10 @@ import torch
 from torch import nn
 
 from .archs import attention_layers
-from .geometry import Projection, norm_from_gram, repeat_kv, softmax_masked
-from .removal_scores import (ExactScores, exact_alpha, fast_scores, logit_scale, logits,
-                             metric_scores)
-from .selection import n_remove, select  # noqa: F401  (n_remove: part of this module's API)
+from .geometry import Projection, norm_from_gram, repeat_kv
+from .removal_scores import (ExactScores, attention_weights, exact_alpha, fast_scores,
+                             logit_scale, metric_scores, weighted_values)
+from .selection import Workspace, n_remove, select  # noqa: F401  (n_remove, metric_scores: API)
 
 Tensor = torch.Tensor
 METRICS = ("attention", "value_weighted", "value_weighted_normalized", "contribution",
@@ -91,13 +91,15 @@ class Intervener:
     """Attention handler that runs each layer densely and applies one intervention.
 
     With ``removal=None`` and ``sink_k=None`` it is the clean model (dense attention). A
-    ``probe`` (:class:`~.faithfulness_drift.DriftProbe`-like, with ``observe``) sees every
-    layer's head outputs; ``trace`` (a list) receives per-layer tensors for tests.
+    ``probe`` (:class:`DriftProbe`-like, with ``observe``) sees every layer's head outputs;
+    ``trace`` (a list) receives per-layer tensors for tests (alpha and v there are the exact
+    float64 values the ranking follows). ``projections`` and ``workspace`` may be shared by
+    the handlers of several passes (W_O's Gram matrices; scratch tensors).
     """
 
     def __init__(self, model: nn.Module, removal: Removal | None = None,
                  sink_k: int | None = None, probe=None, trace: list | None = None,
-                 projections: dict | None = None):
+                 projections: dict | None = None, workspace: Workspace | None = None):
         found = attention_layers(model)
         self.layers = {id(m): (i, w) for i, (m, w, _) in enumerate(found)}
         self.n_layers = len(found)
@@ -107,6 +109,7 @@ class Intervener:
         self.probe = probe
         self.trace = trace
         self.token_mask: Tensor | None = None
+        self.work = Workspace() if workspace is None else workspace
 
     def projection(self, module: nn.Module, n_heads: int, dtype=torch.float64) -> Projection:
         """W_O and its per-head Gram matrices in ``dtype`` (built once per module and dtype)."""
@@ -137,30 +140,33 @@ class Intervener:
         mask = (torch.ones(B, T, dtype=torch.bool, device=query.device) if mask is None
                 else mask.to(query.device))
         allowed = allowed & mask[:, None, None, :]
-        alpha = softmax_masked(logits(query, repeat_kv(key, H), scaling, softcap, dtype), allowed)
-        vf = repeat_kv(value, H).to(dtype)                               # (B, H, T, dh)
+        shape = (B, H, T, key.shape[2])
+        alpha = attention_weights(query, key, allowed, scaling, softcap, dtype,
+                                  out=self.work.get("alpha", shape, dtype, query.device))
         weights, remove = alpha, None
         r = self.removal
         if r is not None and (r.layers is None or layer in r.layers):
             eligible = eligible_keys(allowed, mask)
-            score, error = fast_scores(r.metric, alpha, vf, self.projection(module, H, dtype),
-                                       logit_scale(query, key, scaling))
+            score, error = fast_scores(r.metric, alpha, value, self.projection(module, H, dtype),
+                                       logit_scale(query, key, scaling),
+                                       out=self.work.get("score", shape, dtype, query.device))
             exact = ExactScores(r.metric, query, key, value, allowed, scaling, softcap, proj)
             remove = select(score, eligible, r.fraction, r.mode, r.rank, r.granularity,
-                            error, exact)
-            weights = alpha.masked_fill(remove, 0.0)
-        v_used = vf
+                            error, exact, self.work, inplace=score is not alpha)
+            weights = alpha.masked_fill_(remove, 0.0)
+        v_used = value
         if self.sink_k is not None:
-            v_used = vf.clone()
+            v_used = value.clone()
             v_used[:, :, : self.sink_k] = 0.0
-        z = weights @ v_used                                             # (B, H, T, dh)
+        z = weighted_values(weights, v_used)                             # (B, H, T, dh)
         if self.probe is not None:
             self.probe.observe(layer, z, value, eligible_keys(allowed, mask), mask, proj)
         if self.trace is not None:                 # the exact (float64) layer, for tests
             self.trace.append({
                 "layer": layer, "v": repeat_kv(value, H).double(), "z": z,
                 "alpha": exact_alpha(query, repeat_kv(key, H), allowed, scaling, softcap),
-                "allowed": allowed, "token_mask": mask, "remove": remove,
+                "allowed": allowed, "token_mask": mask,
+                "remove": None if remove is None else remove.clone(),
                 "gram": proj.gram, "weight": proj.weight})
         return z.to(query.dtype)
 

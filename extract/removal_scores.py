@@ -150,10 +150,36 @@ class ExactScores:
 
 
 # ------------------------------------------------------------------------------------ fast
-def logits(q: Tensor, k: Tensor, scale: float, softcap: float | None, dtype) -> Tensor:
-    """Attention logits (B, H, Tq, Tk) in ``dtype``, soft-capped where the model does it."""
-    s = (q.to(dtype) @ k.to(dtype).transpose(-1, -2)) * scale
-    return s if softcap is None else torch.tanh(s / softcap) * softcap
+def _grouped(x: Tensor, groups: int) -> Tensor:
+    """(B, H, T, n) -> (B, G, (H/G) T, n): the query heads that read one kv head, stacked."""
+    B, H, T, n = x.shape
+    return x.reshape(B, groups, (H // groups) * T, n)
+
+
+def attention_weights(query: Tensor, key: Tensor, allowed: Tensor, scale: float,
+                      softcap: float | None, dtype, out: Tensor | None = None) -> Tensor:
+    """Dense attention alpha (B, H, T, Tk) in ``dtype``, written in place into ``out``.
+
+    A query with no allowed key gets zeros (no NaN).
+    """
+    B, H, T, dh = query.shape
+    G, Tk = key.shape[1], key.shape[2]
+    q = _grouped((query * scale).to(dtype), G)                          # scale folded into q
+    s = out if out is not None else torch.empty(B, H, T, Tk, dtype=dtype, device=query.device)
+    torch.matmul(q, key.to(dtype).transpose(-1, -2), out=_grouped(s, G))
+    if softcap is not None:
+        s.div_(softcap).tanh_().mul_(softcap)
+    s.masked_fill_(~allowed, float("-inf"))
+    top = s.amax(-1, keepdim=True).nan_to_num_(neginf=0.0)              # (B, H, T, 1)
+    s.sub_(top).exp_()
+    return s.div_(s.sum(-1, keepdim=True).clamp_min_(torch.finfo(dtype).tiny))
+
+
+def weighted_values(alpha: Tensor, value: Tensor) -> Tensor:
+    """``alpha @ v`` (B, H, T, dh) with v per kv head (B, G, Tk, dh), no repeated copy of v."""
+    B, H, T, _ = alpha.shape
+    G, dh = value.shape[1], value.shape[-1]
+    return (_grouped(alpha, G) @ value.to(alpha.dtype)).view(B, H, T, dh)
 
 
 def logit_scale(query: Tensor, key: Tensor, scale: float) -> Tensor:
@@ -167,45 +193,59 @@ def logit_scale(query: Tensor, key: Tensor, scale: float) -> Tensor:
     return scale * query.float().norm(dim=-1) * k_max[..., None] + key.shape[2] ** 0.5
 
 
-def fast_scores(metric: str, alpha: Tensor, vf: Tensor, proj: Projection, lam: Tensor
-                ) -> tuple[Tensor, ErrorBound]:
-    """Scores (B, H, T, Tk) in alpha's dtype and a bound on their rounding error.
+def fast_scores(metric: str, alpha: Tensor, value: Tensor, proj: Projection, lam: Tensor,
+                out: Tensor | None = None) -> tuple[Tensor, ErrorBound]:
+    """Scores (B, H, T, Tk) in alpha's dtype (into ``out``; ``alpha`` itself for attention)
+    and the relative size of their rounding error.
 
     Parameters
     ----------
-    alpha : (B, H, T, Tk) clean attention; vf : (B, H, Tk, dh) values per query head; proj : the
+    alpha : (B, H, T, Tk) clean attention; value : (B, G, Tk, dh) values per kv head; proj : the
     output projection in alpha's dtype; lam : (B, H, T) :func:`logit_scale`.
 
-    Error model: alpha's relative error is O(u Lambda); w = alpha ||v~|| inherits it; the head
-    output o = sum_j alpha v~ carries an absolute error O(u Lambda sum_j alpha ||v~||) (relative:
-    kappa = sum_j alpha ||v~|| / ||o|| times that), so the signed scores are off by
-    O(u Lambda (1 + kappa) w / ||o||) each (layer level: sums over heads, the largest Lambda).
+    Error model (fitted, see :data:`ERROR_UNITS`): alpha's relative error is O(u Lambda); the
+    head output o = sum_j alpha v~ has an absolute error O(u Lambda sum_j alpha ||v~||),
+    relative kappa = sum_j alpha ||v~|| / ||o|| times that, which every score divided by or
+    projected on o inherits (layer level: the sums over heads and the largest Lambda). The
+    signed scores' error is relative to |score| except near 0 (a key almost orthogonal to o).
     """
     if metric not in ERROR_UNITS:
         raise _unknown(metric)
     unit = ERROR_UNITS[metric] * torch.finfo(alpha.dtype).eps / 2
     if metric == "attention":
-        return alpha, ErrorBound(relative=unit * lam)
-    value_norm = vecdot(vf @ proj.gram[None], vf).clamp_min(0).sqrt()   # (B, H, Tk)
-    w = alpha * value_norm[:, :, None, :]                               # alpha ||v~||
+        return alpha, ErrorBound(unit * lam)
+    B, H, T, Tk = alpha.shape
+    G, dh = value.shape[1], value.shape[-1]
+    vf = repeat_kv(value, H).to(alpha.dtype)                            # (B, H, Tk, dh)
+    value_norm = vecdot(vf @ proj.gram[None], vf).clamp_min(0).sqrt()   # ||v~_j|| (B, H, Tk)
+    out = torch.empty_like(alpha) if out is None else out
     if metric == "value_weighted":
-        return _finite(w), ErrorBound(relative=unit * lam)
-    z = alpha @ vf                                                      # (B, H, T, dh)
+        return torch.mul(alpha, value_norm[:, :, None, :], out=out), ErrorBound(unit * lam)
+    zs = alpha @ torch.cat([vf, value_norm[..., None]], -1)             # z and sum_j alpha||v~||
+    z, mass = zs[..., :dh], zs[..., dh]
     zg = z @ proj.gram[None]
-    output_norm = vecdot(zg, z).clamp_min(0).sqrt()                     # ||o_i^h||
-    kappa = w.sum(-1) / output_norm                                     # (B, H, T)
+    output_norm = vecdot(zg, z).clamp_min(0).sqrt()                     # ||o_i^h|| (B, H, T)
     if metric == "value_weighted_normalized":
-        return (_finite(w.div_(output_norm[..., None])),
-                ErrorBound(relative=_finite(unit * lam * (1 + kappa))))
+        torch.mul(alpha, value_norm[:, :, None, :], out=out).div_(output_norm[..., None])
+        rel = unit * lam * (1 + mass / output_norm)
+        return _finite_(out, output_norm), ErrorBound(_finite(rel))
     if metric == "contribution":
-        s = (zg / output_norm.square()[..., None]) @ vf.transpose(-1, -2)
-        bound = unit * lam * (1 + kappa) / output_norm                  # (B, H, T)
+        g = zg / output_norm.square()[..., None]                        # o_i^h / ||o_i^h||^2
+        rel = unit * lam * (1 + mass / output_norm)
+        norm = output_norm
     else:
-        B, H, T, dh = z.shape
         o = z.transpose(1, 2).reshape(B, T, H * dh) @ proj.weight       # (B, T, d)
         layer_norm = o.norm(dim=-1)                                     # ||o_i||
         u = (o @ proj.weight.T).view(B, T, H, dh).transpose(1, 2)       # o_i (W_O^h)^T
-        s = (u / layer_norm.square()[:, None, :, None]) @ vf.transpose(-1, -2)
-        kappa = w.sum((1, 3)) / layer_norm                              # (B, T)
-        bound = (unit * lam.amax(1) * (1 + kappa) / layer_norm)[:, None]
-    return _finite(s.mul_(alpha)), ErrorBound(absolute=_finite(w.mul_(bound[..., None])))
+        g = u / layer_norm.square()[:, None, :, None]
+        rel = (unit * lam.amax(1) * (1 + mass.sum(1) / layer_norm))[:, None].expand(B, H, T)
+        norm = layer_norm
+    torch.matmul(_grouped(g.contiguous(), G), value.to(alpha.dtype).transpose(-1, -2),
+                 out=_grouped(out, G))
+    return _finite_(out.mul_(alpha), norm), ErrorBound(_finite(rel))
+
+
+def _finite_(s: Tensor, norm: Tensor) -> Tensor:
+    """:func:`_finite` in place, only where an output norm of 0 can have made inf or NaN."""
+    return s.nan_to_num_(nan=0.0, posinf=torch.finfo(s.dtype).max,
+                         neginf=-torch.finfo(s.dtype).max) if (norm == 0).any() else s
