@@ -21,9 +21,12 @@ from .geometry import Projection, repeat_kv, softmax_masked, vecdot
 from .selection import ErrorBound
 
 Tensor = torch.Tensor
-# The float32 rounding error of each metric's fast scores, modelled (see fast_scores) in units of
-# u * Lambda (u the unit roundoff, Lambda = logit_scale) and allowed ten times the largest ratio
-# measured on SmolLM2-135M prose (8 texts, every layer, T = 128 and 512): 3.2, 3.2, 1.5, 1.0, 0.6.
+# The float32 rounding error of each metric's fast scores, in units of u * Lambda * |score|
+# (attention, value_weighted), u * Lambda * (1 + kappa) * |score| (value_weighted_normalized) and
+# u * Lambda * (1 + kappa) * alpha ||v~|| / ||o|| (signed metrics; u the unit roundoff, Lambda =
+# logit_scale, kappa = sum_j alpha ||v~|| / ||o||): ten times the largest ratio measured on
+# SmolLM2-135M prose (8 texts, every layer at T = 128, 7 layers at T = 512): 3.2, 3.2, 1.5,
+# 1.0, 0.6. At the cut the signed metrics use it relative to |score| (see fast_scores).
 ERROR_UNITS = {"attention": 32.0, "value_weighted": 32.0, "value_weighted_normalized": 16.0,
                "contribution": 10.0, "contribution_layer": 6.0}
 

@@ -25,8 +25,15 @@ import build  # noqa: E402
 
 # GOLDEN_EXACT=1: bitwise (same machine and thread count as the golden files)
 RTOL, ATOL = (0.0, 0.0) if os.environ.get("GOLDEN_EXACT") == "1" else (1e-6, 1e-7)
-# per artifact: variables whose values are allowed to move by more (none so far)
-LOOSER: dict[str, dict[str, float]] = {}
+# per artifact: variables whose values are allowed to move by more, as (rtol, atol), in both modes.
+# faithfulness (issue 18, deliberate): attention runs in float32 (it ran in float64), so the
+# perplexities move by float32 rounding (4e-7 relative at most here; a different removal set
+# would move them by far more); their differences (delta_ppl, aopc) by up to 7e-5 absolute.
+_PPL, _DELTA, _PROBE = (1e-6, 0.0), (1e-6, 1e-4), (1e-6, 1e-7)
+LOOSER: dict[str, dict[str, tuple[float, float]]] = {"faithfulness": {
+    "ppl": _PPL, "clean_ppl": _PPL, "drift_ppl": _PPL, "delta_ppl": _DELTA, "aopc": _DELTA,
+    "drift_delta_ppl": _DELTA, **{f"drift_{v}_{phase}": _PROBE for phase in ("before", "after")
+                                  for v in ("cosine_low", "cosine_all", "output_norm_low")}}}
 
 
 @pytest.fixture(scope="module")
@@ -59,9 +66,9 @@ def compare(name: str, got, want) -> list[str]:
             if not np.array_equal(np.isnan(x), np.isnan(y)):
                 problems.append(f"{name}.{var}: NaN pattern differs")
                 continue
-            rtol = LOOSER.get(name, {}).get(var, RTOL)
+            rtol, atol = LOOSER.get(name, {}).get(var, (RTOL, ATOL))
             ok = ~np.isnan(y)
-            if not np.allclose(x[ok], y[ok], rtol=rtol, atol=ATOL, equal_nan=False):
+            if not np.allclose(x[ok], y[ok], rtol=rtol, atol=atol, equal_nan=False):
                 worst = np.max(np.abs(x[ok] - y[ok]))
                 problems.append(f"{name}.{var}: values differ (max abs {worst:.3g})")
         elif not np.array_equal(x, y):
