@@ -8,7 +8,7 @@ the current code; ``before`` (``--before``) the code until 2026-12 kept here as
 every ranking row at every layer. A sweep costs, per batch, one clean pass, one drift pass and
 one pass per (metric, rank, mode, fraction), so ``ratio_paired`` to eager is the price of each.
 
-    python benchmarks/bench_faithfulness.py --lengths 128,512 --batches 8,8 --before
+    python benchmarks/bench_faithfulness.py --lengths 128,512 --batches 8,8 --before 128
 """
 
 from __future__ import annotations
@@ -167,8 +167,10 @@ def main(argv=None) -> int:
     p.add_argument("--batches", default="8,8", help="batch size per length")
     p.add_argument("--fractions", default="0.1")
     p.add_argument("--metrics", default=None, help="default: every metric")
-    p.add_argument("--before", action="store_true", help="also time the code before the fast path")
+    p.add_argument("--before", default="", help="lengths at which to time the code before the "
+                   "fast path too (comma list, or 'all')")
     p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--threads", type=int, default=1)
     a = p.parse_args(argv)
     emit({"bench": "faithfulness", "section": "machine", **machine()})
@@ -189,8 +191,9 @@ def main(argv=None) -> int:
     out = []
     for length, size in zip(lengths, batches):
         batch = random_tokens(size, length, SMOLLM2["vocab_size"])
-        cases = cases_for(model, batch, metrics, fractions, a.before)
-        times = interleaved(cases, a.repeats, warmup=1, log=log)
+        before = a.before == "all" or str(length) in a.before.split(",")
+        cases = cases_for(model, batch, metrics, fractions, before)
+        times = interleaved(cases, a.repeats, warmup=a.warmup, log=log)
         stats = summarize(times, "eager", length * size)
         for name, rec in stats.items():
             emit({"bench": "faithfulness", "case": name, "layers": a.layers, "length": length,

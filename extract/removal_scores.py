@@ -68,6 +68,18 @@ def logits64(q: Tensor, k: Tensor, scale: float, softcap: float | None) -> Tenso
     return s if softcap is None else torch.tanh(s / softcap) * softcap
 
 
+def value_norms(vf: Tensor, gram: Tensor) -> Tensor:
+    """||v~_j^h|| (B, H, Tk) for values per query head vf (B, H, Tk, dh), one (b, h) at a time."""
+    B, H = vf.shape[:2]
+    return torch.stack([torch.stack([key_norms(vf[b, h], gram[h]) for h in range(H)])
+                        for b in range(B)])
+
+
+def key_norms(v: Tensor, gram: Tensor) -> Tensor:
+    """sqrt(v G v) (Tk,) for one head's keys v (Tk, dh) (the same bits however it is called)."""
+    return vecdot(v.contiguous() @ gram, v).clamp_min(0).sqrt()
+
+
 def metric_scores(metric: str, alpha: Tensor, vf: Tensor, z: Tensor, proj: Projection) -> Tensor:
     """Score of every (head, query, key): (B, H, T, Tk), in the inputs' dtype (the definition).
 
@@ -79,8 +91,7 @@ def metric_scores(metric: str, alpha: Tensor, vf: Tensor, z: Tensor, proj: Proje
     if metric == "attention":
         return alpha
     if metric in ("value_weighted", "value_weighted_normalized"):
-        _, value_norm = gram_norm(vf, proj.gram)                       # (B, H, Tk)
-        s = alpha * value_norm[:, :, None, :]
+        s = alpha * value_norms(vf, proj.gram)[:, :, None, :]
         if metric == "value_weighted_normalized":
             _, output_norm = gram_norm(z, proj.gram)
             s = s / output_norm[..., None]
@@ -106,7 +117,8 @@ def exact_alpha(q: Tensor, k: Tensor, allowed: Tensor, scale: float,
 class ExactScores:
     """Float64 scores of chosen rows of one layer, from its inputs (see :data:`.selection.Exact`).
 
-    Head-local metrics recompute only the rows asked for, grouped by (sequence, head);
+    The same bits as :func:`metric_scores` of the whole layer (row by row arithmetic).
+    Head-local metrics compute only the rows asked for, grouped by (sequence, kv head);
     contribution_layer needs every head's output at a query, so it computes whole queries.
     """
 
@@ -114,26 +126,52 @@ class ExactScores:
                  scale: float, softcap: float | None, proj: Projection):
         self.metric, self.q, self.k, self.v, self.allowed = metric, query, key, value, allowed
         self.scale, self.softcap, self.proj = scale, softcap, proj
+        self.rep = query.shape[1] // key.shape[1]
+        self.norms: dict[tuple[int, int], Tensor] = {}
 
-    def query_rows(self, b: int, i: Tensor) -> Tensor:
+    def _alpha(self, b: int, h: Tensor, i: Tensor) -> Tensor:
+        """(n, Tk) float64 attention of rows (b, h, i), all h reading one kv head."""
+        allowed = self.allowed[b, h if self.allowed.shape[1] > 1 else 0, i]
+        return exact_alpha(self.q[b, h, i], self.k[b, int(h[0]) // self.rep], allowed,
+                           self.scale, self.softcap)
+
+    def _key_norms(self, b: int, h: Tensor) -> Tensor:
+        heads, where = h.unique(return_inverse=True)
+        for hh in heads.tolist():
+            if (b, hh) not in self.norms:
+                v = self.v[b, hh // self.rep].double()
+                self.norms[(b, hh)] = key_norms(v, self.proj.gram[hh])
+        return torch.stack([self.norms[(b, hh)] for hh in heads.tolist()])[where]
+
+    def local(self, b: int, h: Tensor, i: Tensor) -> Tensor:
+        """(n, Tk): a head-local metric's scores at rows (b, h, i), all h of one kv head."""
+        alpha = self._alpha(b, h, i)
+        if self.metric == "attention":
+            return alpha
+        if self.metric == "value_weighted":
+            return _finite(alpha * self._key_norms(b, h))
+        v = self.v[b, int(h[0]) // self.rep].double()                  # (Tk, dh)
+        z = rowmm(alpha, v)
+        zg = torch.bmm(z[:, None, :], self.proj.gram[h])[:, 0]          # z_i G_h, row by row
+        output_norm = vecdot(zg, z).clamp_min(0).sqrt()
+        if self.metric == "value_weighted_normalized":
+            return _finite(alpha * self._key_norms(b, h) / output_norm[:, None])
+        return _finite(alpha * rowmm(zg, v.T) / output_norm.square()[:, None])
+
+    def queries(self, b: int, i: Tensor) -> Tensor:
         """(H, n, Tk): every head's scores at queries i of sequence b."""
         H = self.q.shape[1]
-        kf, vf = repeat_kv(self.k[b:b + 1], H)[0], repeat_kv(self.v[b:b + 1], H).double()
-        alpha = exact_alpha(self.q[b][:, i], kf, self.allowed[b][:, i], self.scale,
-                            self.softcap)[None]
-        return metric_scores(self.metric, alpha, vf, rowmm(alpha, vf), self.proj)[0]
-
-    def head_rows(self, b: int, h: int, i: Tensor) -> Tensor:
-        """(n, Tk): head h's scores at queries i of sequence b."""
-        H, G = self.q.shape[1], self.k.shape[1]
-        g, dh = h // (H // G), self.q.shape[-1]
-        allowed = self.allowed[b, h if self.allowed.shape[1] > 1 else 0][i]
-        alpha = exact_alpha(self.q[b, h][i], self.k[b, g], allowed, self.scale,
-                            self.softcap)[None, None]
-        vf = self.v[b, g].double()[None, None]
-        gram = self.proj.gram[h:h + 1]
-        one = Projection(weight=self.proj.weight[h * dh:(h + 1) * dh], gram=gram, full=gram[0])
-        return metric_scores(self.metric, alpha, vf, rowmm(alpha, vf), one)[0, 0]
+        heads = [torch.full_like(i, h) for h in range(H)]
+        if self.metric != "contribution_layer":
+            return torch.stack([self.local(b, h, i) for h in heads])
+        alpha = [self._alpha(b, h, i) for h in heads]
+        v = [self.v[b, h // self.rep].double() for h in range(H)]
+        z = torch.cat([rowmm(a, vh) for a, vh in zip(alpha, v)], -1)   # (n, H*dh)
+        o = rowmm(z, self.proj.weight)                                  # (n, d)
+        u = rowmm(o, self.proj.weight.T).view(len(i), H, -1)            # o_i (W_O^h)^T
+        layer_sq = o.square().sum(-1)[:, None]
+        return torch.stack([_finite(alpha[h] * rowmm(u[:, h], v[h].T) / layer_sq)
+                            for h in range(H)])
 
     def __call__(self, b: Tensor, i: Tensor, h: Tensor | None = None) -> Tensor:
         H, Tk = self.q.shape[1], self.k.shape[2]
@@ -142,13 +180,13 @@ class ExactScores:
             for bb in b.unique().tolist():
                 rows = (b == bb).nonzero()[:, 0]
                 queries, where = i[rows].unique(return_inverse=True)
-                out[rows] = self.query_rows(bb, queries).transpose(0, 1)[where]
+                out[rows] = self.queries(bb, queries).transpose(0, 1)[where]
             return out if h is None else out[torch.arange(len(b)), h]
         out = torch.empty(len(b), Tk, dtype=torch.float64)
-        group = b * H + h
+        group = b * self.k.shape[1] + h // self.rep                     # (sequence, kv head)
         for gg in group.unique().tolist():
             rows = (group == gg).nonzero()[:, 0]
-            out[rows] = self.head_rows(*divmod(gg, H), i[rows])
+            out[rows] = self.local(gg // self.k.shape[1], h[rows], i[rows])
         return out
 
 
@@ -237,9 +275,10 @@ def fast_scores(metric: str, alpha: Tensor, value: Tensor, proj: Projection, lam
         rel = unit * lam * (1 + mass / output_norm)
         norm = output_norm
     else:
-        o = z.transpose(1, 2).reshape(B, T, H * dh) @ proj.weight       # (B, T, d)
-        layer_norm = o.norm(dim=-1)                                     # ||o_i||
-        u = (o @ proj.weight.T).view(B, T, H, dh).transpose(1, 2)       # o_i (W_O^h)^T
+        zf = z.transpose(1, 2).reshape(B, T, H * dh)
+        u = zf @ proj.full                                              # o_i W_O^T = z_i W_O W_O^T
+        layer_norm = vecdot(u, zf).clamp_min(0).sqrt()                  # ||o_i|| (B, T)
+        u = u.view(B, T, H, dh).transpose(1, 2)                         # o_i (W_O^h)^T per head
         g = u / layer_norm.square()[:, None, :, None]
         rel = (unit * lam.amax(1) * (1 + mass.sum(1) / layer_norm))[:, None].expand(B, H, T)
         norm = layer_norm
