@@ -45,11 +45,14 @@ def _unknown(metric: str) -> ValueError:
 def rowmm(a: Tensor, b: Tensor) -> Tensor:
     """``a @ b`` for a (..., M, K), b (..., K, N), one matrix-vector product per row of a.
 
-    A row's result does not depend on M (a blocked matrix product's does, in the last bits).
+    A row's result does not depend on M or on the other rows (a blocked matrix product's
+    does, in the last bits).
     """
     lead = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
     a, b = a.expand(*lead, *a.shape[-2:]), b.expand(*lead, *b.shape[-2:])
     M, (K, N) = a.shape[-2], b.shape[-2:]
+    if M == 1:                                       # one product per lead index: one batch
+        return torch.bmm(a.reshape(-1, 1, K), b.reshape(-1, K, N)).view(*lead, 1, N)
     out = a.new_empty(*lead, M, N)
     for i in np.ndindex(*lead):
         out[i] = torch.bmm(a[i][:, None, :], b[i].expand(M, K, N))[:, 0]
@@ -117,10 +120,13 @@ def exact_alpha(q: Tensor, k: Tensor, allowed: Tensor, scale: float,
 class ExactScores:
     """Float64 scores of chosen rows of one layer, from its inputs (see :data:`.selection.Exact`).
 
-    The same bits as :func:`metric_scores` of the whole layer (row by row arithmetic).
-    Head-local metrics compute only the rows asked for, grouped by (sequence, kv head);
-    contribution_layer needs every head's output at a query, so it computes whole queries.
+    The same bits as :func:`metric_scores` of the whole layer (row by row arithmetic), for a
+    few rows at a time (their keys and values gathered, ``CHUNK`` at most). Head-local metrics
+    compute only the rows asked for; contribution_layer needs every head's output at a query,
+    so it computes whole queries.
     """
+
+    CHUNK = 65536                   # rows x keys gathered at a time (x dh float64, x2)
 
     def __init__(self, metric: str, query: Tensor, key: Tensor, value: Tensor, allowed: Tensor,
                  scale: float, softcap: float | None, proj: Projection):
@@ -129,64 +135,63 @@ class ExactScores:
         self.rep = query.shape[1] // key.shape[1]
         self.norms: dict[tuple[int, int], Tensor] = {}
 
-    def _alpha(self, b: int, h: Tensor, i: Tensor) -> Tensor:
-        """(n, Tk) float64 attention of rows (b, h, i), all h reading one kv head."""
+    def _key_norms(self, b: Tensor, h: Tensor) -> Tensor:
+        """(n, Tk) ||v~|| of head h's keys in sequence b, per row (each (b, h) computed once)."""
+        pairs = torch.stack([b, h], 1)
+        unique, where = pairs.unique(dim=0, return_inverse=True)
+        for bb, hh in unique.tolist():
+            if (bb, hh) not in self.norms:
+                v = self.v[bb, hh // self.rep].double()
+                self.norms[(bb, hh)] = key_norms(v, self.proj.gram[hh])
+        return torch.stack([self.norms[(bb, hh)] for bb, hh in unique.tolist()])[where]
+
+    def local(self, b: Tensor, h: Tensor, i: Tensor) -> Tensor:
+        """(n, Tk): a head-local metric's scores at rows (b, h, i)."""
+        g = h // self.rep
         allowed = self.allowed[b, h if self.allowed.shape[1] > 1 else 0, i]
-        return exact_alpha(self.q[b, h, i], self.k[b, int(h[0]) // self.rep], allowed,
-                           self.scale, self.softcap)
-
-    def _key_norms(self, b: int, h: Tensor) -> Tensor:
-        heads, where = h.unique(return_inverse=True)
-        for hh in heads.tolist():
-            if (b, hh) not in self.norms:
-                v = self.v[b, hh // self.rep].double()
-                self.norms[(b, hh)] = key_norms(v, self.proj.gram[hh])
-        return torch.stack([self.norms[(b, hh)] for hh in heads.tolist()])[where]
-
-    def local(self, b: int, h: Tensor, i: Tensor) -> Tensor:
-        """(n, Tk): a head-local metric's scores at rows (b, h, i), all h of one kv head."""
-        alpha = self._alpha(b, h, i)
+        alpha = exact_alpha(self.q[b, h, i][:, None], self.k[b, g], allowed[:, None],
+                            self.scale, self.softcap)                  # (n, 1, Tk)
         if self.metric == "attention":
-            return alpha
+            return alpha[:, 0]
         if self.metric == "value_weighted":
-            return _finite(alpha * self._key_norms(b, h))
-        v = self.v[b, int(h[0]) // self.rep].double()                  # (Tk, dh)
-        z = rowmm(alpha, v)
-        zg = torch.bmm(z[:, None, :], self.proj.gram[h])[:, 0]          # z_i G_h, row by row
-        output_norm = vecdot(zg, z).clamp_min(0).sqrt()
+            return _finite(alpha[:, 0] * self._key_norms(b, h))
+        v = self.v[b, g].double()                                       # (n, Tk, dh)
+        z = rowmm(alpha, v)                                             # (n, 1, dh)
+        zg = rowmm(z, self.proj.gram[h])                                # z_i G_h
+        output_norm = vecdot(zg, z)[:, 0].clamp_min(0).sqrt()
         if self.metric == "value_weighted_normalized":
-            return _finite(alpha * self._key_norms(b, h) / output_norm[:, None])
-        return _finite(alpha * rowmm(zg, v.T) / output_norm.square()[:, None])
+            return _finite(alpha[:, 0] * self._key_norms(b, h) / output_norm[:, None])
+        return _finite(alpha * rowmm(zg, v.transpose(-1, -2))
+                       / output_norm.square()[:, None, None])[:, 0]
 
-    def queries(self, b: int, i: Tensor) -> Tensor:
-        """(H, n, Tk): every head's scores at queries i of sequence b."""
-        H = self.q.shape[1]
-        heads = [torch.full_like(i, h) for h in range(H)]
+    def queries(self, b: Tensor, i: Tensor) -> Tensor:
+        """(n, H, Tk): every head's scores at queries (b, i)."""
+        n, H = len(b), self.q.shape[1]
         if self.metric != "contribution_layer":
-            return torch.stack([self.local(b, h, i) for h in heads])
-        alpha = [self._alpha(b, h, i) for h in heads]
-        v = [self.v[b, h // self.rep].double() for h in range(H)]
-        z = torch.cat([rowmm(a, vh) for a, vh in zip(alpha, v)], -1)   # (n, H*dh)
+            return self.local(b.repeat_interleave(H), torch.arange(H, device=b.device).repeat(n),
+                              i.repeat_interleave(H)).view(n, H, -1)
+        kv = torch.arange(H, device=b.device) // self.rep
+        k, v = self.k[b][:, kv], self.v[b][:, kv].double()             # (n, H, Tk, dh)
+        alpha = exact_alpha(self.q[b, :, i][:, :, None], k, self.allowed[b, :, i][:, :, None],
+                            self.scale, self.softcap)                  # (n, H, 1, Tk)
+        z = rowmm(alpha, v).reshape(n, -1)                              # (n, H*dh)
         o = rowmm(z, self.proj.weight)                                  # (n, d)
-        u = rowmm(o, self.proj.weight.T).view(len(i), H, -1)            # o_i (W_O^h)^T
-        layer_sq = o.square().sum(-1)[:, None]
-        return torch.stack([_finite(alpha[h] * rowmm(u[:, h], v[h].T) / layer_sq)
-                            for h in range(H)])
+        u = rowmm(o, self.proj.weight.T).view(n, H, 1, -1)              # o_i (W_O^h)^T
+        layer_sq = o.square().sum(-1)[:, None, None, None]
+        return _finite(alpha * rowmm(u, v.transpose(-1, -2)) / layer_sq)[:, :, 0]
 
     def __call__(self, b: Tensor, i: Tensor, h: Tensor | None = None) -> Tensor:
         H, Tk = self.q.shape[1], self.k.shape[2]
-        if h is None or self.metric == "contribution_layer":
-            out = torch.empty(len(b), H, Tk, dtype=torch.float64)
-            for bb in b.unique().tolist():
-                rows = (b == bb).nonzero()[:, 0]
-                queries, where = i[rows].unique(return_inverse=True)
-                out[rows] = self.queries(bb, queries).transpose(0, 1)[where]
-            return out if h is None else out[torch.arange(len(b)), h]
-        out = torch.empty(len(b), Tk, dtype=torch.float64)
-        group = b * self.k.shape[1] + h // self.rep                     # (sequence, kv head)
-        for gg in group.unique().tolist():
-            rows = (group == gg).nonzero()[:, 0]
-            out[rows] = self.local(gg // self.k.shape[1], h[rows], i[rows])
+        whole = h is None or self.metric == "contribution_layer"
+        step = max(1, self.CHUNK // Tk // (H if whole else 1))
+        parts = []
+        for lo in range(0, len(b), step):
+            rows = slice(lo, lo + step)
+            parts.append(self.queries(b[rows], i[rows]) if whole
+                         else self.local(b[rows], h[rows], i[rows]))
+        out = torch.cat(parts)
+        if h is not None and whole:
+            out = out[torch.arange(len(b), device=out.device), h]
         return out
 
 

@@ -169,6 +169,9 @@ def test_recomputed_rows_have_the_bits_of_the_full_computation(metric):
         h = torch.tensor([3, 0, 1, 2])
         assert torch.equal(rows(b, i, h), full[b, h, i])
         assert torch.equal(rows(b, i, None), full[b, :, i])
+        rows.CHUNK = 2 * k.shape[2] * H                # gathered a few rows at a time
+        assert torch.equal(rows(b, i, h), full[b, h, i])
+        assert torch.equal(rows(b, i, None), full[b, :, i])
 
 
 @pytest.mark.parametrize("metric", METRICS)
