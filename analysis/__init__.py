@@ -9,17 +9,23 @@ sequences at a time. :func:`run_all` runs all four in a single pass and writes
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 
 import xarray as xr
 
+from attngeom.store import schema as S
+from attngeom.store.options import AnalysisOptions, provenance
+from attngeom.store.ranges import parse_ranges
+from attngeom.store.writer import write_bytes, write_netcdf
+
 from ._common import with_provenance
-from ._views import DEFAULT_BLOCK_ELEMENTS, describe, require, run_pass
 from .anti_alignment import AntiAlignmentAccumulator, anti_alignment
+from .blocks import DEFAULT_BLOCK_ELEMENTS, describe, require, run_pass
 from .convexity import ConvexityAccumulator, convexity
-from .decomposition import DecompositionAccumulator, decomposition
-from .sinks import DEFAULT_EPSILON, SinkAccumulator, sinks
+from .decomposition import DecompositionAccumulator, decomposition, elementwise_groups
+from .sinks import SinkAccumulator, add_learned_sinks, sinks
 from .summary import summary_table
 
 __all__ = ["sinks", "convexity", "anti_alignment", "decomposition", "summary_table", "run_all",
@@ -28,22 +34,19 @@ __all__ = ["sinks", "convexity", "anti_alignment", "decomposition", "summary_tab
 RESULT_FILES = {"sinks": "sinks.nc", "convexity": "convexity.nc",
                 "anti_alignment": "anti_alignment.nc", "decomposition": "decomposition.nc"}
 SUMMARY_FILE = "summary.csv"
-NEEDED = ["alpha", "cosine", "value_norm", "output_norm", "sink_value_cosine",
-          "residual_norm", "sink_residual_cosine"]
+NEEDED = [S.ALPHA, S.COSINE, S.VALUE_NORM, S.OUTPUT_NORM, S.SINK_VALUE_COSINE,
+          S.RESIDUAL_NORM, S.SINK_RESIDUAL_COSINE]
 
 
-def _write_atomic(path: Path, write) -> None:
-    tmp = path.with_name(f".{path.name}.partial")
-    write(tmp)
-    os.replace(tmp, path)
-
-
-def run_all(ds: xr.Dataset, out_dir: str | os.PathLike | None = None, *,
-            sink_k: int | None = None, tail_w: int | None = None,
-            epsilon: float = DEFAULT_EPSILON, n_boot: int = 200, seed: int = 0,
-            level: float = 0.05, layers=None, mixed: bool = True, progress: bool = True,
-            block_elements: int = DEFAULT_BLOCK_ELEMENTS, scheduler: str | None = None) -> dict:
+def run_all(ds: xr.Dataset, out_dir: str | os.PathLike | None = None,
+            options: AnalysisOptions | None = None, *, mixed: bool = True,
+            progress: bool = True, block_elements: int = DEFAULT_BLOCK_ELEMENTS,
+            scheduler: str | None = None, **changes) -> dict:
     """Run the four analyses in one pass over the store; write them when ``out_dir`` is given.
+
+    ``options`` (:class:`attngeom.store.options.AnalysisOptions`: sink_k, tail_w, epsilon,
+    n_boot, seed, level, layers; default: all defaults), with ``changes`` to any of its fields
+    by keyword (``run_all(ds, out, n_boot=20)``).
 
     ``scheduler``: None (dask's in-process scheduler), ``"local:N"`` (a dask.distributed
     ``LocalCluster`` of N worker processes, started and closed here) or ``"tcp://HOST:PORT"``
@@ -54,32 +57,32 @@ def run_all(ds: xr.Dataset, out_dir: str | os.PathLike | None = None, *,
     dict with keys ``sinks``, ``convexity``, ``anti_alignment``, ``decomposition``
     (xarray.Dataset each, provenance in ``attrs``) and ``summary`` (pandas.DataFrame).
     """
+    opts = dataclasses.replace(options or AnalysisOptions(), **changes)
+    opts.check()
     require(ds, NEEDED, "`attngeom analyze`")
-    info = describe(ds, sink_k, tail_w, layers)
-    if info.mode == "compact" and info.k != info.store_k:
-        raise ValueError(f"a compact store's groups are fixed by its sink_k = {info.store_k}; "
-                         f"use --sink-k {info.store_k} or a dense store")
+    layers = parse_ranges(opts.layers, ds[S.LAYER].values, "--layers", "the store")
+    info = describe(ds, opts.sink_k, opts.tail_w, layers)
+    ds.attngeom.groups(info.k, info.w).require_groups()
     analytic = info.store_k == 1
-    accs = {"sinks": SinkAccumulator(info.heads, epsilon),
-            "convexity": ConvexityAccumulator(info.heads, n_boot=n_boot, seed=seed,
-                                              level=level, analytic=analytic),
-            "anti_alignment": AntiAlignmentAccumulator(info.heads, level=level, mixed=mixed,
-                                                        seed=seed),
-            "decomposition": DecompositionAccumulator(info.mode)}
+    accs = {"sinks": SinkAccumulator(info.heads, opts.epsilon),
+            "convexity": ConvexityAccumulator(info.heads, n_boot=opts.n_boot, seed=opts.seed,
+                                              level=opts.level, analytic=analytic),
+            "anti_alignment": AntiAlignmentAccumulator(info.heads, level=opts.level,
+                                                        mixed=mixed, seed=opts.seed),
+            "decomposition": DecompositionAccumulator(elementwise_groups(ds))}
     from attngeom.store.distributed import scheduler as dask_scheduler
 
     with dask_scheduler(scheduler):
         run_pass(ds, info, list(accs.values()), elements=block_elements, progress=progress)
-    params = dict(sink_k=info.k, tail_w=info.w, epsilon=epsilon, n_boot=n_boot, seed=seed,
-                  level=level)
+    params = provenance(opts, sink_k=info.k, tail_w=info.w)
     results = {name: with_provenance(acc.result(), ds.attrs, **params)
                for name, acc in accs.items()}
+    results["sinks"] = add_learned_sinks(results["sinks"], ds, info.k)
     results["summary"] = summary_table(results["sinks"], results["convexity"],
                                        results["anti_alignment"], results["decomposition"])
-    if out_dir is not None:
+    if out_dir is not None:                    # each file atomic and fsynced
         out = Path(out_dir)
-        out.mkdir(parents=True, exist_ok=True)
         for name, filename in RESULT_FILES.items():
-            _write_atomic(out / filename, results[name].to_netcdf)
-        _write_atomic(out / SUMMARY_FILE, lambda p: results["summary"].to_csv(p, index=False))
+            write_netcdf(results[name], out / filename)
+        write_bytes(out / SUMMARY_FILE, results["summary"].to_csv(index=False).encode())
     return results

@@ -1,4 +1,5 @@
-"""Small helpers shared by the analyses: false-discovery control and provenance attributes."""
+"""Small helpers shared by the analyses: false-discovery control, the bootstrap's random
+generator argument, and provenance attributes."""
 
 from __future__ import annotations
 
@@ -17,6 +18,17 @@ def fdr(p: np.ndarray, method: str = "fdr_bh") -> np.ndarray:
     if ok.any():
         q[ok] = multipletests(p[ok], method=method)[1]
     return q
+
+
+def bootstrap_rng(rng: np.random.Generator) -> dict:
+    """``scipy.stats.bootstrap``'s generator keyword: ``rng`` (SciPy >= 1.15) or
+    ``random_state`` (older releases pyproject admits); the same draws either way."""
+    import inspect
+
+    from scipy import stats
+
+    key = "rng" if "rng" in inspect.signature(stats.bootstrap).parameters else "random_state"
+    return {key: rng}
 
 
 def one_sided_from_two(p_two: float, stat: float, greater: bool) -> float:

@@ -31,8 +31,11 @@ import statsmodels.api as sm
 import xarray as xr
 from scipy import stats
 
+from attngeom.store import schema as S
+from attngeom.store.vocab import LEVEL, SEED
+
 from ._common import fdr, with_provenance
-from ._views import DEFAULT_BLOCK_ELEMENTS, Block, describe, require, run_pass
+from .blocks import DEFAULT_BLOCK_ELEMENTS, Block, describe, require, run_pass
 
 HEAD_NAMES = ("mean_cos", "sd_cos", "n_sequences", "t_stat", "p_value", "wilcoxon_p_value",
               "cohens_d", "cohens_d_ci_low", "cohens_d_ci_high")
@@ -40,7 +43,7 @@ MIXED_NAMES = ("mixed_mean_cos", "mixed_se", "mixed_p_value", "mixed_converged")
 PREFIXES = ("", "residual_")
 
 
-def one_sample_less(values: np.ndarray, level: float = 0.05) -> dict[str, float]:
+def one_sample_less(values: np.ndarray, level: float = LEVEL) -> dict[str, float]:
     """One-sample tests of mean < 0 on per-sequence means (NaNs dropped)."""
     v = np.asarray(values, float)
     v = v[np.isfinite(v)]
@@ -96,11 +99,11 @@ def _sequence_means(cos: np.ndarray, ok: np.ndarray) -> np.ndarray:
 class AntiAlignmentAccumulator:
     """Per-sequence mean cosines per head, tested across sequences at the end of each layer."""
 
-    needs_pairs = False
-    reads = ("sink_value_cosine", "sink_residual_cosine")
+    reads = (S.SINK_VALUE_COSINE, S.SINK_RESIDUAL_COSINE)
+    groups = ()
 
-    def __init__(self, heads, *, level: float = 0.05, mixed: bool = True,
-                 mixed_max_sequences: int = 500, seed: int = 0):
+    def __init__(self, heads, *, level: float = LEVEL, mixed: bool = True,
+                 mixed_max_sequences: int = 500, seed: int = SEED):
         self.heads, self.level, self.mixed = heads, level, mixed
         self.mixed_max_sequences, self.seed = mixed_max_sequences, seed
         self.layers: list = []
@@ -110,9 +113,10 @@ class AntiAlignmentAccumulator:
         self._seq: list[np.ndarray] = []
 
     def update(self, block: Block) -> None:
-        keep = block.ok
-        value = _sequence_means(block.per_key("sink_value_cosine"), block.semantic_key)
-        resid = _sequence_means(block.per_query("sink_residual_cosine"), block.query_ok)
+        g = block.groups
+        keep = g.sequence_ok.values
+        value = _sequence_means(g.per_key(S.SINK_VALUE_COSINE).values, g.semantic_key.values)
+        resid = _sequence_means(g.per_query(S.SINK_RESIDUAL_COSINE).values, g.query_ok.values)
         self._means[""].append(value[keep])
         self._means["residual_"].append(resid[keep])
         self._seq.append(block.sequence[keep])
@@ -138,17 +142,16 @@ class AntiAlignmentAccumulator:
         self.layers.append(layer)
 
     def result(self) -> xr.Dataset:
-        out = xr.Dataset(coords={"layer": self.layers, "head": self.heads})
+        out = xr.Dataset(coords={S.LAYER: self.layers, S.HEAD: self.heads})
+        lh = (S.LAYER, S.HEAD)
         for p in PREFIXES:
             for n in HEAD_NAMES:
-                out[p + n] = (("layer", "head"),
-                              np.array([[r[n] for r in rows] for rows in self.rows[p]]))
+                out[p + n] = (lh, np.array([[r[n] for r in rows] for rows in self.rows[p]]))
             for n in MIXED_NAMES:
-                out[p + n] = (("layer",), np.array([r[n] for r in self.mixed_rows[p]]))
-            out[p + "q_value"] = (("layer", "head"), fdr(out[p + "p_value"].values))
-            out[p + "q_value_by"] = (("layer", "head"), fdr(out[p + "p_value"].values, "fdr_by"))
-            out[p + "wilcoxon_q_value"] = (("layer", "head"),
-                                           fdr(out[p + "wilcoxon_p_value"].values))
+                out[p + n] = ((S.LAYER,), np.array([r[n] for r in self.mixed_rows[p]]))
+            out[p + "q_value"] = (lh, fdr(out[p + "p_value"].values))
+            out[p + "q_value_by"] = (lh, fdr(out[p + "p_value"].values, "fdr_by"))
+            out[p + "wilcoxon_q_value"] = (lh, fdr(out[p + "wilcoxon_p_value"].values))
             out[p + "anti_aligned"] = (out[p + "mean_cos"] < 0) & (out[p + "q_value"] < self.level)
         out["mean_cos"].attrs["description"] = (
             "mean over sequences of the per-sequence mean cos(v0, v_j), semantic keys j >= k")
@@ -158,8 +161,8 @@ class AntiAlignmentAccumulator:
         return out
 
 
-def anti_alignment(ds: xr.Dataset, *, sink_k: int | None = None, level: float = 0.05,
-                   mixed: bool = True, mixed_max_sequences: int = 500, seed: int = 0,
+def anti_alignment(ds: xr.Dataset, *, sink_k: int | None = None, level: float = LEVEL,
+                   mixed: bool = True, mixed_max_sequences: int = 500, seed: int = SEED,
                    layers=None, progress: bool = False,
                    block_elements: int = DEFAULT_BLOCK_ELEMENTS) -> xr.Dataset:
     """Test cos(v~_0, v~_j) < 0 and cos(v~_0, r_i) < 0 per (layer, head), sequences as units.
@@ -176,7 +179,7 @@ def anti_alignment(ds: xr.Dataset, *, sink_k: int | None = None, level: float = 
     -------
     xarray.Dataset with the variables listed in the module docstring.
     """
-    require(ds, ["sink_value_cosine", "sink_residual_cosine"], "the anti-alignment analysis")
+    require(ds, [S.SINK_VALUE_COSINE, S.SINK_RESIDUAL_COSINE], "the anti-alignment analysis")
     info = describe(ds, sink_k, None, layers)
     acc = AntiAlignmentAccumulator(info.heads, level=level, mixed=mixed,
                                    mixed_max_sequences=mixed_max_sequences, seed=seed)

@@ -31,14 +31,18 @@ import xarray as xr
 from scipy import stats
 from statsmodels.nonparametric.smoothers_lowess import lowess
 
-from ._common import fdr, one_sided_from_two, with_provenance
-from ._views import DEFAULT_BLOCK_ELEMENTS, Block, describe, require, run_pass
+from attngeom.store import schema as S
+from attngeom.store.vocab import LEVEL, N_BOOT, SEED, SINK
+
+from ._common import bootstrap_rng, fdr, one_sided_from_two, with_provenance
+from .blocks import DEFAULT_BLOCK_ELEMENTS, Block, describe, require, run_pass
 
 FIT_NAMES = ("beta0", "beta1", "beta2", "beta2_se", "p_value", "vertex", "vertex_se",
              "vertex_ci_low", "vertex_ci_high", "vertex_boot_ci_low", "vertex_boot_ci_high",
              "n_obs", "n_sequences", "analytic_vertex_median", "analytic_vertex_iqr_low",
              "analytic_vertex_iqr_high")
 DEFAULT_GRID = np.linspace(0.0, 1.0, 21)
+GRID = "grid"  # result dimension: sink rates at which the LOWESS curve is given
 
 
 def _cluster_sums(x: np.ndarray, y: np.ndarray, groups: np.ndarray) -> np.ndarray:
@@ -59,7 +63,7 @@ def _vertex_from_sums(tot: np.ndarray) -> np.ndarray:
         return -beta[..., 1] / (2 * beta[..., 2])
 
 
-def bootstrap_vertex_ci(x, y, groups, n_boot: int, rng, level: float = 0.05):
+def bootstrap_vertex_ci(x, y, groups, n_boot: int, rng, level: float = LEVEL):
     """Percentile CI of the vertex from a bootstrap that resamples whole clusters (sequences)."""
     sums = _cluster_sums(x, y, groups)
     if n_boot <= 0 or len(sums) < 3:
@@ -72,12 +76,12 @@ def bootstrap_vertex_ci(x, y, groups, n_boot: int, rng, level: float = 0.05):
         warnings.simplefilter("ignore")
         res = stats.bootstrap((np.arange(len(sums)),), statistic, n_resamples=n_boot,
                               vectorized=True, batch=64, method="percentile",
-                              confidence_level=1 - level, rng=rng)
+                              confidence_level=1 - level, **bootstrap_rng(rng))
     return float(res.confidence_interval.low), float(res.confidence_interval.high)
 
 
-def fit_quadratic(x: np.ndarray, y: np.ndarray, groups: np.ndarray, *, n_boot: int = 200,
-                  rng=None, level: float = 0.05) -> dict[str, float]:
+def fit_quadratic(x: np.ndarray, y: np.ndarray, groups: np.ndarray, *, n_boot: int = N_BOOT,
+                  rng=None, level: float = LEVEL) -> dict[str, float]:
     """OLS of y on (1, x, x^2), sequence-clustered; one-sided curvature test and vertex CIs."""
     out = dict.fromkeys(FIT_NAMES, np.nan)
     n_groups = len(np.unique(groups))
@@ -130,10 +134,10 @@ def lowess_curve(x, y, grid=DEFAULT_GRID, max_points: int = 2000, rng=None,
 class ConvexityAccumulator:
     """Collects (sink rate, output norm, sequence, analytic vertex) rows per head of a layer."""
 
-    needs_pairs = False
-    reads = ("alpha", "output_norm", "value_norm", "residual_norm", "sink_residual_cosine")
+    reads = (S.ALPHA, S.OUTPUT_NORM, S.VALUE_NORM, S.RESIDUAL_NORM, S.SINK_RESIDUAL_COSINE)
+    groups = (SINK,)
 
-    def __init__(self, heads, *, n_boot=200, seed=0, level=0.05, grid=DEFAULT_GRID,
+    def __init__(self, heads, *, n_boot=N_BOOT, seed=SEED, level=LEVEL, grid=DEFAULT_GRID,
                  analytic=True, lowess_points=2000):
         self.heads, self.n_boot, self.seed, self.level = heads, n_boot, seed, level
         self.grid, self.analytic, self.lowess_points = np.asarray(grid), analytic, lowess_points
@@ -145,13 +149,14 @@ class ConvexityAccumulator:
         self._rows: list[list[tuple]] = [[] for _ in heads]
 
     def update(self, block: Block) -> None:
-        x = block.sink_rate  # (S, H, Q)
-        y = block.per_query("output_norm")
+        g = block.groups
+        x = g.sink_rate.values  # (S, H, Q)
+        y = g.per_query(S.OUTPUT_NORM).values
         seq = np.broadcast_to(block.sequence[:, None], x.shape[::2])  # (S, Q)
         if self.analytic:
-            vn0 = block.per_key("value_norm")[..., :1]  # (S, H, 1)
-            star = analytic_vertex(x, vn0, block.per_query("residual_norm"),
-                                   block.per_query("sink_residual_cosine"))
+            vn0 = g.per_key(S.VALUE_NORM).values[..., :1]  # (S, H, 1)
+            star = analytic_vertex(x, vn0, g.per_query(S.RESIDUAL_NORM).values,
+                                   g.per_query(S.SINK_RESIDUAL_COSINE).values)
         else:
             star = np.full(x.shape, np.nan)
         for h in range(len(self.heads)):
@@ -192,16 +197,16 @@ class ConvexityAccumulator:
                 convex & (out[f"{prefix}{ci}_low"] > 0) & (out[f"{prefix}{ci}_high"] < 1))
 
     def result(self) -> xr.Dataset:
-        coords = {"layer": self.layers, "head": self.heads, "grid": self.grid}
-        data = {n: (("layer", "head"), np.array([[f[n] for f in fl] for fl in self.fits]))
+        coords = {S.LAYER: self.layers, S.HEAD: self.heads, GRID: self.grid}
+        data = {n: ((S.LAYER, S.HEAD), np.array([[f[n] for f in fl] for fl in self.fits]))
                 for n in FIT_NAMES}
-        data.update({f"pooled_{n}": (("layer",), np.array([f[n] for f in self.pooled]))
+        data.update({f"pooled_{n}": ((S.LAYER,), np.array([f[n] for f in self.pooled]))
                      for n in FIT_NAMES})
-        data["lowess"] = (("layer", "head", "grid"), np.stack(self.curves))
-        data["pooled_lowess"] = (("layer", "grid"), np.stack(self.pooled_curves))
+        data["lowess"] = ((S.LAYER, S.HEAD, GRID), np.stack(self.curves))
+        data["pooled_lowess"] = ((S.LAYER, GRID), np.stack(self.pooled_curves))
         out = xr.Dataset(data, coords=coords)
-        out["q_value"] = (("layer", "head"), fdr(out["p_value"].values))
-        out["pooled_q_value"] = (("layer",), fdr(out["pooled_p_value"].values))
+        out["q_value"] = ((S.LAYER, S.HEAD), fdr(out["p_value"].values))
+        out["pooled_q_value"] = ((S.LAYER,), fdr(out["pooled_p_value"].values))
         self._flags(out, "")
         self._flags(out, "pooled_")
         out["p_value"].attrs["description"] = "one-sided p-value of beta2 > 0 (cluster-robust t)"
@@ -213,9 +218,9 @@ class ConvexityAccumulator:
         return out
 
 
-def convexity(ds: xr.Dataset, *, sink_k: int | None = None, n_boot: int = 200, seed: int = 0,
-              level: float = 0.05, layers=None, grid=DEFAULT_GRID, lowess_points: int = 2000,
-              progress: bool = False,
+def convexity(ds: xr.Dataset, *, sink_k: int | None = None, n_boot: int = N_BOOT,
+              seed: int = SEED, level: float = LEVEL, layers=None, grid=DEFAULT_GRID,
+              lowess_points: int = 2000, progress: bool = False,
               block_elements: int = DEFAULT_BLOCK_ELEMENTS) -> xr.Dataset:
     """Quadratic fit of output_norm on the sink rate per (layer, head) and pooled per layer.
 
@@ -231,10 +236,10 @@ def convexity(ds: xr.Dataset, *, sink_k: int | None = None, n_boot: int = 200, s
     -------
     xarray.Dataset with the variables listed in the module docstring.
     """
-    require(ds, ["alpha", "output_norm"], "the convexity analysis")
+    require(ds, [S.ALPHA, S.OUTPUT_NORM], "the convexity analysis")
     info = describe(ds, sink_k, None, layers)
     analytic = info.store_k == 1 and all(
-        n in ds for n in ("value_norm", "residual_norm", "sink_residual_cosine"))
+        n in ds for n in (S.VALUE_NORM, S.RESIDUAL_NORM, S.SINK_RESIDUAL_COSINE))
     acc = ConvexityAccumulator(info.heads, n_boot=n_boot, seed=seed, level=level, grid=grid,
                                analytic=analytic, lowess_points=lowess_points)
     run_pass(ds, info, [acc], elements=block_elements, progress=progress)

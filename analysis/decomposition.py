@@ -39,11 +39,16 @@ from math import factorial
 import numpy as np
 import xarray as xr
 
-from ._common import with_provenance
-from ._views import DEFAULT_BLOCK_ELEMENTS, GROUPS, Block, describe, require, run_pass
+from attngeom.store import schema as S
+from attngeom.store.accessor import RATIO
+from attngeom.store.vocab import GROUPS, MIDDLE, SINK, TAIL
 
-PARTS = ("alpha", "ratio", "cosine")
-EXPECTED = {"sink": {"ratio", "cosine"}, "tail": {"alpha", "cosine"}}
+from ._common import with_provenance
+from .blocks import DEFAULT_BLOCK_ELEMENTS, Block, describe, require, run_pass
+
+PARTS = (S.ALPHA, RATIO, S.COSINE)
+EXPECTED = {SINK: {RATIO, S.COSINE}, TAIL: {S.ALPHA, S.COSINE}}
+GROUP, PART = "group", "part"  # result dimensions: key group, factor of the contribution
 
 
 class Moments:
@@ -113,7 +118,7 @@ def _top_parts(lmg: np.ndarray) -> str:
 
 
 def _pattern(top: dict[str, str]) -> str:
-    if not top.get("sink") or not top.get("tail"):
+    if not top.get(SINK) or not top.get(TAIL):
         return "undetermined"
     hits = sum(set(top[g].split("+")) == EXPECTED[g] for g in EXPECTED)
     return {2: "holds", 1: "partly", 0: "fails"}[hits]
@@ -122,13 +127,11 @@ def _pattern(top: dict[str, str]) -> str:
 class DecompositionAccumulator:
     """Streams moments of the log parts per (layer, group); pooled over layers at the end."""
 
-    reads = ("alpha", "cosine", "contribution", "value_norm", "output_norm", "tail_alpha",
-             "tail_cosine", "tail_contribution", "middle_alpha", "middle_contribution")
+    reads = (S.ALPHA, S.COSINE, S.CONTRIBUTION, RATIO)
+    groups = GROUPS
 
-    def __init__(self, mode: str):
-        self.mode = mode
-        self.needs_pairs = mode == "dense"
-        self.groups = GROUPS if mode == "dense" else GROUPS[:2]
+    def __init__(self, elementwise: tuple[str, ...] = GROUPS):
+        self.elementwise = tuple(elementwise)  # groups with key-by-key values (compact: no middle)
         self.layers: list = []
         self.per_layer: list[dict] = []
         self._pooled = {g: self._empty() for g in GROUPS}
@@ -139,17 +142,19 @@ class DecompositionAccumulator:
         return {"m": Moments(), "neg": 0, "tot_n": 0, "tot_a": 0.0, "tot_c": 0.0}
 
     def update(self, block: Block) -> None:
+        keys = block.groups
         for g in GROUPS:
             cur = self._cur[g]
-            a, c = block.group_total(g, "alpha"), block.group_total(g, "contribution")
+            a = keys.total(g, S.ALPHA).values
+            c = keys.total(g, S.CONTRIBUTION).values
             ok = np.isfinite(a) & np.isfinite(c)
             cur["tot_n"] += int(ok.sum())
             cur["tot_a"] += float(a[ok].sum())
             cur["tot_c"] += float(c[ok].sum())
-            if g not in self.groups:
+            if g not in self.elementwise:
                 continue
-            raw = [block.group(g, "alpha"), block.group(g, "ratio"),
-                   np.abs(block.group(g, "cosine"))]
+            raw = [keys.group(g, S.ALPHA).values, keys.group(g, RATIO).values,
+                   np.abs(keys.group(g, S.COSINE).values)]
             ok = np.ones(raw[0].shape, bool)
             for x in raw:  # positive and finite, so that the log is finite
                 ok &= (x > 0) & (x < np.inf)
@@ -158,7 +163,7 @@ class DecompositionAccumulator:
                 np.log(x[ok], out=rows[:, col])
             rows[:, 3] = rows[:, :3].sum(1)
             cur["m"].add(rows)
-            cur["neg"] += int((block.group(g, "contribution")[ok] < 0).sum())
+            cur["neg"] += int((keys.group(g, S.CONTRIBUTION).values[ok] < 0).sum())
 
     @staticmethod
     def _summarize(acc: dict) -> dict:
@@ -181,30 +186,29 @@ class DecompositionAccumulator:
 
     def result(self) -> xr.Dataset:
         pooled = {g: self._summarize(self._pooled[g]) for g in GROUPS}
-        out = xr.Dataset(coords={"layer": self.layers, "group": list(GROUPS),
-                                 "part": list(PARTS)})
+        out = xr.Dataset(coords={S.LAYER: self.layers, GROUP: list(GROUPS),
+                                 PART: list(PARTS)})
         for name in ("cov_share", "lmg_share"):
-            out[name] = (("layer", "group", "part"),
+            out[name] = ((S.LAYER, GROUP, PART),
                          np.array([[row[g][name] for g in GROUPS] for row in self.per_layer]))
-            out[f"pooled_{name}"] = (("group", "part"), np.array([pooled[g][name]
-                                                                  for g in GROUPS]))
+            out[f"pooled_{name}"] = ((GROUP, PART), np.array([pooled[g][name] for g in GROUPS]))
         for name in ("var_log_contribution", "r2_full", "n_pairs", "negative_fraction",
                      "total_alpha_mean", "total_contribution_mean"):
-            out[name] = (("layer", "group"),
+            out[name] = ((S.LAYER, GROUP),
                          np.array([[row[g][name] for g in GROUPS] for row in self.per_layer]))
-            out[f"pooled_{name}"] = (("group",), np.array([pooled[g][name] for g in GROUPS]))
+            out[f"pooled_{name}"] = ((GROUP,), np.array([pooled[g][name] for g in GROUPS]))
         tops = [{g: _top_parts(row[g]["lmg_share"]) for g in GROUPS} for row in self.per_layer]
         ptop = {g: _top_parts(pooled[g]["lmg_share"]) for g in GROUPS}
-        out["top_parts"] = (("layer", "group"), np.array([[t[g] for g in GROUPS] for t in tops],
-                                                         dtype=object).astype(str))
-        out["pooled_top_parts"] = (("group",), np.array([ptop[g] for g in GROUPS], dtype=str))
-        out["paper_pattern"] = (("layer",), np.array([_pattern(t) for t in tops], dtype=str))
+        out["top_parts"] = ((S.LAYER, GROUP), np.array([[t[g] for g in GROUPS] for t in tops],
+                                                       dtype=object).astype(str))
+        out["pooled_top_parts"] = ((GROUP,), np.array([ptop[g] for g in GROUPS], dtype=str))
+        out["paper_pattern"] = ((S.LAYER,), np.array([_pattern(t) for t in tops], dtype=str))
         out["paper_pattern_holds"] = out["paper_pattern"] == "holds"
         out["pooled_paper_pattern"] = ((), _pattern(ptop))
         out["pooled_paper_pattern_holds"] = ((), _pattern(ptop) == "holds")
         out.attrs["verdict"] = verdict(ptop, {g: pooled[g]["lmg_share"] for g in GROUPS})
         out.attrs["middle_group"] = (
-            "elementwise (dense store)" if self.mode == "dense" else
+            "elementwise (dense store)" if MIDDLE in self.elementwise else
             "totals only (compact store): shares NaN, total_*_mean from middle_* variables")
         out["lmg_share"].attrs["description"] = "LMG/Shapley share of R^2 of log|c| on the parts"
         out["cov_share"].attrs["description"] = "Cov(log part, log|c|) / Var(log|c|)"
@@ -227,13 +231,24 @@ def verdict(top: dict[str, str], shares: dict[str, np.ndarray] | None = None) ->
         lmg = np.asarray(shares[group])
         order = np.argsort(lmg)[::-1]
         return ", ".join(f"{PARTS[i]} {lmg[i]:.2f}" for i in order)
-    found = (f"sink contributions are driven most by {drivers('sink')} and tail contributions "
-             f"by {drivers('tail')} (LMG shares of Var log|c|)")
+    found = (f"sink contributions are driven most by {drivers(SINK)} and tail contributions "
+             f"by {drivers(TAIL)} (LMG shares of Var log|c|)")
     if pattern == "undetermined":
         return f"Undetermined: {found}; a group had no usable pairs."
     words = {"holds": "As the paper expects", "partly": "Partly as the paper expects",
              "fails": "Unlike the paper's expectation (sink: ratio+cosine, tail: alpha+cosine)"}
     return f"{words[pattern]}, {found}."
+
+
+def needs(ds: xr.Dataset) -> list[str]:
+    """Store variables the decomposition needs in this store's layout."""
+    return (ds.attngeom.sources([S.ALPHA, S.CONTRIBUTION])
+            + ds.attngeom.sources([S.COSINE, RATIO], [SINK, TAIL]))
+
+
+def elementwise_groups(ds: xr.Dataset) -> tuple[str, ...]:
+    """The key groups whose pairs this store keeps one by one (compact: no middle)."""
+    return tuple(g for g in GROUPS if ds.attngeom.elementwise(g))
 
 
 def decomposition(ds: xr.Dataset, *, sink_k: int | None = None, tail_w: int | None = None,
@@ -245,20 +260,15 @@ def decomposition(ds: xr.Dataset, *, sink_k: int | None = None, tail_w: int | No
     ----------
     ds : an opened attngeom store (dense or compact).
     sink_k : sink keys k; a compact store needs its own k.
-    tail_w : tail window w; default the store's ``tail_w`` attribute, else 8.
+    tail_w : tail window w; default the store's ``tail_w`` attribute, else ``vocab.TAIL_W``.
 
     Returns
     -------
     xarray.Dataset with the variables listed in the module docstring.
     """
-    require(ds, ["alpha", "cosine", "value_norm", "output_norm"], "the decomposition")
     info = describe(ds, sink_k, tail_w, layers)
-    if info.mode == "compact":
-        require(ds, ["tail_alpha", "tail_cosine", "middle_alpha", "middle_contribution"],
-                "the decomposition of a compact store")
-        if info.k != info.store_k:
-            raise ValueError(f"a compact store's groups are fixed by its sink_k = "
-                             f"{info.store_k}; use --sink-k {info.store_k} or a dense store")
-    acc = DecompositionAccumulator(info.mode)
+    require(ds, needs(ds), "the decomposition")
+    ds.attngeom.groups(info.k, info.w).require_groups()
+    acc = DecompositionAccumulator(elementwise_groups(ds))
     run_pass(ds, info, [acc], elements=block_elements, progress=progress)
     return with_provenance(acc.result(), ds.attrs, sink_k=info.k, tail_w=info.w)

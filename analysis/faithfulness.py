@@ -5,9 +5,10 @@ The per-unit loss is the variable named by the file's ``loss_variable`` attribut
 removed keys mattered more. Units (sequences or items) are the replicates.
 
 AOPC (area over the perturbation curve) of a (metric, rank, mode) for one unit is the mean of the
-loss over the swept removal fractions P: AOPC = (1/|P|) sum_{p in P} loss(p). ERASER (DeYoung et
-al. 2020) writes 1/(|P|+1) and counts the trivial p = 0 term (loss 0); the two differ by the
-constant factor |P|/(|P|+1), which changes no comparison.
+loss over the swept removal fractions P: AOPC = (1/|P|) sum_{p in P} loss(p)
+(:func:`attngeom.store.derive.aopc`). ERASER (DeYoung et al. 2020) writes 1/(|P|+1) and counts
+the trivial p = 0 term (loss 0); the two differ by the constant factor |P|/(|P|+1), which changes
+no comparison.
 
 The paper's order attention < value_weighted < value_weighted_normalized < contribution is tested
 step by step, per (mode, rank), on paired per-unit AOPC differences oriented so that a positive
@@ -42,7 +43,13 @@ import xarray as xr
 from scipy import stats
 from statsmodels.stats.multitest import multipletests
 
-ORDER = ("attention", "value_weighted", "value_weighted_normalized", "contribution")
+from attngeom.store import derive
+from attngeom.store.vocab import COMPREHENSIVENESS, LEVEL, PAPER_ORDER, SEED
+
+from ._common import bootstrap_rng
+
+ORDER = PAPER_ORDER                  # the order tested step by step
+ORDER_RESAMPLES = 9999               # bootstrap resamples of each step's CI (scipy's default)
 TABLE_COLUMNS = ("mode", "rank", "lower", "higher", "n", "aopc_lower", "aopc_higher",
                  "mean_improvement", "ci_low", "ci_high", "statistic", "p_value", "p_holm",
                  "holds", "note")
@@ -66,7 +73,7 @@ def loss(ds: xr.Dataset, variable: str | None = None) -> xr.DataArray:
 
 def aopc(ds: xr.Dataset, variable: str | None = None) -> xr.DataArray:
     """AOPC per (metric, rank, mode, unit): mean of the loss over the swept fractions."""
-    out = loss(ds, variable).mean("fraction", skipna=False)
+    out = derive.aopc(loss(ds, variable))
     out.name = "aopc"
     out.attrs["description"] = "mean over the swept removal fractions of the per-unit loss"
     return out
@@ -114,14 +121,6 @@ def _same_ranking(ds: xr.Dataset, a: str, b: str, rank: str) -> bool:
     return _source(ds, a, rank) == _source(ds, b, rank)
 
 
-def _rng(seed: int) -> dict:
-    """scipy >= 1.15 takes ``rng``, older releases ``random_state``."""
-    import inspect
-
-    key = "rng" if "rng" in inspect.signature(stats.bootstrap).parameters else "random_state"
-    return {key: np.random.default_rng(seed)}
-
-
 def _bootstrap_ci(d: np.ndarray, level: float, n_resamples: int, seed: int) -> tuple[float, float]:
     if len(d) < 2 or np.ptp(d) == 0:
         return float(d.mean()), float(d.mean())
@@ -129,7 +128,8 @@ def _bootstrap_ci(d: np.ndarray, level: float, n_resamples: int, seed: int) -> t
         warnings.simplefilter("ignore")
         for method in ("BCa", "percentile"):
             res = stats.bootstrap((d,), np.mean, n_resamples=n_resamples, method=method,
-                                  confidence_level=1 - level, **_rng(seed))
+                                  confidence_level=1 - level,
+                                  **bootstrap_rng(np.random.default_rng(seed)))
             lo, hi = res.confidence_interval
             if np.isfinite(lo) and np.isfinite(hi):
                 return float(lo), float(hi)
@@ -149,8 +149,8 @@ def _step(d: np.ndarray, level: float, n_resamples: int, seed: int) -> dict:
                 ci_high=ci_high, note="")
 
 
-def order_table(ds: xr.Dataset, order: tuple[str, ...] = ORDER, level: float = 0.05,
-                n_resamples: int = 9999, seed: int = 0, variable: str | None = None
+def order_table(ds: xr.Dataset, order: tuple[str, ...] = ORDER, level: float = LEVEL,
+                n_resamples: int = ORDER_RESAMPLES, seed: int = SEED, variable: str | None = None
                 ) -> pd.DataFrame:
     """Does each step of ``order`` hold, per (mode, rank)? One row per step (see module doc)."""
     a = aopc(ds, variable)
@@ -193,7 +193,7 @@ def _order_row(ds, a, dim, mode: str, rank: str, lower: str, higher: str, level:
     lo = a.sel(metric=lower, rank=rank, mode=mode).transpose(dim).values
     hi = a.sel(metric=higher, rank=rank, mode=mode).transpose(dim).values
     ok = np.isfinite(lo) & np.isfinite(hi)
-    sign = 1.0 if mode == "comprehensiveness" else -1.0
+    sign = 1.0 if mode == COMPREHENSIVENESS else -1.0
     d = sign * (hi[ok] - lo[ok])
     row = dict(mode=mode, rank=rank, lower=lower, higher=higher, n=int(ok.sum()),
                aopc_lower=float(np.mean(lo[ok])) if ok.any() else np.nan,
@@ -208,7 +208,7 @@ def _order_row(ds, a, dim, mode: str, rank: str, lower: str, higher: str, level:
     return row
 
 
-def drift_summary(ds: xr.Dataset, level: float = 0.05) -> xr.Dataset:
+def drift_summary(ds: xr.Dataset, level: float = LEVEL) -> xr.Dataset:
     """Semantic drift: loss of zeroing the sink values, and the cone cosine per layer.
 
     ``cosine_low_p_value``: one-sided Wilcoxon over units, H1: the low-norm outputs' cosine to

@@ -10,6 +10,8 @@ Output names (stable), :func:`sinks`:
 ``sink_rate_mean``, ``sink_rate_sd``, ``sink_mass_mean`` (sum of alpha over the k sink keys),
 ``n_queries``, ``is_sink_head``                          over (layer, head)
 ``sink_head_count``, ``sink_head_fraction``, ``layer_sink_rate_mean``   over (layer)
+``learned_sink_rate_mean`` over (layer, head): the mean weight of a learned sink logit
+(``learned_sink_alpha``, gpt-oss) over the same queries; only for stores that have one
 """
 
 from __future__ import annotations
@@ -17,19 +19,20 @@ from __future__ import annotations
 import numpy as np
 import xarray as xr
 
-from ._common import with_provenance
-from ._views import DEFAULT_BLOCK_ELEMENTS, Block, describe, require, run_pass
+from attngeom.store import schema as S
+from attngeom.store.vocab import EPSILON, SINK
 
-DEFAULT_EPSILON = 0.3
+from ._common import with_provenance
+from .blocks import DEFAULT_BLOCK_ELEMENTS, Block, describe, require, run_pass
 
 
 class SinkAccumulator:
     """Streaming token-pooled moments of the sink rate per (layer, head)."""
 
-    needs_pairs = False
-    reads = ("alpha",)
+    reads = (S.ALPHA,)
+    groups = (SINK,)
 
-    def __init__(self, heads: np.ndarray, epsilon: float = DEFAULT_EPSILON):
+    def __init__(self, heads: np.ndarray, epsilon: float = EPSILON):
         self.heads = heads
         self.epsilon = epsilon
         self.layers: list = []
@@ -41,12 +44,13 @@ class SinkAccumulator:
         self._n, self._s, self._ss, self._mass = (np.zeros(h) for _ in range(4))
 
     def update(self, block: Block) -> None:
-        rate = block.sink_rate  # (S, H, Q)
+        g = block.groups
+        rate = g.sink_rate.values  # (S, H, Q)
         ok = np.isfinite(rate)
         self._n += ok.sum((0, 2))
         self._s += np.where(ok, rate, 0).sum((0, 2))
         self._ss += np.where(ok, rate**2, 0).sum((0, 2))
-        self._mass += np.nan_to_num(block.sink_alpha.sum(-1)).sum((0, 2))
+        self._mass += np.nan_to_num(g.group(SINK, S.ALPHA).values.sum(-1)).sum((0, 2))
 
     def end_layer(self, layer) -> None:
         n = np.where(self._n > 0, self._n, np.nan)
@@ -59,13 +63,13 @@ class SinkAccumulator:
         self._reset()
 
     def result(self) -> xr.Dataset:
-        data = {name: (("layer", "head"), np.stack([r[name] for r in self.rows]))
+        data = {name: ((S.LAYER, S.HEAD), np.stack([r[name] for r in self.rows]))
                 for name in self.rows[0]}
-        out = xr.Dataset(data, coords={"layer": self.layers, "head": self.heads})
+        out = xr.Dataset(data, coords={S.LAYER: self.layers, S.HEAD: self.heads})
         out["is_sink_head"] = out["sink_rate_mean"] > self.epsilon
-        out["sink_head_count"] = out["is_sink_head"].sum("head")
-        out["sink_head_fraction"] = out["is_sink_head"].mean("head")
-        out["layer_sink_rate_mean"] = out["sink_rate_mean"].mean("head")
+        out["sink_head_count"] = out["is_sink_head"].sum(S.HEAD)
+        out["sink_head_fraction"] = out["is_sink_head"].mean(S.HEAD)
+        out["layer_sink_rate_mean"] = out["sink_rate_mean"].mean(S.HEAD)
         out["sink_rate_mean"].attrs["description"] = (
             "mean of alpha_i0 over queries i >= k of all sequences (token-pooled)")
         out["is_sink_head"].attrs["description"] = f"sink_rate_mean > epsilon = {self.epsilon}"
@@ -74,7 +78,7 @@ class SinkAccumulator:
         return out
 
 
-def sinks(ds: xr.Dataset, *, sink_k: int | None = None, epsilon: float = DEFAULT_EPSILON,
+def sinks(ds: xr.Dataset, *, sink_k: int | None = None, epsilon: float = EPSILON,
           layers=None, progress: bool = False,
           block_elements: int = DEFAULT_BLOCK_ELEMENTS) -> xr.Dataset:
     """Sink rates per (layer, head) and Gu et al.'s sink heads (mean sink rate > ``epsilon``).
@@ -89,8 +93,27 @@ def sinks(ds: xr.Dataset, *, sink_k: int | None = None, epsilon: float = DEFAULT
     -------
     xarray.Dataset with the variables listed in the module docstring.
     """
-    require(ds, ["alpha"], "the sink analysis")
+    require(ds, [S.ALPHA], "the sink analysis")
     info = describe(ds, sink_k, None, layers)
     acc = SinkAccumulator(info.heads, epsilon)
     run_pass(ds, info, [acc], elements=block_elements, progress=progress)
-    return with_provenance(acc.result(), ds.attrs, sink_k=info.k, epsilon=epsilon)
+    out = add_learned_sinks(acc.result(), ds, info.k)
+    return with_provenance(out, ds.attrs, sink_k=info.k, epsilon=epsilon)
+
+
+def add_learned_sinks(out: xr.Dataset, ds: xr.Dataset, k: int) -> xr.Dataset:
+    """``out`` with ``learned_sink_rate_mean`` (layer, head) when the store has learned sinks."""
+    if "learned_sink_alpha" in ds:
+        out["learned_sink_rate_mean"] = learned_sink_rate(ds, k).sel(
+            layer=out["layer"]).transpose("layer", "head")
+    return out
+
+
+def learned_sink_rate(ds: xr.Dataset, k: int) -> xr.DataArray:
+    """Mean ``learned_sink_alpha`` per (layer, head) over queries i >= k of finite sequences."""
+    x = ds["learned_sink_alpha"]
+    keep = (ds["query"] >= k) & (ds["finite"] != 0) if "finite" in ds else ds["query"] >= k
+    rate = x.where(keep).mean(("sequence", "query")).compute()
+    rate.attrs["description"] = ("mean weight of the learned sink logit (a virtual key with no "
+                                 "value) over queries i >= k")
+    return rate

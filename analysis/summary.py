@@ -16,7 +16,10 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
-from .decomposition import verdict
+from attngeom.store import schema as S
+from attngeom.store.vocab import GROUPS
+
+from .decomposition import GROUP, verdict
 
 COLUMNS = ("layer", "n_heads", "sink_head_count", "sink_head_fraction", "sink_rate_mean",
            "convex_heads", "interior_minimum_heads", "pooled_beta2", "pooled_p_value",
@@ -33,7 +36,7 @@ MIXED_COLUMNS = ("mixed_mean_cos", "mixed_p_value", "residual_mixed_mean_cos",
 
 
 def _row(layer, sinks, convex, anti, tops: dict, pattern: str) -> dict:
-    row = {"layer": layer, "n_heads": int(sinks.sizes["head"]),
+    row = {"layer": layer, "n_heads": int(sinks.sizes[S.HEAD]),
            "sink_head_count": int(sinks["is_sink_head"].sum()),
            "sink_head_fraction": float(sinks["is_sink_head"].mean()),
            "sink_rate_mean": float(sinks["sink_rate_mean"].mean()),
@@ -44,10 +47,10 @@ def _row(layer, sinks, convex, anti, tops: dict, pattern: str) -> dict:
            "residual_anti_aligned_heads": int(anti["residual_anti_aligned"].sum()),
            "residual_mean_cos": float(anti["residual_mean_cos"].mean())}
     for name in CONVEXITY_COLUMNS:
-        row[name] = float(convex[name]) if "layer" not in convex.dims else np.nan
+        row[name] = float(convex[name]) if S.LAYER not in convex.dims else np.nan
     for name in MIXED_COLUMNS:
-        row[name] = float(anti[name]) if "layer" not in anti.dims else np.nan
-    for g in ("sink", "tail", "middle"):
+        row[name] = float(anti[name]) if S.LAYER not in anti.dims else np.nan
+    for g in GROUPS:
         row[f"{g}_top_parts"] = tops[g]
     row["paper_pattern"] = pattern
     row["verdict"] = verdict(tops)
@@ -58,14 +61,14 @@ def summary_table(sinks: xr.Dataset, convexity: xr.Dataset, anti_alignment: xr.D
                   decomposition: xr.Dataset) -> pd.DataFrame:
     """One row per layer plus ``all``, from the four result datasets."""
     rows = []
-    for layer in sinks["layer"].values:
-        sel = dict(layer=layer)
+    for layer in sinks[S.LAYER].values:
+        sel = {S.LAYER: layer}
         d = decomposition.sel(sel)
-        tops = {g: str(d["top_parts"].sel(group=g).values) for g in d["group"].values}
+        tops = {g: str(d["top_parts"].sel({GROUP: g}).values) for g in d[GROUP].values}
         rows.append(_row(layer, sinks.sel(sel), convexity.sel(sel), anti_alignment.sel(sel),
                          tops, str(d["paper_pattern"].values)))
     d = decomposition
-    tops = {g: str(d["pooled_top_parts"].sel(group=g).values) for g in d["group"].values}
+    tops = {g: str(d["pooled_top_parts"].sel({GROUP: g}).values) for g in d[GROUP].values}
     rows.append(_row("all", sinks, convexity, anti_alignment, tops,
                      str(d["pooled_paper_pattern"].values)))
     return pd.DataFrame(rows, columns=list(COLUMNS))

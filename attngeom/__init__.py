@@ -6,6 +6,25 @@ Data flows through four subpackages::
     attngeom.store     the labeled on-disk format (HDF5/netCDF shards + manifest)
     attngeom.analysis  CPU statistics on an opened store
     attngeom.reports   figures and PDF documents
+
+``attngeom.view(ds, sequence=0)`` is an interactive view of a store or measurement (a
+self-contained HTML page; inline in Jupyter). Attributes load on first use, so that
+``import attngeom`` stays cheap.
 """
 
 __version__ = "0.1.0"
+
+_LAZY = {"view": ("attngeom.reports.view", "view")}   # name -> (module, attribute)
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        module, attr = _LAZY[name]
+        return getattr(importlib.import_module(module), attr)
+    raise AttributeError(f"module 'attngeom' has no attribute '{name}'")
+
+
+def __dir__():
+    return sorted(list(globals()) + list(_LAZY))

@@ -17,6 +17,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "analyze": ("analyze", "sink, convexity, anti-alignment and decomposition statistics"),
     "report": ("report", "build the PDF report of a store"),
     "run": ("main_job", "the main job: extract, faithfulness, analyze and report"),
+    "view": ("view", "explore a store in a browser: one self-contained HTML file"),
     "store": ("store", "inspect, validate, merge, subset and export stores"),
     "bench": ("bench", "benchmarks: speed and memory side by side"),
 }

@@ -224,10 +224,10 @@ PHASES = [
     ("attngeom.extract.run", "_pad_tokens", "pad to max_length"),
     ("attngeom.extract.run", "finite_flags", "finite flags"),
     ("attngeom.extract.run", "build_shard", "build shard (xarray)"),
-    ("attngeom.extract.run", "write_shard", "write shard (netCDF/gzip/fsync)"),
-    ("attngeom.extract.run", "file_sha256", "sha256 of shard"),
-    ("attngeom.extract.run", "write_manifest", "write manifest"),
-    ("attngeom.extract.run", "open_or_create", "open/create store"),
+    ("attngeom.store.writer", "write_shard", "write shard (netCDF/gzip/fsync)"),
+    ("attngeom.store.writer", "file_sha256", "sha256 of shard"),
+    ("attngeom.store.writer", "write_manifest", "write manifest"),
+    ("attngeom.store.writer", "read_manifest", "read manifest (resume)"),
     ("attngeom.store.info", "summary", "summary"),
 ]
 

@@ -35,10 +35,11 @@ def available() -> str | None:
 
 
 def sorted_float64():
-    """The handler as it was before the fast path (git babccdb, extract/interventions.py)."""
+    """The handler as it was before the fast path (main at the merge into wip-f: git babccdb plus
+    learned sinks, extract/interventions.py)."""
     import torch
 
-    from attngeom.extract.geometry import norm_from_gram, repeat_kv, softmax_masked
+    from attngeom.extract.geometry import attention_probs, norm_from_gram, repeat_kv
     from attngeom.extract.interventions import Intervener, eligible_keys
     from attngeom.extract.selection import n_remove, stable_select
 
@@ -79,17 +80,15 @@ def sorted_float64():
         return last(flat(s), flat(e), fraction, mode).view(B, T, Tk, H).permute(0, 3, 1, 2)
 
     class SortedFloat64(Intervener):
-        def attend(self, module, query, key, value, allowed, scaling, softcap):
-            layer = self.layers[id(module)][0]
+        def attend(self, call):
+            layer, query, key, value = call.index, call.query, call.key, call.value
             B, H, T, _ = query.shape
-            proj = self.projection(module, H)
+            proj = self.projection(layer)
             mask = self.token_mask
             mask = (torch.ones(B, T, dtype=torch.bool) if mask is None else mask)
-            allowed = allowed & mask[:, None, None, :]
-            logits = (query.double() @ repeat_kv(key, H).double().transpose(-1, -2)) * scaling
-            if softcap is not None:
-                logits = torch.tanh(logits / softcap) * softcap
-            alpha = softmax_masked(logits, allowed)
+            allowed = call.allowed & mask[:, None, None, :]
+            alpha, _ = attention_probs(query, repeat_kv(key, H), call.scaling, allowed,
+                                       call.softcap, call.sinks, dtype=torch.float64)
             vf = repeat_kv(value, H).double()
             weights, r = alpha, self.removal
             if r is not None and (r.layers is None or layer in r.layers):

@@ -39,14 +39,18 @@ def build(mode: str, model_spec: str):
     from attngeom.extract.models import load
     from attngeom.extract.run import ExtractConfig, extract_shard, store_config
     from attngeom.store.manifest import new_manifest
+    from attngeom.store.shards import read_shard, shard_attrs, write_shard
 
     n, T = SIZES[mode]
     cfg = ExtractConfig(mode=mode, max_length=T, limit=n)
     texts = load_texts("builtin", limit=n)
     loaded = load(model_spec)
     manifest = new_manifest(store_config(loaded.info, texts, cfg, n), n, {})
-    ds, _ = extract_shard(loaded, texts.texts, 0, cfg, Options(mode), manifest,
-                          tqdm(disable=True))
+    ds, encoded = extract_shard(loaded, texts.texts, 0, cfg, Options(mode), tqdm(disable=True))
+    ds.attrs = shard_attrs(manifest)
+    with tempfile.TemporaryDirectory() as tmp:       # the whole shard, measured arrays too
+        write_shard(ds, Path(tmp) / "shard.nc", encoded)
+        ds = read_shard(Path(tmp) / "shard.nc")
     return ds, int(ds["length"].sum()), loaded.info["spec"]
 
 

@@ -33,8 +33,7 @@ import traceback
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import (LLAMA31_8B, MiB, ensure_attngeom, interleaved, log,  # noqa: E402
-                     machine, summarize)
+from _common import LLAMA31_8B, MiB, interleaved, log, machine, summarize  # noqa: E402
 
 T0 = time.perf_counter()
 RECORDS: list[dict] = []
@@ -175,7 +174,9 @@ def main(argv=None) -> int:
         DEVICE, SHAPE = "cpu", SMOKE_SHAPE
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    found = ensure_attngeom()
+    import attngeom.extract.capture  # noqa: F401  (installed, or laid out by gpu.sh)
+
+    found = str(Path(attngeom.__file__).resolve().parent.parent)
     import torch
 
     if DEVICE == "cuda" and not torch.cuda.is_available():

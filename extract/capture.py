@@ -6,15 +6,13 @@
 
 from __future__ import annotations
 
-import inspect
-
 import numpy as np
 import torch
 from torch import nn
 
-from .archs import attention_layers
+from .archs import Layer, discover, forward_options
 from .geometry import Projection, cached_projection
-from .hooks import attention_handler
+from .hooks import Call, attention_handler
 from .measure import Masks, Options, measure_layer, prepare_masks
 
 
@@ -29,17 +27,26 @@ class Measurer:
 
     def __init__(self, model: nn.Module, opts: Options, keep_on_device: bool = True):
         self.opts = opts
-        found = attention_layers(model)
-        self.layers = {id(m): (i, w) for i, (m, w, _) in enumerate(found)}
-        self.n_layers = len(found)
+        arch = discover(model)
+        self.found: tuple[Layer, ...] = arch.layers
+        self.learned_sinks = arch.learned_sinks
+        self.n_layers = len(self.found)
         self.token_mask: torch.Tensor | None = None
         self.keep_on_device = keep_on_device
         self.results: dict[int, dict[str, torch.Tensor]] = {}
         self.host: dict[str, np.ndarray] = {}
         self._masks: list[tuple[torch.Tensor, Masks]] = []
 
-    def projection(self, module: nn.Module, n_heads: int) -> Projection:
-        return cached_projection(self.layers[id(module)][1], n_heads)
+    def layer(self, call: Call) -> Layer:
+        """The layer of this call (calls come in layer order), checked against the probe."""
+        found = self.found[call.index] if call.index < self.n_layers else None
+        if found is None or found.module is not call.module:
+            raise RuntimeError(f"attention call {call.index} ({type(call.module).__name__}) is "
+                               "not the layer the probe found there")
+        return found
+
+    def projection(self, layer: Layer) -> Projection:
+        return cached_projection(layer.weight, layer.n_heads)
 
     def masks(self, allowed: torch.Tensor, token_mask: torch.Tensor, dtype) -> Masks:
         """Masks for this mask tensor, made once (the model passes each layer the same one)."""
@@ -51,21 +58,23 @@ class Measurer:
         self._masks.append((allowed, masks))       # keeps the tensor (and its address) alive
         return masks
 
-    def attend(self, module, query, key, value, allowed, scaling, softcap):
-        if id(module) not in self.layers:
-            raise RuntimeError(f"attention module {type(module).__name__} was not registered")
-        layer = self.layers[id(module)][0]
-        proj = self.projection(module, query.shape[1])
+    def attend(self, call: Call) -> torch.Tensor:
+        layer = self.layer(call)
+        query = call.query
         token_mask = self.token_mask
         if token_mask is None:
             token_mask = torch.ones(query.shape[0], query.shape[2], dtype=torch.bool,
                                     device=query.device)
-        masks = self.masks(allowed, token_mask.to(query.device), query.dtype)
-        z, out = measure_layer(query, key, value, masks, scaling, proj, self.opts, softcap)
+        masks = self.masks(call.allowed, token_mask.to(query.device), query.dtype)
+        z, out = measure_layer(query, call.key, call.value, masks, call.scaling,
+                               self.projection(layer), self.opts, call.softcap, call.sinks)
+        if self.learned_sinks and "learned_sink_alpha" not in out:   # a layer without sinks
+            out["learned_sink_alpha"] = torch.zeros_like(out["output_norm"]).masked_fill(
+                ~masks.query, float("nan"))
         if self.keep_on_device:
-            self.results[layer] = out
+            self.results[call.index] = out
         else:
-            self._to_host(layer, out)
+            self._to_host(call.index, out)
         return z
 
     def _to_host(self, layer: int, out: dict[str, torch.Tensor]) -> None:
@@ -90,17 +99,6 @@ def model_inputs(batch: dict, device: torch.device | str) -> dict[str, torch.Ten
     return {k: torch.as_tensor(v).to(device) for k, v in batch.items() if k in keep}
 
 
-def _forward_options(model: nn.Module, inputs: dict) -> dict:
-    """No KV cache, and logits for one position only: extraction never reads the LM head."""
-    if "input_ids" not in inputs:
-        return {}
-    params = inspect.signature(model.forward).parameters
-    extra = {"use_cache": False}
-    if "logits_to_keep" in params:
-        extra["logits_to_keep"] = 1
-    return extra
-
-
 @torch.inference_mode()
 def measure(model: nn.Module, batch: dict, opts: Options = Options()) -> dict[str, np.ndarray]:
     """Run the model once on ``batch`` and return every layer's measurements.
@@ -123,5 +121,5 @@ def measure(model: nn.Module, batch: dict, opts: Options = Options()) -> dict[st
     if mask is not None:
         handler.token_mask = mask.bool()
     with attention_handler(model, handler):
-        model(**inputs, **_forward_options(model, inputs))
+        model(**inputs, **forward_options(model, inputs))
     return handler.collect()

@@ -3,86 +3,33 @@
 One forward pass per (metric, rank, mode, fraction) and batch, plus a clean pass and, with
 ``drift``, a sink-zeroed pass (:mod:`.interventions`). Units (texts or items) are processed in
 blocks; each finished block is written atomically to ``<out>/<name>.partial/`` so a killed run
-resumes where it stopped. The result, ``<out>/<name>.nc``, is described in
-:mod:`.faithfulness_output`; its file, checksum and config are recorded in the store manifest
-under ``"faithfulness"`` (a manifest is created when ``out`` is not yet a store).
+resumes where it stopped (:func:`attngeom.store.writer.open_partial`). The result,
+``<out>/<name>.nc``, is described in :mod:`.faithfulness_output`;
+:func:`attngeom.store.writer.record_result` writes it and records its file, checksum and config
+in the store manifest (a manifest is created when ``out`` is not yet a store).
 """
 
 from __future__ import annotations
 
-import shutil
-from dataclasses import asdict, dataclass
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from attngeom.store.manifest import portable
+from attngeom.store.writer import open_partial, record_result, result_path
+from attngeom.store.options import FaithConfig
+from attngeom.store.ranges import parse_ranges
+from attngeom.store.vocab import METRICS, NONNEGATIVE, RANKS
+
 from .data import Tokenized, batches, load_texts, pad_token_id
-from .interventions import (GRANULARITIES, METRICS, MODES, NONNEGATIVE, RANKS, DriftProbe,
-                            Intervener, Removal, forward_logits)
+from .interventions import DriftProbe, Intervener, Removal, forward_logits
+from .run import BatchSize
 from .scoring import (Prepared, items_sha256, prepare_answers, prepare_choices, prepare_texts,
                       span_logprobs)
 from .selection import Workspace
-
-TASKS = ("lm", "gsm8k-answer", "mmlu", "winogrande", "boolq")
-
-
-@dataclass
-class FaithConfig:
-    """Options of a faithfulness run; all but batch_size/device shape the numbers."""
-
-    task: str = "lm"
-    metrics: tuple[str, ...] = METRICS
-    modes: tuple[str, ...] = MODES
-    ranks: tuple[str, ...] = RANKS
-    fractions: tuple[float, ...] = (0.1, 0.2, 0.5)
-    granularity: str = "head"
-    layers: tuple[int, ...] | None = None
-    max_length: int = 512
-    limit: int | None = None
-    text_field: str | None = None
-    dev: str | None = None
-    k_shot: int = 5
-    drift: bool = True
-    sink_k: int = 1
-    drift_low_fraction: float = 0.1
-    block_size: int = 16
-    batch_size: int = 4
-    device: str = "cpu"
-    dtype: str = "float32"
-    name: str = "faithfulness"
-
-    def check(self) -> None:
-        for field, allowed in (("metrics", METRICS), ("modes", MODES), ("ranks", RANKS)):
-            values = getattr(self, field)
-            bad = [v for v in values if v not in allowed]
-            if bad or not values or len(set(values)) != len(values):
-                raise ValueError(f"--{field} {','.join(values)}: give distinct values from "
-                                 f"{', '.join(allowed)}")
-        if self.task not in TASKS:
-            raise ValueError(f"--task must be one of {', '.join(TASKS)}, not '{self.task}'")
-        if self.granularity not in GRANULARITIES:
-            raise ValueError(f"--granularity must be one of {', '.join(GRANULARITIES)}")
-        if not self.fractions or any(not 0 <= p <= 1 for p in self.fractions) \
-                or len(set(self.fractions)) != len(self.fractions):
-            raise ValueError("--fractions must be distinct numbers in [0, 1], e.g. 0.1,0.2,0.5")
-        for name in ("max_length", "batch_size", "block_size", "sink_k"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
-        if not 0 < self.drift_low_fraction <= 1:
-            raise ValueError("--drift-low-fraction must be in (0, 1]")
-        if self.limit is not None and self.limit < 1:
-            raise ValueError("--limit must be at least 1")
-        if not self.name.replace("-", "").replace("_", "").isalnum():
-            raise ValueError(f"--name '{self.name}': use letters, digits, '-' and '_' only")
-
-    def options(self) -> dict:
-        """The options that determine the numbers (identity of a run)."""
-        out = {k: v for k, v in asdict(self).items() if k not in ("batch_size", "device", "name")}
-        for k in ("metrics", "modes", "ranks", "fractions", "layers"):
-            out[k] = None if out[k] is None else list(out[k])
-        return out
 
 
 # ------------------------------------------------------------------------------------ plan
@@ -225,38 +172,34 @@ def compute_block(model, prepared: Prepared, cfg: FaithConfig, removals: list[Re
 
 
 def compute_retrying(model, prepared: Prepared, cfg: FaithConfig, removals: list[Removal],
-                     pad_id: int, bar=None, log=print) -> dict:
-    """:func:`compute_block`; on out-of-memory halve ``cfg.batch_size`` and redo the block.
+                     pad_id: int, bar=None, log=print, current: BatchSize | None = None
+                     ) -> dict:
+    """:func:`compute_block`; on out-of-memory halve the batch size and redo the block.
 
-    The smaller size is kept for the rest of the run; at batch size 1 it raises MemoryError.
-    Batch size does not shape the numbers (it is not part of the options hash).
+    The smaller size is kept in ``current`` (default: a new one at ``cfg.batch_size``) for the
+    rest of the run; at batch size 1 it raises MemoryError. Batch size does not shape the
+    numbers (it is not part of the options hash).
     """
     from .run import halved_batch
 
+    current = current or BatchSize(cfg.batch_size)
     while True:
         try:
-            return compute_block(model, prepared, cfg, removals, pad_id, bar)
+            return compute_block(model, prepared, replace(cfg, batch_size=current.size),
+                                 removals, pad_id, bar)
         except RuntimeError as exc:
-            cfg.batch_size = halved_batch(exc, cfg.batch_size, cfg.device, log,
-                                          "redoing the block", "--max-length, fewer --layers")
+            current.size = halved_batch(exc, current.size, cfg.device, log, "redoing the block",
+                                      "--max-length, fewer --layers")
 
 
 # ------------------------------------------------------------------------------------ run
-def _remove_temporaries(out: Path) -> None:
-    """Temporary files (``.NAME.tmp-PID``) a killed run left in ``out``: never read, removed."""
-    from attngeom.store.shards import remove_temporaries
-
-    if out.is_dir():
-        remove_temporaries(out)
-
-
 def faithfulness(model: str, data: str, out: str | Path, cfg: FaithConfig | None = None,
                  trust_remote_code: bool = False, progress: bool = True, force: bool = False,
                  log=print) -> Path:
     """Run the experiment into ``out/<name>.nc``; return the file's path."""
-    from .faithfulness_output import (assemble, block_dataset, finish, open_partial,
-                                      read_block, write_block)
+    from .faithfulness_output import assemble, block_dataset
     from .models import load
+    from .run import versions
 
     cfg = cfg or FaithConfig()
     cfg.check()
@@ -265,20 +208,24 @@ def faithfulness(model: str, data: str, out: str | Path, cfg: FaithConfig | None
     if not loaded.info["causal"] or loaded.tokenizer is None:
         raise ValueError(f"faithfulness scores next-token predictions, so it needs a causal "
                          f"language model; '{model}' is a {loaded.info['model_type']} encoder")
+    if loaded.model.get_output_embeddings() is None:
+        raise ValueError(f"faithfulness scores next-token predictions, but '{model}' loaded "
+                         "without a language-modelling head (its config.json names no causal-LM "
+                         "class in 'architectures'); save it with its LM head")
     n_layers = loaded.info["n_layers"]
-    if cfg.layers is not None and any(not 0 <= i < n_layers for i in cfg.layers):
-        raise ValueError(f"--layers must be in 0..{n_layers - 1} for this model")
+    layers = parse_ranges(cfg.layers, range(n_layers), "--layers", "this model's layers")
+    cfg = replace(cfg, layers=None if layers is None else tuple(layers))
     prepared, data_info = load_task(cfg, data, loaded.tokenizer)
-    config = {"model": loaded.info, "data": data_info, "options": cfg.options()}
+    # specs as labels, as extraction records them: the same inputs anywhere, the same config
+    config = {"model": portable(loaded.info, "spec", "id"),
+              "data": portable(data_info, "spec", "dev"), "options": cfg.options()}
     plan = ranking_plan(cfg.metrics, cfg.ranks, cfg.granularity)
     notes = plan_notes(plan)
     for note in notes:
         log(f"attngeom: note: {note}")
-    _remove_temporaries(out)
     partial = open_partial(out, cfg.name, config, force, log)
-    if partial is None:                       # complete; a run killed after its manifest
-        shutil.rmtree(out / f"{cfg.name}.partial", ignore_errors=True)   # left partials
-        return out / f"{cfg.name}.nc"
+    if partial is None:                                   # complete with these settings
+        return result_path(out, cfg.name)
     removals = conditions(cfg, plan)
     n = prepared.n_units
     blocks = [(a, min(n, a + cfg.block_size)) for a in range(0, n, cfg.block_size)]
@@ -287,17 +234,17 @@ def faithfulness(model: str, data: str, out: str | Path, cfg: FaithConfig | None
     n_batches = [-(-len(b.rows) // cfg.batch_size) for b in subsets]
     bar = tqdm(total=sum(n_batches) * per_batch, unit="pass", desc="faithfulness",
                disable=not progress)
-    parts = []
+    parts, current = [], BatchSize(cfg.batch_size)
     for (start, stop), block, nb in zip(blocks, subsets, n_batches):
-        ds = read_block(partial, start, stop)
+        ds = partial.read_block(start, stop)
         if ds is None:
             result = compute_retrying(loaded.model, block, cfg, removals,
-                                      pad_token_id(loaded.tokenizer), bar, log)
+                                      pad_token_id(loaded.tokenizer), bar, log, current)
             ds = block_dataset(block, result, cfg, plan, removals, start, n_layers)
-            write_block(ds, partial, start, stop)
+            partial.write_block(ds, start, stop)
         else:
             bar.update(nb * per_batch)
         parts.append(ds)
     bar.close()
-    ds = assemble(parts, prepared, cfg, config, notes)
-    return finish(ds, out, cfg.name, config, loaded.info, partial)
+    ds = assemble(parts, prepared, cfg, config, plan, notes)
+    return record_result(out, cfg.name, ds, config, versions(), partial)

@@ -1,4 +1,7 @@
-"""The faithfulness result file, its resumable partial blocks, and the store manifest entry.
+"""The faithfulness result as a Dataset: computed blocks in, ``<name>.nc``'s contents out.
+
+Writing it (atomically, recorded in the store manifest) and the resumable partial blocks are
+the store's (:mod:`attngeom.store.writer`: ``open_partial``, ``record_result``).
 
 ``<name>.nc`` (netCDF4/HDF5, plain xarray) holds, with ``U`` = ``sequence`` (language
 modelling, GSM8K answers) or ``item`` (multiple choice):
@@ -22,19 +25,15 @@ loss (larger = more damage) the statistics use: ``delta_ppl`` or ``accuracy_loss
 from __future__ import annotations
 
 import json
-import shutil
-from pathlib import Path
 
 import numpy as np
 import xarray as xr
 
 from attngeom import __version__
-from attngeom.store.manifest import (StoreError, atomic_write_bytes, canonical,
-                                     config_difference, config_hash, file_sha256,
-                                     new_manifest, now, read_manifest, write_manifest)
-from attngeom.store.shards import write_netcdf_atomic as _write_atomic
+from attngeom.store.derive import AOPC_NOTE, aopc
+from attngeom.store.manifest import config_hash, now
+from attngeom.store.vocab import METRICS, RANKS
 
-from .interventions import METRICS, RANKS
 from .scoring import Prepared, unit_scores
 
 DESCRIPTIONS = {
@@ -75,9 +74,6 @@ DESCRIPTIONS = {
     "drift_n_low": "number of (head, query) cells in the lowest-norm selection",
     "aopc": "per-unit AOPC: mean over the swept fractions of the loss (loss_variable)",
 }
-AOPC_NOTE = ("AOPC = mean over the swept fractions p of the loss at p (ERASER's 1/(|P|+1) sum "
-             "also counts the trivial p = 0 term; this differs by the constant factor "
-             "|P|/(|P|+1) only)")
 
 
 # ------------------------------------------------------------------------------------ blocks
@@ -160,11 +156,13 @@ def block_dataset(block: Prepared, result: dict, cfg, plan: dict, removals, star
     return xr.Dataset(data, coords=coords)
 
 
-def assemble(parts: list[xr.Dataset], prepared: Prepared, cfg, config: dict,
+def assemble(parts: list[xr.Dataset], prepared: Prepared, cfg, config: dict, plan: dict,
              notes: list[str]) -> xr.Dataset:
-    """Concatenate blocks, add derived variables, descriptions and provenance."""
-    from .faithfulness import ranking_plan
+    """Concatenate blocks, add derived variables, descriptions and provenance.
 
+    ``plan``: (metric, rank) -> the (metric, rank) whose results it copies
+    (:func:`attngeom.extract.faithfulness.ranking_plan`).
+    """
     U = _unit_dim(prepared.kind)
     ds = xr.concat(parts, dim=U, data_vars="minimal", coords="minimal", compat="override",
                    join="override") if len(parts) > 1 else parts[0]
@@ -184,8 +182,7 @@ def assemble(parts: list[xr.Dataset], prepared: Prepared, cfg, config: dict,
             ds["drift_accuracy"] = ds["drift_correct"].astype(float).mean(U)
             ds["drift_accuracy_loss"] = (ds["clean_correct"] - ds["drift_correct"]).astype(np.int8)
         loss = "accuracy_loss"
-    ds["aopc"] = ds[loss].astype(float).mean("fraction", skipna=False)   # (metric, rank, mode, U)
-    plan = ranking_plan(cfg.metrics, cfg.ranks, cfg.granularity)
+    ds["aopc"] = aopc(ds[loss])                                         # (metric, rank, mode, U)
     same = np.array([[f"{plan[(m, r)][0]}/{plan[(m, r)][1]}" if plan[(m, r)] != (m, r) else ""
                       for r in cfg.ranks] for m in cfg.metrics], dtype=object)
     ds["same_ranking_as"] = (("metric", "rank"), same)
@@ -205,102 +202,3 @@ def assemble(parts: list[xr.Dataset], prepared: Prepared, cfg, config: dict,
         "ranks": ",".join(r for r in RANKS if r in cfg.ranks),
     }
     return ds
-
-
-# ------------------------------------------------------------------------------------ files
-def write_netcdf_atomic(ds: xr.Dataset, path: Path) -> None:
-    """gzip-compressed, written atomically (see attngeom.store.shards.write_netcdf_atomic)."""
-    enc = {n: {"zlib": True, "complevel": 4} for n, v in ds.data_vars.items()
-           if v.dtype != object and v.ndim > 0}
-    _write_atomic(ds, path, enc)
-
-
-def _block_path(partial: Path, start: int, stop: int) -> Path:
-    return partial / f"block-{start:07d}-{stop:07d}.nc"
-
-
-def write_block(ds: xr.Dataset, partial: Path, start: int, stop: int) -> None:
-    write_netcdf_atomic(ds, _block_path(partial, start, stop))
-
-
-def read_block(partial: Path, start: int, stop: int) -> xr.Dataset | None:
-    """A finished block, or None (missing or unreadable: it is recomputed)."""
-    path = _block_path(partial, start, stop)
-    if not path.is_file():
-        return None
-    try:
-        with xr.open_dataset(path, engine="h5netcdf") as f:
-            return f.load()
-    except (OSError, ValueError):
-        path.unlink(missing_ok=True)
-        return None
-
-
-def open_partial(out: Path, name: str, config: dict, force: bool, log) -> Path | None:
-    """The partial directory to continue in, or None when the result is already complete."""
-    final, partial = out / f"{name}.nc", out / f"{name}.partial"
-    if (out / "manifest.json").exists():
-        manifest = read_manifest(out)
-        had = manifest["config"].get("model", {}).get("weight_fingerprint")
-        if had and had != config["model"]["weight_fingerprint"]:
-            other = manifest["config"]["model"].get("id")
-            raise StoreError(f"{out} holds results of another model ({other}); "
-                             "use another --out")
-        entry = manifest.get("faithfulness", {}).get(name)
-        if entry and final.is_file() and not force:
-            if canonical(entry["config"]) == canonical(config) \
-                    and file_sha256(final) == entry["sha256"]:
-                log(f"attngeom: {final} is already complete with these settings")
-                return None
-            diff = config_difference(entry["config"], config) or "checksum"
-            raise StoreError(f"{final} exists with other settings ({diff}); pass --force to "
-                             "replace it, or --name to keep both")
-    elif out.exists() and set(p.name for p in out.iterdir()) - {final.name, partial.name}:
-        raise StoreError(f"{out} exists and is not an attngeom store; choose an empty --out")
-    saved = partial / "config.json"
-    if partial.exists():
-        try:
-            old = json.loads(saved.read_text()) if saved.is_file() else None
-        except (OSError, UnicodeDecodeError, ValueError):
-            old = None                             # damaged: start the partial run over
-        if old is not None and canonical(old) == canonical(config) and not force:
-            done = len(list(partial.glob("block-*.nc")))
-            log(f"attngeom: resuming an interrupted run ({done} block(s) done)")
-        elif old is None or force:
-            shutil.rmtree(partial)
-        else:
-            raise StoreError(f"{partial}: an interrupted run with other settings "
-                             f"({config_difference(old, config)}); rerun it with its options, "
-                             "or pass --force to discard it")
-    partial.mkdir(parents=True, exist_ok=True)
-    for tmp in partial.glob(".*.tmp-*"):
-        tmp.unlink(missing_ok=True)
-    if not saved.is_file():
-        atomic_write_bytes(saved, json.dumps(config, sort_keys=True).encode())
-    return partial
-
-
-def finish(ds: xr.Dataset, out: Path, name: str, config: dict, info: dict,
-           partial: Path) -> Path:
-    """Write the result, record it in the manifest (creating one if needed), drop partials."""
-    from .run import versions
-
-    final = out / f"{name}.nc"
-    write_netcdf_atomic(ds, final)
-    entry = {"file": final.name, "sha256": file_sha256(final), "config": config,
-             "config_hash": config_hash(config), "created": now(), "versions": versions()}
-    if (out / "manifest.json").exists():
-        manifest = read_manifest(out)
-    else:
-        store_config = {"model": info, "data": config["data"],
-                        "options": {"faithfulness": config["options"]}}
-        manifest = new_manifest(store_config, 0, {"versions": versions(), "counts": {},
-                                                  "kind": "faithfulness"})
-        manifest["complete"] = True             # holds no extraction shards, by design
-    manifest.setdefault("faithfulness", {})[name] = entry
-    write_manifest(out, manifest)
-    from attngeom.store.readme import write_readme
-
-    write_readme(out, manifest)                 # README.txt now lists this result too
-    shutil.rmtree(partial, ignore_errors=True)
-    return final

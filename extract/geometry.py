@@ -22,6 +22,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from attngeom.store import derive
+
 Tensor = torch.Tensor
 
 
@@ -81,9 +83,10 @@ def repeat_kv(x: Tensor, n_heads: int) -> Tensor:
     return x if groups == 1 else x.repeat_interleave(groups, dim=1)
 
 
-def scores(q: Tensor, k: Tensor, scale: float, softcap: float | None) -> Tensor:
-    """Attention logits (B, H, Tq, Tk) in float32, soft-capped where the model does it."""
-    s = (q.float() @ k.float().transpose(-1, -2)) * scale
+def scores(q: Tensor, k: Tensor, scale: float, softcap: float | None,
+           dtype: torch.dtype = torch.float32) -> Tensor:
+    """Attention logits (B, H, Tq, Tk) in ``dtype``, soft-capped where the model does it."""
+    s = (q.to(dtype) @ k.to(dtype).transpose(-1, -2)) * scale
     return s if softcap is None else torch.tanh(s / softcap) * softcap
 
 
@@ -92,6 +95,24 @@ def softmax_masked(logits: Tensor, allowed: Tensor) -> Tensor:
     logits = logits.masked_fill(~allowed, float("-inf"))
     alpha = torch.softmax(logits, dim=-1)
     return alpha.nan_to_num(0.0)
+
+
+def attention_probs(q: Tensor, k: Tensor, scale: float, allowed: Tensor,
+                    softcap: float | None = None, sinks: Tensor | None = None,
+                    dtype: torch.dtype = torch.float32) -> tuple[Tensor, Tensor | None]:
+    """alpha (B, H, Tq, Tk) over the real keys and the learned sink's weight (B, H, Tq).
+
+    q, k : (B, H, T, dh) (keys repeated to the query heads); allowed (B, 1|H, Tq, Tk).
+    ``sinks``: learned sink logits broadcastable to (B, H, Tq), or None (weight None). The
+    sink joins the softmax as a virtual key with no value, so sum_j alpha_ij + sink_i = 1.
+    """
+    logits = scores(q, k, scale, softcap, dtype)
+    if sinks is None:
+        return softmax_masked(logits, allowed), None
+    logits = logits.masked_fill(~allowed, float("-inf"))
+    column = sinks.to(dtype).expand(logits.shape[:-1])[..., None]            # (B, H, Tq, 1)
+    p = torch.softmax(torch.cat([logits, column], -1), dim=-1)
+    return p[..., :-1], p[..., -1]
 
 
 def attention_bias(allowed: Tensor, dtype: torch.dtype) -> Tensor:
@@ -105,11 +126,24 @@ def attention_bias(allowed: Tensor, dtype: torch.dtype) -> Tensor:
 
 def fused_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None,
                     scale: float) -> tuple[Tensor, Tensor]:
-    """Head outputs z (B, H, T, dh) and log-sum-exp (B, H, T) from a fused SDPA kernel.
+    """Head outputs z (B, H, T, dv) and log-sum-exp (B, H, T) from a fused SDPA kernel.
 
     ``bias`` None means plain causal attention (``is_causal``, no mask read at all). No
     (T, T) probability matrix is materialised; ``alpha_ij = exp(q_i k_j scale - lse_i)``.
+    A value head dim dv other than the query head dim dh (MLA) is padded with zeros to the
+    larger one (q and k: the logits are unchanged; v: z is cut back to dv).
     """
+    dh, dv = q.shape[-1], v.shape[-1]
+    if dv < dh:
+        v = F.pad(v, (0, dh - dv))
+    elif dv > dh:
+        q, k = F.pad(q, (0, dv - dh)), F.pad(k, (0, dv - dh))
+    z, lse = _fused(q, k, v, bias, scale)
+    return z[..., :dv], lse
+
+
+def _fused(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None,
+           scale: float) -> tuple[Tensor, Tensor]:
     if q.device.type == "cpu":
         if bias is None:
             out = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
@@ -251,8 +285,7 @@ def band_values(x: Tensor, w: int) -> Tensor:
 
 
 def tail_index(T: int, k: int, w: int, device: torch.device) -> tuple[Tensor, Tensor]:
-    """Key index (T, w) = query - lag, and whether it is a non-sink key >= 0."""
-    q = torch.arange(T, device=device)[:, None]
-    lag = torch.arange(w, device=device)[None, :]
-    key = q - lag
-    return key.clamp_min(0), key >= k
+    """Key index (T, w) = query - lag clipped at 0, and whether it is a tail key (j >= k):
+    :func:`attngeom.store.derive.tail_keys`, on ``device``."""
+    key, ok = derive.tail_keys(T, k, w)
+    return torch.from_numpy(key).to(device), torch.from_numpy(ok).to(device)

@@ -6,26 +6,87 @@ implementation and the causal mask is silently dropped. Our mask function always
 the full boolean (B, 1, Tq, Tk) mask, so the handler knows exactly which keys are allowed.
 
 While a :class:`Handler` is active (``with attention_handler(model, handler):``) every
-attention layer of the model calls ``handler.attend``; outside, the function is plain SDPA.
+attention call of the model becomes one :class:`Call` for ``handler.attend``; outside, the
+function is plain SDPA.
+
+Every keyword the model passes is applied, known not to enter eager attention, or refused by
+name (:func:`attention_keywords`), so no model gets numbers that silently differ from its own
+eager attention.
 """
 
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator, Protocol
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Protocol
 
 import torch
 from torch import nn
 
 NAME = "attngeom"
 _ACTIVE: list["Handler"] = []
+_CALLS: list[int] = []            # attention calls so far in the active forward, per handler
+
+# keywords the attention function applies: the scale, logit soft-capping, learned sink logits
+# (``s_aux`` per head, ``sinks`` per head and query), causality when no mask is passed, and
+# dropout (refused unless 0: eval mode)
+APPLIED = ("scaling", "softcap", "s_aux", "sinks", "is_causal", "dropout")
+# keywords carried by the mask the model builds (masking_utils applies the window), or read
+# only by kernels other than eager attention, or by the model around the attention call
+IGNORED = {
+    "sliding_window": "the mask already applies the window (eager attention ignores it)",
+    "position_ids": "positions are already in q and k (rotary embeddings)",
+    "cache_position": "positions are already in q and k", "use_cache": "caching only",
+    "output_attentions": "what is returned, not computed", "output_router_logits": "MoE only",
+    "output_hidden_states": "what is returned", "return_dict": "what is returned",
+    "cu_seq_lens_q": "flash-attention packing", "cu_seq_lens_k": "flash-attention packing",
+    "max_length_q": "flash-attention packing", "max_length_k": "flash-attention packing",
+    "deterministic": "flash-attention kernels only", "query": "", "key": "", "value": "",
+}
+# keywords that must be None (a value would change the attention or make it cross-attention)
+MUST_BE_NONE = {
+    "encoder_hidden_states": "cross-attention (only self-attention is measured)",
+    "encoder_attention_mask": "cross-attention (only self-attention is measured)",
+    "head_mask": "a head mask rescales attention probabilities",
+    "attention_bias": "an additive attention bias",
+}
+# keywords refused by name: attention these cannot reproduce exactly
+REFUSED = {
+    "position_bias": "relative position biases added to the logits (T5-style)",
+    "indices": "sparse attention over selected keys",
+    "block_indices": "block-sparse attention",
+}
+
+
+class Unsupported(ValueError):
+    """The model cannot be decomposed exactly; the message is one line with the reason."""
 
 
 class Handler(Protocol):
-    def attend(self, module: nn.Module, query: torch.Tensor, key: torch.Tensor,
-               value: torch.Tensor, allowed: torch.Tensor, scaling: float,
-               softcap: float | None) -> torch.Tensor:
-        """Return head outputs z (B, H, T, dh)."""
+    def attend(self, call: "Call") -> torch.Tensor:
+        """Return head outputs z (B, H, Tq, dv)."""
+
+
+@dataclass
+class Call:
+    """One call of the attention function, with every keyword resolved.
+
+    query (B, H, Tq, dh); key (B, G, Tk, dh); value (B, G, Tk, dv), G dividing H;
+    allowed (B, 1|H, Tq, Tk) bool; sinks None or learned sink logits broadcastable to
+    (B, H, Tq); ``index`` counts the attention calls of the current forward from 0.
+    """
+
+    module: nn.Module
+    index: int
+    query: torch.Tensor
+    key: torch.Tensor
+    value: torch.Tensor
+    allowed: torch.Tensor
+    scaling: float
+    softcap: float | None = None
+    sinks: torch.Tensor | None = None
+    mask: torch.Tensor | None = None
+    kwargs: dict[str, Any] = field(default_factory=dict)
 
 
 def _mask(*args, **kwargs):
@@ -50,20 +111,79 @@ def _allowed(mask: torch.Tensor | None, query: torch.Tensor, key: torch.Tensor,
     return mask[..., :Tk] > torch.finfo(mask.dtype).min / 2
 
 
-def _attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
-               **kwargs):
-    if kwargs.get("s_aux") is not None or kwargs.get("sinks") is not None:
-        raise ValueError("learned attention sinks (s_aux) are not supported yet")
-    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+def _sink_logits(module: nn.Module, query: torch.Tensor, kwargs: dict) -> torch.Tensor | None:
+    """Learned sink logits as (1|B, H, 1|Tq): ``s_aux`` (H,) or ``sinks`` (B, H, Tq, 1)."""
+    B, H, Tq, _ = query.shape
+    s_aux, sinks = kwargs.get("s_aux"), kwargs.get("sinks")
+    if s_aux is not None and sinks is not None:
+        raise ValueError(f"{type(module).__name__} passes both s_aux and sinks to attention; "
+                         "not supported")
+    logits = s_aux if s_aux is not None else sinks
+    if logits is None:
+        return None
+    if logits.numel() == H:
+        return logits.reshape(1, H, 1)
+    if logits.dim() == 4 and logits.shape[-1] == 1 and logits.shape[1:3] == (H, Tq):
+        return logits[..., 0]
+    raise ValueError(f"{type(module).__name__} passes learned sink logits of shape "
+                     f"{tuple(logits.shape)}; attngeom reads one logit per head (s_aux) or per "
+                     "head and query (sinks)")
+
+
+def attention_keywords(module: nn.Module, kwargs: dict) -> None:
+    """ValueError (one line, naming the keyword) for a keyword attngeom cannot reproduce."""
+    name = type(module).__name__
+    for key, value in kwargs.items():
+        if key in APPLIED or key in IGNORED:
+            continue
+        if key in MUST_BE_NONE:
+            if value is not None:
+                raise Unsupported(f"{name} passes {key}= to attention: {MUST_BE_NONE[key]}; "
+                                 "not supported")
+            continue
+        if key in REFUSED:
+            if value is not None:
+                raise Unsupported(f"{name} passes {key}= to attention: {REFUSED[key]}, which has "
+                                 "no exact decomposition here; not supported")
+            continue
+        raise Unsupported(f"{name} passes the attention keyword '{key}', which attngeom does not "
+                         "know; it may change the attention, so the model is not supported")
+    dropout = kwargs.get("dropout") or 0.0
+    if dropout:
+        raise ValueError(f"{name} applies attention dropout {dropout}: the model is in training "
+                         "mode; call model.eval()")
+
+
+def _check_mask(module: nn.Module, mask: torch.Tensor | None) -> None:
+    """ValueError when an additive mask carries more than allowed (0) / masked (min)."""
+    if mask is None or mask.dtype == torch.bool:
+        return
+    floor = torch.finfo(mask.dtype).min / 2
+    if bool(((mask > floor) & (mask != 0)).any()):
+        raise Unsupported(f"{type(module).__name__} adds a bias to the attention logits through "
+                         "its mask (e.g. ALiBi or a dynamic mask); not supported")
+
+
+def _attention(module, query, key, value, attention_mask, **kwargs):
     if not _ACTIVE:
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
-        return sdpa_attention_forward(module, query, key, value, attention_mask,
-                                      dropout=dropout, scaling=scaling, **kwargs)
+        if kwargs.get("s_aux") is not None or kwargs.get("sinks") is not None:
+            raise ValueError("learned attention sinks need attngeom's handler or eager attention")
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    attention_keywords(module, kwargs)
+    _check_mask(module, attention_mask)
     handler = _ACTIVE[-1]
-    causal = bool(getattr(module, "is_causal", False))
-    allowed = _allowed(attention_mask, query, key, causal)
-    z = handler.attend(module, query, key, value, allowed, scale, kwargs.get("softcap"))
-    return z.transpose(1, 2).contiguous(), None                 # (B, T, H, dh)
+    scaling = kwargs.get("scaling")
+    causal = kwargs.get("is_causal")
+    causal = bool(getattr(module, "is_causal", False) if causal is None else causal)
+    call = Call(module=module, index=_CALLS[-1], query=query, key=key, value=value,
+                allowed=_allowed(attention_mask, query, key, causal),
+                scaling=scaling if scaling is not None else query.shape[-1] ** -0.5,
+                softcap=kwargs.get("softcap"), sinks=_sink_logits(module, query, kwargs),
+                mask=attention_mask, kwargs=kwargs)
+    _CALLS[-1] += 1
+    z = handler.attend(call)
+    return z.transpose(1, 2).contiguous(), None                 # (B, Tq, H, dv)
 
 
 def register() -> None:
@@ -75,24 +195,51 @@ def register() -> None:
     AttentionMaskInterface.register(NAME, _mask)
 
 
-def _set_impl(model: nn.Module, impl: str) -> None:
+def _configs(model: nn.Module) -> list:
+    """Every config object the model's modules read (the model's, its sub-configs', and any
+    module built with a config of its own), each once."""
+    cfg = model.config
+    found = {id(cfg): cfg}
+    for name in getattr(cfg, "sub_configs", {}) or {}:
+        sub = getattr(cfg, name, None)
+        if sub is not None:
+            found.setdefault(id(sub), sub)
+    for module in model.modules():
+        config = getattr(module, "config", None)
+        if config is not None and hasattr(config, "_attn_implementation"):
+            found.setdefault(id(config), config)
+    return list(found.values())
+
+
+def _set_impl(model: nn.Module, impl: str | list) -> list:
+    """Set the attention implementation of every config (``impl`` a name, or the list this
+    function returned, to restore each config's own); return the previous values."""
+    configs = _configs(model)
+    previous = [c._attn_implementation for c in configs]
+    values = impl if isinstance(impl, list) else [impl] * len(configs)
     try:
-        model.set_attn_implementation(impl)
-    except (AttributeError, ValueError):
-        for config in [model.config, *[getattr(model.config, n) for n in
-                                       getattr(model.config, "sub_configs", {})]]:
-            config._attn_implementation = impl
+        if not isinstance(impl, list):
+            model.set_attn_implementation(impl)
+    except (AttributeError, ValueError, KeyError, ImportError):
+        pass
+    for config, value in zip(configs, values):
+        config._attn_implementation = value
+    return previous
 
 
 @contextlib.contextmanager
 def attention_handler(model: nn.Module, handler: Handler) -> Iterator[None]:
-    """Route every attention layer of ``model`` through ``handler`` inside the block."""
+    """Route every attention layer of ``model`` through ``handler`` inside the block.
+
+    The calls are counted from 0 on entering the block (:attr:`Call.index`).
+    """
     register()
-    previous = model.config._attn_implementation
-    _set_impl(model, NAME)
+    previous = _set_impl(model, NAME)
     _ACTIVE.append(handler)
+    _CALLS.append(0)
     try:
         yield
     finally:
         _ACTIVE.pop()
+        _CALLS.pop()
         _set_impl(model, previous)

@@ -52,6 +52,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from attngeom.store.vocab import GRANULARITIES, METRICS, RANKS, REMOVAL_MODES
+
 from .archs import attention_layers
 from .geometry import Projection, norm_from_gram, repeat_kv
 from .removal_scores import (ExactScores, attention_weights, exact_alpha, fast_scores,
@@ -59,12 +61,7 @@ from .removal_scores import (ExactScores, attention_weights, exact_alpha, fast_s
 from .selection import Workspace, n_remove, select  # noqa: F401  (n_remove, metric_scores: API)
 
 Tensor = torch.Tensor
-METRICS = ("attention", "value_weighted", "value_weighted_normalized", "contribution",
-           "contribution_layer")
-NONNEGATIVE = ("attention", "value_weighted", "value_weighted_normalized")
-MODES = ("comprehensiveness", "sufficiency")
-RANKS = ("signed", "magnitude")
-GRANULARITIES = ("head", "query", "token")
+MODES = REMOVAL_MODES                    # the name tests and scripts import
 
 
 @dataclass(frozen=True)
@@ -79,7 +76,7 @@ class Removal:
     layers: frozenset[int] | None = None
 
     def __post_init__(self) -> None:
-        for name, allowed in (("metric", METRICS), ("mode", MODES), ("rank", RANKS),
+        for name, allowed in (("metric", METRICS), ("mode", REMOVAL_MODES), ("rank", RANKS),
                               ("granularity", GRANULARITIES)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"unknown {name} '{getattr(self, name)}'; "
@@ -108,7 +105,7 @@ class Intervener:
                  sink_k: int | None = None, probe=None, trace: list | None = None,
                  projections: dict | None = None, workspace: Workspace | None = None):
         found = attention_layers(model)
-        self.layers = {id(m): (i, w) for i, (m, w, _) in enumerate(found)}
+        self.found = found
         self.n_layers = len(found)
         self.projections: dict[int, Projection] = {} if projections is None else projections
         self.removal = removal
@@ -118,46 +115,56 @@ class Intervener:
         self.token_mask: Tensor | None = None
         self.work = Workspace() if workspace is None else workspace
 
-    def projection(self, module: nn.Module, n_heads: int, dtype=torch.float64) -> Projection:
-        """W_O and its per-head Gram matrices in ``dtype`` (built once per module and dtype)."""
-        cached = id(module) if dtype == torch.float64 else (id(module), dtype)
+    def projection(self, layer: int, dtype: torch.dtype = torch.float64) -> Projection:
+        """W_O and its per-head Gram matrices in ``dtype`` (built once per layer and dtype)."""
+        cached = layer if dtype == torch.float64 else (layer, dtype)
         if cached not in self.projections:
             if dtype != torch.float64:
-                exact = self.projection(module, n_heads)
+                exact = self.projection(layer)
                 self.projections[cached] = Projection(
                     weight=exact.weight.to(dtype), gram=exact.gram.to(dtype),
                     full=exact.full.to(dtype))
                 return self.projections[cached]
-            w = self.layers[id(module)][1].detach().double()              # (H*dh, d)
+            found = self.found[layer]
+            w = found.weight.detach().double()                            # (H*dv, d)
             full = w @ w.T
-            dh = w.shape[0] // n_heads
-            blocks = full.view(n_heads, dh, n_heads, dh)
-            gram = torch.stack([blocks[h, :, h] for h in range(n_heads)])
+            H, dv = found.n_heads, w.shape[0] // found.n_heads
+            blocks = full.view(H, dv, H, dv)
+            gram = torch.stack([blocks[h, :, h] for h in range(H)])
             self.projections[cached] = Projection(weight=w, gram=gram, full=full)
         return self.projections[cached]
 
-    def attend(self, module, query, key, value, allowed, scaling, softcap):
-        if id(module) not in self.layers:
-            raise RuntimeError(f"attention module {type(module).__name__} was not registered")
-        layer = self.layers[id(module)][0]
+    def attend(self, call) -> Tensor:
+        """Head outputs z (B, H, T, dv) of one attention call (:class:`~.hooks.Call`).
+
+        alpha comes from the call's own logits (scale, soft-cap, learned sink logits) in
+        float32 (the model's dtype if wider), the ranking from float64 where it is near (see
+        the module docstring); a learned sink keeps its weight (removal zeroes real keys only)."""
+        layer = call.index
+        if layer >= self.n_layers or self.found[layer].module is not call.module:
+            raise RuntimeError(f"attention call {layer} ({type(call.module).__name__}) is not "
+                               "the layer the probe found there")
+        query, key, value = call.query, call.key, call.value
         B, H, T, _ = query.shape
         dtype = torch.promote_types(query.dtype, torch.float32)          # computed in
-        proj = self.projection(module, H)
+        proj = self.projection(layer)
         mask = self.token_mask
         mask = (torch.ones(B, T, dtype=torch.bool, device=query.device) if mask is None
                 else mask.to(query.device))
-        allowed = allowed & mask[:, None, None, :]
+        allowed = call.allowed & mask[:, None, None, :]
+        scaling, softcap, sinks = call.scaling, call.softcap, call.sinks
         shape = (B, H, T, key.shape[2])
-        alpha = attention_weights(query, key, allowed, scaling, softcap, dtype,
+        alpha = attention_weights(query, key, allowed, scaling, softcap, dtype, sinks,
                                   out=self.work.get("alpha", shape, dtype, query.device))
         weights, remove = alpha, None
         r = self.removal
         if r is not None and (r.layers is None or layer in r.layers):
             eligible = eligible_keys(allowed, mask)
-            score, error = fast_scores(r.metric, alpha, value, self.projection(module, H, dtype),
-                                       logit_scale(query, key, scaling),
+            score, error = fast_scores(r.metric, alpha, value, self.projection(layer, dtype),
+                                       logit_scale(query, key, scaling, sinks),
                                        out=self.work.get("score", shape, dtype, query.device))
-            exact = ExactScores(r.metric, query, key, value, allowed, scaling, softcap, proj)
+            exact = ExactScores(r.metric, query, key, value, allowed, scaling, softcap, proj,
+                                sinks)
             remove = select(score, eligible, r.fraction, r.mode, r.rank, r.granularity,
                             error, exact, self.work, inplace=score is not alpha)
             weights = alpha.masked_fill_(remove, 0.0)
@@ -165,13 +172,14 @@ class Intervener:
         if self.sink_k is not None:
             v_used = value.clone()
             v_used[:, :, : self.sink_k] = 0.0
-        z = weighted_values(weights, v_used)                             # (B, H, T, dh)
+        z = weighted_values(weights, v_used)                             # (B, H, T, dv)
         if self.probe is not None:
             self.probe.observe(layer, z, value, eligible_keys(allowed, mask), mask, proj)
         if self.trace is not None:                 # the exact (float64) layer, for tests
             self.trace.append({
                 "layer": layer, "v": repeat_kv(value, H).double(), "z": z,
-                "alpha": exact_alpha(query, repeat_kv(key, H), allowed, scaling, softcap),
+                "alpha": exact_alpha(query, repeat_kv(key, H), allowed, scaling, softcap,
+                                     sinks),
                 "allowed": allowed, "token_mask": mask,
                 "remove": None if remove is None else remove.clone(),
                 "gram": proj.gram, "weight": proj.weight})

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .geometry import (Projection, attention_bias, band, band_values, fused_attention,
-                       per_token, repeat_kv, scores, softmax_masked, tail_index)
+from .geometry import (Projection, attention_bias, attention_probs, band, band_values,
+                       fused_attention, per_token, repeat_kv, tail_index)
 
 Tensor = torch.Tensor
 PAIR_NAMES = ("alpha", "cosine", "cosine_layer", "contribution", "contribution_layer")
@@ -77,31 +77,35 @@ def prepare_masks(allowed: Tensor, token_mask: Tensor, opts: Options,
 
 
 def measure_layer(q: Tensor, k: Tensor, v: Tensor, masks: Masks, scale: float,
-                  proj: Projection, opts: Options,
-                  softcap: float | None = None) -> tuple[Tensor, dict[str, Tensor]]:
+                  proj: Projection, opts: Options, softcap: float | None = None,
+                  sinks: Tensor | None = None) -> tuple[Tensor, dict[str, Tensor]]:
     """Attention output and measurements of one layer.
 
     Parameters
     ----------
-    q : (B, H, T, dh) queries; k, v : (B, G, T, dh) keys and values (G divides H).
+    q : (B, H, T, dh) queries; k : (B, G, T, dh) keys; v : (B, G, T, dv) values (G divides H;
+        dv may differ from dh, as in MLA).
     masks : from :func:`prepare_masks` for this layer's attention mask.
+    softcap : the model's logit soft-cap, or None.
+    sinks : learned sink logits broadcastable to (B, H, T) (gpt-oss ``s_aux``), or None: a
+        virtual key with no value; its weight is returned as ``learned_sink_alpha``.
 
     Returns
     -------
-    z : (B, H, T, dh) head outputs before W_O, in the dtype of ``q``.
+    z : (B, H, T, dv) head outputs before W_O, in the dtype of ``q``.
     out : dict of float32 tensors named as in ``attngeom.store.schema`` (layer dim absent).
     """
     H = q.shape[1]
     kr, vr = repeat_kv(k, H), repeat_kv(v, H)
     kk = masks.sink_ok.shape[-1]
     if opts.mode == "dense" or softcap is not None:
-        alpha = softmax_masked(scores(q, kr, scale, softcap), masks.allowed)
+        alpha, learned = attention_probs(q, kr, scale, masks.allowed, softcap, sinks)
         vf = vr.float()
         z, zf, lse = None, alpha @ vf, None
         sink_alpha, r = alpha[..., :kk], alpha[..., kk:] @ vf[:, :, kk:]
     else:
         alpha, z = None, None
-        zf, lse, sink_alpha, r = split_attention(q, kr, vr, masks, scale)
+        zf, lse, sink_alpha, r, learned = split_attention(q, kr, vr, masks, scale, sinks)
     tok = per_token(zf, v.float(), r, kk, proj)
     zg, u = tok.pop("_zg"), tok.pop("_u")
     sink_dots = tok.pop("_sink_dot"), tok.pop("_sink_dot_layer")
@@ -109,24 +113,28 @@ def measure_layer(q: Tensor, k: Tensor, v: Tensor, masks: Masks, scale: float,
         out = _dense(alpha, zg, u, vf, tok, masks, opts)
     else:
         out = _compact(q, k, v, alpha, lse, sink_alpha, sink_dots, zg, u, tok, masks, scale,
-                       opts)
+                       opts, learned)
     out.update(_per_token_out(tok, masks))
+    if learned is not None:
+        out["learned_sink_alpha"] = learned.masked_fill(~masks.query, NAN)
     return (z if z is not None else zf).to(q.dtype), out
 
 
-def split_attention(q: Tensor, k: Tensor, v: Tensor, masks: Masks,
-                    scale: float) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def split_attention(q: Tensor, k: Tensor, v: Tensor, masks: Masks, scale: float,
+                    sinks: Tensor | None = None) -> tuple[Tensor, ...]:
     """Fused attention over the non-sink keys, combined with the sink keys by log-sum-exp.
 
-    Returns z, lse, sink_alpha (B, H, T, k) and the non-sink part r = sum_{j>=k} alpha_ij v_j,
-    all float32; r comes from its own keys, so it stays exact when alpha_i0 is near 1.
-    q, k, v : (B, H, T, dh) (keys and values repeated to the query heads).
+    Returns z, lse, sink_alpha (B, H, T, k), the non-sink part r = sum_{j>=k} alpha_ij v_j,
+    and the learned sink's weight (B, H, T) (None without ``sinks``), all float32; r comes
+    from its own keys, so it stays exact when alpha_i0 is near 1.
+    q, k : (B, H, T, dh), v : (B, H, T, dv) (keys and values repeated to the query heads);
+    sinks : learned sink logits broadcastable to (B, H, T), a virtual key with no value.
     """
     kk, T = masks.sink_ok.shape[-1], q.shape[2]
     none = ~(masks.rest | masks.sink_ok.any(-1))      # no allowed key at all (padding query)
     rest = masks.rest | none
     lse_r = q.new_empty(q.shape[:3], dtype=torch.float32)                 # (B, H, T)
-    z_r = q.new_empty(q.shape, dtype=torch.float32)                       # (B, H, T, dh)
+    z_r = v.new_empty(v.shape, dtype=torch.float32)                       # (B, H, T, dv)
     if kk >= T:                                       # every key is a sink key
         z_r.zero_()
     elif masks.bias is None:                          # causal, no padding: queries i >= k
@@ -139,15 +147,20 @@ def split_attention(q: Tensor, k: Tensor, v: Tensor, masks: Masks,
     logits = (q.float() @ k[:, :, :kk].float().transpose(-1, -2)) * scale  # (B, H, T, k)
     logits = logits.masked_fill(~masks.sink_ok, float("-inf"))
     lse = torch.logaddexp(lse_r, torch.logsumexp(logits, -1))            # (B, H, T)
+    learned = None
+    if sinks is not None:                             # the virtual key joins the softmax
+        virtual = sinks.float().expand(lse.shape)
+        lse = torch.logaddexp(lse, virtual)
+        learned = torch.exp(virtual - lse)
     sink_alpha = torch.exp(logits - lse[..., None])
     r = z_r.mul_(torch.exp(lse_r - lse)[..., None])
-    v_sink = v[:, :, :kk].float()                                        # (B, H, k, dh)
+    v_sink = v[:, :, :kk].float()                                        # (B, H, k, dv)
     if kk == 1:                                       # z = r + alpha_i0 v_0, one fused pass
         z = torch.addcmul(r, sink_alpha, v_sink)
     else:                                             # z = r + sum_s alpha_is v_s (sink_k >= 1)
         z = torch.baddbmm(r.flatten(0, 1), sink_alpha.flatten(0, 1),
                           v_sink.flatten(0, 1)).view_as(r)
-    return z, lse, sink_alpha, r.masked_fill_(~masks.rest[..., None], 0.0)
+    return z, lse, sink_alpha, r.masked_fill_(~masks.rest[..., None], 0.0), learned
 
 
 def _per_token_out(tok: dict[str, Tensor], masks: Masks) -> dict[str, Tensor]:
@@ -183,10 +196,12 @@ def _dense(alpha, zg, u, vf, tok, masks: Masks, opts: Options) -> dict[str, Tens
 
 
 def _compact(q, k, v, alpha, lse, sink_alpha, sink_dots, zg, u, tok, masks: Masks, scale,
-             opts: Options) -> dict[str, Tensor]:
+             opts: Options, learned: Tensor | None = None) -> dict[str, Tensor]:
     """Sink pairs, tail pairs (on lag) and middle totals; alpha is None on the fused path.
 
-    k, v : (B, G, T, dh) per kv head."""
+    k : (B, G, T, dh), v : (B, G, T, dv) per kv head; ``learned`` (B, H, T) the learned sink's
+    weight, which the real keys' alpha do not hold (middle_alpha = 1 - learned - sink - tail).
+    """
     kk, w = sink_alpha.shape[-1], opts.tail_w
     H = q.shape[1]
     on = tok["output_norm"][..., None]
@@ -205,7 +220,8 @@ def _compact(q, k, v, alpha, lse, sink_alpha, sink_dots, zg, u, tok, masks: Mask
     keep = PAIR_NAMES if opts.derived else ("alpha", "cosine", "cosine_layer")
     out = {n: sink[n].masked_fill(~masks.sink_ok | nq, NAN) for n in keep}
     out.update({f"tail_{n}": tail[n].masked_fill(~masks.tail_ok | nq, NAN) for n in keep})
-    totals = {"alpha": 1.0, "contribution": 1.0, "contribution_layer": tok["head_share"]}
+    totals = {"alpha": 1.0 if learned is None else 1.0 - learned, "contribution": 1.0,
+              "contribution_layer": tok["head_share"]}
     for name, total in totals.items():
         known = (sink[name].masked_fill(~masks.sink_ok, 0.0).sum(-1)
                  + tail[name].masked_fill(~masks.tail_ok, 0.0).sum(-1))

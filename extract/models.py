@@ -164,14 +164,80 @@ def _gguf_cached(directory: Path, gguf: str, dtype: "torch.dtype", trust: bool):
     return model, tok, cached
 
 
+def auto_class(config) -> str:
+    """``AutoModelForCausalLM`` when the checkpoint names a causal-LM class, else ``AutoModel``.
+
+    The checkpoint's ``architectures`` decide (a BERT saved as ``BertModel`` is an encoder even
+    though BERT has a causal-LM head class); without them, the base model.
+    """
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    causal = set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values())
+    names = getattr(config, "architectures", None) or []
+    return "AutoModelForCausalLM" if any(n in causal for n in names) else "AutoModel"
+
+
+def _tower(config, tower: str, spec: str):
+    """The sub-config of a multimodal checkpoint's ``tower`` (``vision``, ``text``)."""
+    sub = getattr(config, f"{tower}_config", None)
+    if sub is None:
+        towers = [n.removesuffix("_config") for n in getattr(config, "sub_configs", {}) or {}]
+        raise ValueError(f"--tower {tower}: {spec} ({config.model_type}) has no {tower} tower"
+                         + (f"; it has: {', '.join(towers)}" if towers else
+                            "; drop --tower for a single-tower model"))
+    return sub
+
+
+def _load_hf(where, spec: str, torch_dtype, trust: bool, tower: str | None):
+    """Model, and the config it was built from, for a hub id or a local directory."""
+    import transformers
+    from transformers import AutoConfig
+    from transformers.models.auto.modeling_auto import MODEL_MAPPING
+
+    config = AutoConfig.from_pretrained(where, trust_remote_code=trust)
+    if tower is not None:
+        sub = _tower(config, tower, spec)
+        if type(sub) not in MODEL_MAPPING:
+            raise ValueError(f"--tower {tower}: transformers has no model class for "
+                             f"{type(sub).__name__}")
+        cls = MODEL_MAPPING[type(sub)]
+        return cls.from_pretrained(where, dtype=torch_dtype), sub
+    towers = [n.removesuffix("_config") for n in ("text_config", "vision_config")
+              if getattr(config, n, None) is not None]
+    if len(towers) > 1 and auto_class(config) == "AutoModel":
+        raise ValueError(f"--model {spec} is a multimodal {config.model_type} checkpoint with "
+                         f"{' and '.join(towers)} towers; pick one with --tower "
+                         f"{' or --tower '.join(reversed(towers))}")
+    cls = getattr(transformers, auto_class(config))
+    return cls.from_pretrained(where, dtype=torch_dtype, trust_remote_code=trust), config
+
+
+def _processor(where, kind: str, trust: bool):
+    """The tokenizer (text) or image processor (vision) saved with the model."""
+    from transformers import AutoImageProcessor, AutoTokenizer
+
+    if kind == "image":
+        try:
+            return AutoImageProcessor.from_pretrained(where, trust_remote_code=trust)
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"{where} has no image processor ({str(exc).splitlines()[0]}); "
+                             "save the model's preprocessor_config.json with it") from None
+    return AutoTokenizer.from_pretrained(where, trust_remote_code=trust)
+
+
 def load(spec: str, device: str = "cpu", dtype: str = "float32",
-         trust_remote_code: bool = False) -> Loaded:
-    """Load a model and tokenizer in eval mode, with provenance in ``info``."""
+         trust_remote_code: bool = False, tower: str | None = None) -> Loaded:
+    """Load a model and its tokenizer (or image processor) in eval mode, with provenance.
+
+    ``tower`` picks one tower of a multimodal checkpoint (``vision`` for the vision model of
+    a full CLIP or SigLIP checkpoint). The attention layers are discovered by one probe pass
+    (:func:`attngeom.extract.archs.discover`), which refuses, in one line, a model attngeom
+    cannot decompose exactly.
+    """
     import torch
-    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
-    from .archs import CAUSAL, FINDERS, attention_layers, supported
+    from .archs import discover, input_kind
 
     torch_dtype = getattr(torch, check_dtype(dtype, device))
     _check_device_runs(device, DTYPES[dtype])
@@ -179,21 +245,17 @@ def load(spec: str, device: str = "cpu", dtype: str = "float32",
     hf_logging.disable_progress_bar()
     where, gguf = resolve(spec)
     if gguf:
+        if tower is not None:
+            raise ValueError("--tower applies to multimodal checkpoints, not .gguf files")
         model, tok, cached = _gguf_cached(Path(where), gguf, torch_dtype, trust_remote_code)
         revision = _source_digest(Path(where) / gguf, cached)
     else:
-        config = AutoConfig.from_pretrained(where, trust_remote_code=trust_remote_code)
-        if config.model_type not in FINDERS:
-            raise ValueError(f"unsupported architecture '{config.model_type}'; supported: "
-                             f"{supported()} (add a finder in attngeom/extract/archs.py)")
-        cls = AutoModelForCausalLM if config.model_type in CAUSAL else AutoModel
-        model = cls.from_pretrained(where, dtype=torch_dtype, trust_remote_code=trust_remote_code)
-        tok = None if config.model_type == "vit" else AutoTokenizer.from_pretrained(
-            where, trust_remote_code=trust_remote_code)
+        model, config = _load_hf(where, spec, torch_dtype, trust_remote_code, tower)
+        tok = _processor(where, input_kind(model), trust_remote_code)
         revision = getattr(config, "_commit_hash", None)
     model = model.to(device).eval()
-    attention_layers(model)                      # fails early on an unsupported architecture
-    return Loaded(model, tok, model_info(spec, model, tok, revision, dtype))
+    discover(model)                                  # fails early on an unsupported model
+    return Loaded(model, tok, model_info(spec, model, tok, revision, dtype, tower))
 
 
 def _source_digest(path: Path, cached: Path) -> str:
@@ -237,25 +299,38 @@ def weight_fingerprint(model: "torch.nn.Module") -> str:
     return h.hexdigest()
 
 
-def model_info(spec: str, model, tok, revision, dtype: str) -> dict:
-    from .archs import CAUSAL, attention_layers
+def model_info(spec: str, model, tok, revision, dtype: str, tower: str | None = None) -> dict:
+    """Provenance and head layout of a loaded model (recorded in the store's config).
+
+    ``learned_sinks``, ``inputs`` and ``tower`` are recorded only where they apply (models
+    with learned sink logits, vision models, a tower of a multimodal checkpoint), so the
+    config, and the content hash, of every other store is what it was.
+    """
+    from .archs import discover
 
     cfg = model.config
-    layers = attention_layers(model)
-    n_heads = getattr(cfg, "num_attention_heads", None) or getattr(cfg, "n_head", None)
-    return {
+    arch = discover(model)
+    first = arch.layers[0]
+    info = {
         "spec": spec,
         "id": spec,
         "revision": revision,
         "weight_fingerprint": weight_fingerprint(model),
         "model_type": cfg.model_type,
         "architecture": (getattr(cfg, "architectures", None) or [type(model).__name__])[0],
-        "causal": cfg.model_type in CAUSAL,
+        "causal": arch.causal,
         "dtype": dtype,
-        "n_layers": len(layers),
-        "n_heads": int(n_heads),
-        "n_kv_heads": int(getattr(cfg, "num_key_value_heads", None) or n_heads),
-        "output_bias": bool(layers[0][2]),
+        "n_layers": len(arch.layers),
+        "n_heads": first.n_heads,
+        "n_kv_heads": first.n_kv_heads,
+        "output_bias": first.has_bias,
         "tokenizer": type(tok).__name__ if tok is not None else None,
         "bos_token": getattr(tok, "bos_token", None) if tok is not None else None,
     }
+    if arch.learned_sinks:
+        info["learned_sinks"] = True
+    if arch.inputs != "text":
+        info["inputs"] = arch.inputs
+    if tower is not None:
+        info["tower"] = tower
+    return info

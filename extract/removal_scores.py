@@ -111,10 +111,19 @@ def metric_scores(metric: str, alpha: Tensor, vf: Tensor, z: Tensor, proj: Proje
     raise _unknown(metric)
 
 
-def exact_alpha(q: Tensor, k: Tensor, allowed: Tensor, scale: float,
-                softcap: float | None) -> Tensor:
-    """Float64 attention (..., Tq, Tk) of query rows q over keys k (per query head)."""
-    return softmax_masked(logits64(q, k, scale, softcap), allowed)
+def exact_alpha(q: Tensor, k: Tensor, allowed: Tensor, scale: float, softcap: float | None,
+                sinks: Tensor | None = None) -> Tensor:
+    """Float64 attention (..., Tq, Tk) of query rows q over keys k (per query head).
+
+    ``sinks``: learned sink logits broadcastable to (..., Tq), or None; the sink joins the
+    softmax as a virtual key with no value (its weight is left out of alpha).
+    """
+    logits = logits64(q, k, scale, softcap)
+    if sinks is None:
+        return softmax_masked(logits, allowed)
+    logits = logits.masked_fill(~allowed, float("-inf"))
+    column = sinks.double().expand(logits.shape[:-1])[..., None]            # (..., Tq, 1)
+    return torch.softmax(torch.cat([logits, column], -1), dim=-1)[..., :-1]
 
 
 class ExactScores:
@@ -129,9 +138,11 @@ class ExactScores:
     CHUNK = 65536                   # rows x keys gathered at a time (x dh float64, x2)
 
     def __init__(self, metric: str, query: Tensor, key: Tensor, value: Tensor, allowed: Tensor,
-                 scale: float, softcap: float | None, proj: Projection):
+                 scale: float, softcap: float | None, proj: Projection,
+                 sinks: Tensor | None = None):
         self.metric, self.q, self.k, self.v, self.allowed = metric, query, key, value, allowed
         self.scale, self.softcap, self.proj = scale, softcap, proj
+        self.sinks = None if sinks is None else sinks.expand(query.shape[:-1])   # (B, H, T)
         self.rep = query.shape[1] // key.shape[1]
         self.norms: dict[tuple[int, int], Tensor] = {}
 
@@ -149,8 +160,9 @@ class ExactScores:
         """(n, Tk): a head-local metric's scores at rows (b, h, i)."""
         g = h // self.rep
         allowed = self.allowed[b, h if self.allowed.shape[1] > 1 else 0, i]
+        sinks = None if self.sinks is None else self.sinks[b, h, i][:, None]
         alpha = exact_alpha(self.q[b, h, i][:, None], self.k[b, g], allowed[:, None],
-                            self.scale, self.softcap)                  # (n, 1, Tk)
+                            self.scale, self.softcap, sinks)            # (n, 1, Tk)
         if self.metric == "attention":
             return alpha[:, 0]
         if self.metric == "value_weighted":
@@ -172,8 +184,9 @@ class ExactScores:
                               i.repeat_interleave(H)).view(n, H, -1)
         kv = torch.arange(H, device=b.device) // self.rep
         k, v = self.k[b][:, kv], self.v[b][:, kv].double()             # (n, H, Tk, dh)
+        sinks = None if self.sinks is None else self.sinks[b, :, i][:, :, None]
         alpha = exact_alpha(self.q[b, :, i][:, :, None], k, self.allowed[b, :, i][:, :, None],
-                            self.scale, self.softcap)                  # (n, H, 1, Tk)
+                            self.scale, self.softcap, sinks)            # (n, H, 1, Tk)
         z = rowmm(alpha, v).reshape(n, -1)                              # (n, H*dh)
         o = rowmm(z, self.proj.weight)                                  # (n, d)
         u = rowmm(o, self.proj.weight.T).view(n, H, 1, -1)              # o_i (W_O^h)^T
@@ -203,10 +216,13 @@ def _grouped(x: Tensor, groups: int) -> Tensor:
 
 
 def attention_weights(query: Tensor, key: Tensor, allowed: Tensor, scale: float,
-                      softcap: float | None, dtype, out: Tensor | None = None) -> Tensor:
+                      softcap: float | None, dtype, sinks: Tensor | None = None,
+                      out: Tensor | None = None) -> Tensor:
     """Dense attention alpha (B, H, T, Tk) in ``dtype``, written in place into ``out``.
 
-    A query with no allowed key gets zeros (no NaN).
+    ``sinks``: learned sink logits broadcastable to (B, H, T), or None; the sink joins the
+    softmax as a virtual key with no value. A query with no allowed key (and no sink) gets
+    zeros (no NaN).
     """
     B, H, T, dh = query.shape
     G, Tk = key.shape[1], key.shape[2]
@@ -216,9 +232,14 @@ def attention_weights(query: Tensor, key: Tensor, allowed: Tensor, scale: float,
     if softcap is not None:
         s.div_(softcap).tanh_().mul_(softcap)
     s.masked_fill_(~allowed, float("-inf"))
-    top = s.amax(-1, keepdim=True).nan_to_num_(neginf=0.0)              # (B, H, T, 1)
+    top = s.amax(-1, keepdim=True)                                       # (B, H, T, 1)
+    if sinks is None:
+        s.sub_(top.nan_to_num_(neginf=0.0)).exp_()
+        return s.div_(s.sum(-1, keepdim=True).clamp_min_(torch.finfo(dtype).tiny))
+    sink = sinks.to(dtype)[..., None]                                    # (1|B, H, 1|T, 1)
+    top = torch.maximum(top, sink)
     s.sub_(top).exp_()
-    return s.div_(s.sum(-1, keepdim=True).clamp_min_(torch.finfo(dtype).tiny))
+    return s.div_(s.sum(-1, keepdim=True).add_((sink - top).exp()))
 
 
 def weighted_values(alpha: Tensor, value: Tensor) -> Tensor:
@@ -228,15 +249,19 @@ def weighted_values(alpha: Tensor, value: Tensor) -> Tensor:
     return (_grouped(alpha, G) @ value.to(alpha.dtype)).view(B, H, T, dh)
 
 
-def logit_scale(query: Tensor, key: Tensor, scale: float) -> Tensor:
-    """Lambda (B, H, T) = scale |q_i| max_j |k_j| + sqrt(Tk), the size of alpha's rounding error.
+def logit_scale(query: Tensor, key: Tensor, scale: float,
+                sinks: Tensor | None = None) -> Tensor:
+    """Lambda (B, H, T) = scale |q_i| max_j |k_j| (+ |sink_i|) + sqrt(Tk), the size of alpha's
+    rounding error.
 
     A logit's rounding error grows with |q_i| |k_j| scale, the softmax's with the number of
-    keys; alpha's relative error is a few u * Lambda.
+    keys (and with a learned sink logit, subtracted from every logit when it is the largest);
+    alpha's relative error is a few u * Lambda.
     """
     H, G = query.shape[1], key.shape[1]
     k_max = key.float().norm(dim=-1).amax(-1).repeat_interleave(H // G, dim=1)     # (B, H)
-    return scale * query.float().norm(dim=-1) * k_max[..., None] + key.shape[2] ** 0.5
+    lam = scale * query.float().norm(dim=-1) * k_max[..., None] + key.shape[2] ** 0.5
+    return lam if sinks is None else lam + sinks.float().abs()
 
 
 def fast_scores(metric: str, alpha: Tensor, value: Tensor, proj: Projection, lam: Tensor,

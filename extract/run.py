@@ -8,50 +8,26 @@ command skips recorded shards whose file and checksum are intact.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
+import xarray as xr
 from tqdm.auto import tqdm
 
 from attngeom import __version__
 from attngeom.store import schema as S
 from attngeom.store.chunks import ChunkEncoder
-from attngeom.store.manifest import (StoreError, config_difference, file_sha256,
-                                     new_manifest, read_manifest, write_manifest)
 from attngeom.store.distributed import check_part, parse_shard, part_record
-from attngeom.store.readme import write_readme
-from attngeom.store.shards import build_shard, remove_temporaries, shard_attrs, shard_name, write_shard
+from attngeom.store.manifest import portable, spec_label
+from attngeom.store.shards import build_shard
+from attngeom.store.writer import StoreWriter
+from attngeom.store.options import ExtractConfig
 
 from .capture import measure
 from .data import Tokenized, batches, load_texts, pad_token_id, tokenize_texts
+from .images import ImageSet, image_tokens, is_image_spec, load_images, measure_images
 from .measure import Options
-
-
-@dataclass
-class ExtractConfig:
-    """Options of an extraction run; all but ``batch_size``/``device`` shape the numbers."""
-
-    mode: str = "compact"
-    sink_k: int = 1
-    tail_w: int = 8
-    max_length: int = 512
-    limit: int | None = None
-    text_field: str | None = None
-    shard_size: int | None = None
-    store_text: bool = True
-    batch_size: int = 4
-    device: str = "cpu"
-    dtype: str = "float32"
-
-    def check(self) -> None:
-        if self.mode not in S.MODES:
-            raise ValueError(f"--mode must be one of {', '.join(S.MODES)}, not '{self.mode}'")
-        for name in ("sink_k", "tail_w", "max_length", "batch_size"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
-        if self.limit is not None and self.limit < 1:
-            raise ValueError("--limit must be at least 1")
 
 
 def default_shard_size(cfg: ExtractConfig, n_layers: int, n_heads: int) -> int:
@@ -62,21 +38,12 @@ def default_shard_size(cfg: ExtractConfig, n_layers: int, n_heads: int) -> int:
     return int(max(1, min(256, (256 << 20) // per_seq)))
 
 
-def spec_label(spec: str) -> str:
-    """A spec without machine-specific folders: a local file or directory keeps its name.
-
-    The content is identified by hashes (weight fingerprint, data sha256), so the config
-    (and its hash) is the same on every machine and in every folder.
-    """
-    path = Path(str(spec)).expanduser()
-    return path.resolve().name if path.exists() else spec
-
-
 def store_config(info: dict, texts, cfg: ExtractConfig, shard_size: int) -> dict:
-    model = {k: v for k, v in info.items()}
-    model["spec"] = model["id"] = spec_label(info["spec"])
+    model = portable(info, "spec", "id")
     data = {"spec": spec_label(texts.spec), "text_field": cfg.text_field, "sha256": texts.sha256,
             "n_texts": len(texts.texts), "limit": cfg.limit}
+    if cfg.image_field is not None:                  # recorded only for image datasets
+        data["image_field"] = cfg.image_field
     options = {"mode": cfg.mode, "sink_k": cfg.sink_k, "tail_w": cfg.tail_w,
                "max_length": cfg.max_length, "shard_size": shard_size,
                "store_text": cfg.store_text}
@@ -94,39 +61,6 @@ def versions() -> dict:
             "h5py": h5py.__version__, "numpy": np.__version__}
 
 
-def open_or_create(out: Path, config: dict, n_sequences: int, extra: dict) -> dict:
-    """The manifest to continue from: a matching existing one, or a new one."""
-    if (out / "manifest.json").exists():
-        manifest = read_manifest(out)
-        diff = config_difference(manifest["config"], config)
-        if diff:
-            raise StoreError(f"{out} was made with other settings ({diff}); "
-                             "use another --out or the original options")
-        removed = remove_temporaries(out)
-        if removed:
-            tqdm.write(f"attngeom: removed {removed} temporary file(s) of an interrupted run")
-        return manifest
-    if out.exists() and any(not p.name.startswith(".manifest.json.tmp-") for p in out.iterdir()):
-        raise StoreError(f"{out} exists and is not an attngeom store; choose an empty --out")
-    if out.exists():
-        remove_temporaries(out)                     # of a run killed while creating it
-    out.mkdir(parents=True, exist_ok=True)
-    manifest = new_manifest(config, n_sequences, extra)
-    write_manifest(out, manifest)
-    return manifest
-
-
-def finished(out: Path, manifest: dict) -> set[int]:
-    """Start indices of recorded shards whose file exists with the recorded checksum."""
-    done = set()
-    for entry in manifest["shards"]:
-        path = out / entry["file"]
-        if path.is_file() and file_sha256(path) == entry["sha256"]:
-            done.add(entry["sequences"][0])
-    manifest["shards"] = [e for e in manifest["shards"] if e["sequences"][0] in done]
-    return done
-
-
 def extract(model: str, data: str, out: str | Path, cfg: ExtractConfig | None = None,
             trust_remote_code: bool = False, progress: bool = True,
             shard: str | tuple[int, int] | None = None, texts=None) -> dict:
@@ -140,13 +74,21 @@ def extract(model: str, data: str, out: str | Path, cfg: ExtractConfig | None = 
 
     cfg = cfg or ExtractConfig()
     cfg.check()
-    shard = parse_shard(shard) if shard is not None else None
+    shard = parse_shard(shard) if shard is not None else None   # "I/N" or (I, N): checked
     out = Path(out)
     if texts is None:                     # the command line passes the texts it checked
-        texts = load_texts(data, text_field=cfg.text_field, limit=cfg.limit)
+        texts = (load_images(data, cfg.image_field, cfg.limit) if is_image_spec(
+            data, cfg.image_field) else load_texts(data, text_field=cfg.text_field,
+                                                   limit=cfg.limit))
     if not texts.texts:
         raise ValueError(f"data '{data}' has no non-empty texts")
-    loaded = load(model, device=cfg.device, dtype=cfg.dtype, trust_remote_code=trust_remote_code)
+    loaded = load(model, device=cfg.device, dtype=cfg.dtype, trust_remote_code=trust_remote_code,
+                  tower=cfg.tower)
+    if (loaded.info.get("inputs") == "image") != isinstance(texts, ImageSet):
+        raise ValueError(f"--model {model} takes {loaded.info.get('inputs', 'text')} but --data "
+                         f"{data} holds {'images' if isinstance(texts, ImageSet) else 'texts'}")
+    if isinstance(texts, ImageSet):       # one sequence per image, of the model's token count
+        cfg = replace(cfg, max_length=image_tokens(loaded, texts.texts))
     shard_size = cfg.shard_size or default_shard_size(cfg, loaded.info["n_layers"],
                                                       loaded.info["n_heads"])
     config = store_config(loaded.info, texts, cfg, shard_size)
@@ -155,9 +97,10 @@ def extract(model: str, data: str, out: str | Path, cfg: ExtractConfig | None = 
     part = part_record(shard, len(texts.texts), shard_size) if shard is not None else None
     if part is not None:
         extra["part"] = part
-    manifest = open_or_create(out, config, len(texts.texts), extra)
-    check_part(out, manifest, part)
-    done = finished(out, manifest)
+    writer = StoreWriter.create(out, config, len(texts.texts), extra, log=tqdm.write)
+    check_part(out, writer.manifest, part)
+    done = writer.finished()
+    current = BatchSize(cfg.batch_size)   # halved on out-of-memory for the rest of the run
     opts = Options(cfg.mode, cfg.sink_k, cfg.tail_w, derived=False)   # store derives on read
     n = len(texts.texts)
     chosen = range(*part["shards"]) if part is not None else None
@@ -166,67 +109,83 @@ def extract(model: str, data: str, out: str | Path, cfg: ExtractConfig | None = 
                    f"data makes {-(-n // shard_size)}); pass a smaller --shard-size")
     total = n if part is None else part["sequences"][1] - part["sequences"][0]
     bar = tqdm(total=total, unit="seq", desc="extract", disable=not progress)
-    bar.update(sum(e["sequences"][1] - e["sequences"][0] for e in manifest["shards"]))
+    bar.update(writer.sequences_done)
     for index, start in enumerate(range(0, n, shard_size)):
         if start in done or (chosen is not None and index not in chosen):
             continue
         stop = min(n, start + shard_size)
-        ds, encoded = extract_shard(loaded, texts.texts[start:stop], start, cfg, opts,
-                                    manifest, bar)
-        name = shard_name(index)
-        write_shard(ds, out / name, encoded)
-        manifest["shards"].append({"file": name, "sequences": [start, stop],
-                                   "sha256": file_sha256(out / name),
-                                   "truncated": int(ds["truncated"].sum()),
-                                   "nonfinite": int((ds["finite"] == 0).sum())})
-        manifest["shards"].sort(key=lambda e: e["sequences"][0])
-        write_manifest(out, manifest)
+        ds, encoded = extract_shard(loaded, texts.texts[start:stop], start, cfg, opts, bar,
+                                    current)
+        writer.add_shard(ds, index, encoded)
     bar.close()
-    manifest["counts"]["truncated"] = sum(e["truncated"] for e in manifest["shards"])
-    manifest["counts"]["nonfinite"] = sum(e["nonfinite"] for e in manifest["shards"])
-    manifest["complete"] = True
-    write_manifest(out, manifest)
-    write_readme(out, manifest)
-    return manifest
+    return writer.finish()
 
 
 def extract_shard(loaded, texts: list[str], start: int, cfg: ExtractConfig, opts: Options,
-                  manifest: dict, bar) -> tuple["xarray.Dataset", dict]:
-    """Measure one block of texts; return it as a shard Dataset and its measured variables
-    already compressed (for :func:`attngeom.store.shards.write_shard`)."""
+                  bar=None, current: "BatchSize | None" = None) -> tuple[xr.Dataset, dict]:
+    """Measure one block of texts; return the shard Dataset of everything but the measured
+    variables, and those already compressed (for
+    :meth:`attngeom.store.writer.StoreWriter.add_shard`). Each batch is handed to the chunk
+    encoder as it is measured; no second copy of the measured arrays is made."""
+    current = current or BatchSize(cfg.batch_size)
     tok = loaded.tokenizer
-    tokenized = tokenize_texts(tok, texts, cfg.max_length)
     T = cfg.max_length
-    parts: list[dict[str, np.ndarray]] = []
-    stored = set(S.variables_for(cfg.mode))
-    encoder = ChunkEncoder(min(cfg.batch_size, len(texts)), *encode_workers(cfg.device))
+    stored = set(S.variables_for(cfg.mode, loaded.info.get("learned_sinks", False)))
+    images = loaded.info.get("inputs") == "image"
+    if images:
+        measured = measure_images(loaded, texts, cfg.batch_size, opts, cfg.store_text, bar)
+    else:
+        tokenized = tokenize_texts(tok, texts, cfg.max_length)
+        lengths = np.array([len(ids) for ids in tokenized.ids])
+        measured = measure_batches(loaded.model, tokenized, cfg, opts, pad_token_id(tok), bar,
+                                   current=current)
+    encoder = ChunkEncoder(min(current.size, len(texts)), *encode_workers(cfg.device),
+                           dims={name: S.dims_for(name, cfg.mode) for name in stored})
+    finite, row, seqs = np.ones(len(texts), dtype=np.int32), 0, []
     try:
-        for arrays in measure_batches(loaded.model, tokenized, cfg, opts, pad_token_id(tok),
-                                      bar):
-            parts.append({k: _pad_tokens(k, v, T, cfg.mode) for k, v in arrays.items()
-                          if k in stored})
-            encoder.add(parts[-1])             # compressed while the next batch is measured
+        for arrays in measured:
+            if images:
+                arrays, info = arrays
+                seqs.append(info)
+            batch = {k: _pad_tokens(k, v, T, cfg.mode) for k, v in arrays.items()
+                     if k in stored}
+            rows = len(batch["value_norm"])
+            batch_lengths = seqs[-1].lengths if images else lengths[row:row + rows]
+            finite[row:row + rows] = finite_flags(batch, batch_lengths)
+            encoder.add(batch)                 # compressed while the next batch is measured
+            row += rows
         encoded = encoder.finish()
     finally:
         encoder.close()
-    arrays = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+    if images:
+        lengths = np.concatenate([s.lengths for s in seqs])
+        token_ids = np.concatenate([s.token_ids for s in seqs]).astype(np.int32)
+        special = np.concatenate([s.special for s in seqs])
+        tokens = sum((s.tokens for s in seqs), []) if cfg.store_text else None
+        truncated = np.zeros(len(texts), dtype=np.int32)
+    else:
+        _, token_ids, special, tokens = _token_facts(tok, tokenized, T, cfg.store_text)
+        truncated = np.array(tokenized.truncated, dtype=np.int32)
+    extra = {"truncated": truncated, "finite": finite,
+             "text_index": np.arange(start, start + len(texts))}
+    ds = build_shard(encoded, np.arange(start, start + len(texts)), token_ids, lengths, extra,
+                     tokens, T, cfg.mode)
+    ds["special"] = ((S.SEQUENCE, S.POSITION), special,
+                     {"description": S.DESCRIPTIONS["special"]})
+    return ds, encoded
+
+
+def _token_facts(tok, tokenized: Tokenized, T: int, store_text: bool):
+    """lengths (S,), token_ids (S, T) (-1 beyond length), special (S, T), token strings."""
     lengths = np.array([len(ids) for ids in tokenized.ids])
-    token_ids = np.full((len(texts), T), -1, dtype=np.int32)
-    special = np.zeros((len(texts), T), dtype=np.int8)
+    token_ids = np.full((len(tokenized), T), -1, dtype=np.int32)
+    special = np.zeros((len(tokenized), T), dtype=np.int8)
     special_ids = set(getattr(tok, "all_special_ids", []) or [])
     for i, ids in enumerate(tokenized.ids):
         token_ids[i, : len(ids)] = ids
         special[i, : len(ids)] = [t in special_ids for t in ids]
-    tokens = ([tok.convert_ids_to_tokens(ids) for ids in tokenized.ids]
-              if cfg.store_text else None)
-    extra = {"truncated": np.array(tokenized.truncated, dtype=np.int32),
-             "finite": finite_flags(arrays, lengths),
-             "text_index": np.arange(start, start + len(texts))}
-    ds = build_shard(arrays, np.arange(start, start + len(texts)), token_ids, lengths, extra,
-                     tokens, T, cfg.mode, shard_attrs(manifest))
-    ds["special"] = ((S.SEQUENCE, S.POSITION), special,
-                     {"description": S.DESCRIPTIONS["special"]})
-    return ds, encoded
+    tokens = [tok.convert_ids_to_tokens(ids) for ids in tokenized.ids] if store_text else None
+    return lengths, token_ids, special, tokens
 
 
 def encode_workers(device: str) -> tuple[int, int]:
@@ -254,24 +213,33 @@ def is_out_of_memory(exc: BaseException) -> bool:
         isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower())
 
 
+@dataclass
+class BatchSize:
+    """The batch size in use: the configured one, halved on out-of-memory and kept smaller for
+    the rest of the run (the config itself is never changed)."""
+
+    size: int
+
+
 def measure_batches(model, tokenized, cfg: ExtractConfig, opts: Options, pad_id: int,
-                    bar=None, log=tqdm.write):
+                    bar=None, log=tqdm.write, current: BatchSize | None = None):
     """Measure ``tokenized`` in data order; on out-of-memory halve the batch and retry.
 
-    The smaller batch size is kept for the rest of the run (``cfg.batch_size``); out of
-    memory at batch size 1 raises MemoryError with the fix.
+    The smaller batch size is kept in ``current`` (default: a new one at ``cfg.batch_size``) for
+    the rest of the run; out of memory at batch size 1 raises MemoryError with the fix.
     """
+    current = current or BatchSize(cfg.batch_size)
     start, n = 0, len(tokenized)
     while start < n:
-        size = cfg.batch_size
+        size = current.size
         rows = Tokenized(tokenized.ids[start:start + size],
                          tokenized.truncated[start:start + size])
         batch = next(batches(rows, size, pad_id=pad_id))
         try:
             arrays = measure(model, batch, opts)
         except RuntimeError as exc:
-            cfg.batch_size = halved_batch(exc, size, cfg.device, log, "continuing",
-                                          "--max-length, --dtype bfloat16")
+            current.size = halved_batch(exc, size, cfg.device, log, "continuing",
+                                      "--max-length, --dtype bfloat16")
             continue
         if bar is not None:
             bar.update(len(rows))
@@ -308,9 +276,7 @@ def free_memory() -> None:
 
 def _pad_tokens(name: str, x: np.ndarray, T: int, mode: str) -> np.ndarray:
     """Pad a batch's token axes (query/key) to the store length with NaN."""
-    dims = S.DIMS[name]
-    if mode == "compact" and dims == S.PAIR:
-        dims = S.SINK_PAIR
+    dims = S.dims_for(name, mode)
     widths = [(0, T - x.shape[i]) if d in (S.QUERY, S.KEY) else (0, 0)
               for i, d in enumerate(dims)]
     return np.pad(x, widths, constant_values=np.nan)

@@ -16,6 +16,11 @@ import matplotlib
 import numpy as np
 from matplotlib.figure import Figure
 
+from attngeom.store import schema as S
+from attngeom.store.accessor import RATIO
+from attngeom.store.vocab import (ATTENTION, CONTRIBUTION, CONTRIBUTION_LAYER, VALUE_WEIGHTED,
+                                  VALUE_WEIGHTED_NORMALIZED)
+
 PAGE = (11.69, 8.27)                 # A4 landscape, inches
 RC = {
     "pdf.fonttype": 42, "ps.fonttype": 42,
@@ -27,14 +32,19 @@ RC = {
 # the area figure modules draw in (figure fractions); pdf.py adds title above, caption below
 AREA = dict(left=0.07, right=0.96, top=0.86, bottom=0.31)
 PLAIN = {"parse_math": False}
-METRIC_COLORS = {"attention": "#8c8c8c", "value_weighted": "#4c72b0",
-                 "value_weighted_normalized": "#55a868", "contribution": "#c44e52",
-                 "contribution_layer": "#8172b2"}
-METRIC_LABELS = {"attention": "attention α", "value_weighted": "value-weighted α‖ṽ‖",
-                 "value_weighted_normalized": "value-weighted normalized α‖ṽ‖/‖o‖",
-                 "contribution": "contribution c", "contribution_layer": "layer contribution C"}
-PART_COLORS = {"alpha": "#4c72b0", "ratio": "#dd8452", "cosine": "#55a868"}
-PART_LABELS = {"alpha": "log α", "ratio": "log ‖ṽ‖/‖o‖", "cosine": "log |cos|"}
+METRIC_COLORS = {ATTENTION: "#8c8c8c", VALUE_WEIGHTED: "#4c72b0",
+                 VALUE_WEIGHTED_NORMALIZED: "#55a868", CONTRIBUTION: "#c44e52",
+                 CONTRIBUTION_LAYER: "#8172b2"}
+METRIC_LABELS = {ATTENTION: "attention α", VALUE_WEIGHTED: "value-weighted α‖ṽ‖",
+                 VALUE_WEIGHTED_NORMALIZED: "value-weighted normalized α‖ṽ‖/‖o‖",
+                 CONTRIBUTION: "contribution c", CONTRIBUTION_LAYER: "layer contribution C"}
+PART_COLORS = {S.ALPHA: "#4c72b0", RATIO: "#dd8452", S.COSINE: "#55a868"}
+PART_LABELS = {S.ALPHA: "log α", RATIO: "log ‖ṽ‖/‖o‖", S.COSINE: "log |cos|"}
+
+
+def colormap(name: str):
+    """matplotlib's registered colormap ``name``."""
+    return matplotlib.colormaps[name]
 
 
 @dataclass
@@ -104,7 +114,7 @@ def top_layers(sinks, n: int = 4) -> list[int]:
     """The ``n`` layers with the highest mean sink rate, in layer order."""
     rate = sinks["layer_sink_rate_mean"].fillna(-np.inf).values
     pick = np.argsort(-rate, kind="stable")[:n]
-    return sorted(int(sinks["layer"].values[i]) for i in pick)
+    return sorted(int(sinks[S.LAYER].values[i]) for i in pick)
 
 
 def note(ax, text: str) -> None:

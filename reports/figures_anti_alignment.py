@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 from matplotlib.ticker import MaxNLocator
 
-from attngeom.analysis._views import Block, describe, valid_sequences
+from attngeom.store import schema as S
 
 from ._style import Page, figure, heatmap, legend_below, symmetric_limit, top_layers
 from .summary import fmt
@@ -17,16 +17,16 @@ MAX_SEQUENCES = 64             # sequences read from the store for the token-lev
 def _map_page(anti) -> Page:
     fig = figure(wspace=0.3)
     level = fmt(anti.attrs.get("analysis_level", 0.05))
-    layers, heads = anti["layer"].values, anti["head"].values
+    layers, heads = anti[S.LAYER].values, anti[S.HEAD].values
     lim = symmetric_limit(np.concatenate([anti["mean_cos"].values.ravel(),
                                           anti["residual_mean_cos"].values.ravel()]))
     for i, (prefix, title) in enumerate((("", "cos(ṽ_0, ṽ_j): sink value vs semantic values"),
                                          ("residual_", "cos(ṽ_0, r_i): sink value vs non-sink "
                                                        "output"))):
         ax = fig.add_subplot(1, 2, i + 1)
-        marks = heatmap(ax, anti[prefix + "mean_cos"].transpose("layer", "head").values, cmap="RdBu_r",
+        marks = heatmap(ax, anti[prefix + "mean_cos"].transpose(S.LAYER, S.HEAD).values, cmap="RdBu_r",
                 vmin=-lim, vmax=lim, rows=layers, cols=heads, label="mean cosine over sequences",
-                marks=anti[prefix + "anti_aligned"].transpose("layer", "head").values.astype(bool),
+                marks=anti[prefix + "anti_aligned"].transpose(S.LAYER, S.HEAD).values.astype(bool),
                 mark_label=f"anti-aligned: mean < 0, BH q < {level}")
         ax.set_title(title)
         if marks is not None:
@@ -44,16 +44,16 @@ def _map_page(anti) -> Page:
     return Page(SECTION, "Anti-alignment of the sink value, per head", fig, caption)
 
 
-def _token_cosines(ds, layers: list[int]) -> dict[int, np.ndarray]:
+def token_cosines(ds, layers: list[int]) -> dict[int, np.ndarray]:
     """Token-level cos(ṽ_0, ṽ_j) over semantic keys, pooled over heads, per layer."""
-    info = describe(ds, None, None, None)
-    n = min(ds.sizes["sequence"], MAX_SEQUENCES)
-    ok = valid_sequences(ds)
+    n = min(ds.sizes[S.SEQUENCE], MAX_SEQUENCES)
     out = {}
     for layer in layers:
-        block = Block(ds, info, layer, slice(0, n), ok)
-        cos = block.per_key("sink_value_cosine")                  # (S, H, K)
-        keep = block.semantic_key[:, None, :] & np.isfinite(cos)
+        block = ds.attngeom.load_block([S.SINK_VALUE_COSINE], layer=layer,
+                                       sequences=slice(0, n), groups=())
+        g = block.attngeom.groups()
+        cos = g.per_key(S.SINK_VALUE_COSINE).values              # (S, H, K)
+        keep = g.semantic_key.values[:, None, :] & np.isfinite(cos)
         out[layer] = cos[np.broadcast_to(keep, cos.shape)]
     return out
 
@@ -75,8 +75,8 @@ def _distribution_page(anti, ds, sinks) -> Page:
     legend_below(ax)
 
     ax = fig.add_subplot(1, 3, 2)
-    layers = top_layers(sinks, 4) if sinks is not None else list(anti["layer"].values[:4])
-    values = _token_cosines(ds, layers) if "sink_value_cosine" in ds else {}
+    layers = top_layers(sinks, 4) if sinks is not None else list(anti[S.LAYER].values[:4])
+    values = token_cosines(ds, layers) if S.SINK_VALUE_COSINE in ds else {}
     data = [values[lay] for lay in layers if values.get(lay) is not None and values[lay].size]
     if data:
         sns.violinplot(data=data, ax=ax, inner="quartile", cut=0, color="#8fb0d8",
@@ -89,7 +89,7 @@ def _distribution_page(anti, ds, sinks) -> Page:
     ax.set_title("Token level")
 
     ax = fig.add_subplot(1, 3, 3)
-    x = anti["layer"].values
+    x = anti[S.LAYER].values
     for prefix, color, label in (("", "#4c72b0", "vs semantic values"),
                                  ("residual_", "#dd8452", "vs non-sink output")):
         est, se = anti[prefix + "mixed_mean_cos"].values, anti[prefix + "mixed_se"].values
@@ -101,7 +101,7 @@ def _distribution_page(anti, ds, sinks) -> Page:
     ax.set_ylabel("mixed-model mean cosine ± 1.96 se")
     ax.set_title("Per layer (random sequence intercept)")
     legend_below(ax)
-    n_seq = min(ds.sizes["sequence"], MAX_SEQUENCES)
+    n_seq = min(ds.sizes[S.SEQUENCE], MAX_SEQUENCES)
     caption = (f"Left: distribution over heads of the mean cosines of the previous page. Middle: "
                f"token-level cosines between the sink value and each semantic token's value "
                f"(special tokens excluded), pooled over the heads of the four most sink-heavy "

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 from matplotlib.ticker import MaxNLocator
 
-from attngeom.analysis._views import Block, describe, valid_sequences
+from attngeom.store import schema as S
+from attngeom.store.vocab import SINK
 
 from ._style import Page, figure, legend_below, top_layers
 from .summary import ci, fmt
@@ -18,10 +19,11 @@ MAX_SEQUENCES = 128
 def layer_points(ds, layer, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """(sink rate α_i0, output norm ‖o_i^h‖) of all heads of ``layer``, queries i ≥ k,
     the analyses' masks, at most :data:`MAX_POINTS` (a seeded subsample)."""
-    info = describe(ds, None, None, None)
-    n = min(ds.sizes["sequence"], MAX_SEQUENCES)
-    block = Block(ds, info, layer, slice(0, n), valid_sequences(ds))
-    x, y = block.sink_rate.ravel(), block.per_query("output_norm").ravel()
+    n = min(ds.sizes[S.SEQUENCE], MAX_SEQUENCES)
+    block = ds.attngeom.load_block([S.ALPHA, S.OUTPUT_NORM], layer=layer,
+                                   sequences=slice(0, n), groups=(SINK,))
+    g = block.attngeom.groups()
+    x, y = g.sink_rate.values.ravel(), g.per_query(S.OUTPUT_NORM).values.ravel()
     ok = np.isfinite(x) & np.isfinite(y)
     x, y = x[ok], y[ok]
     if len(x) > MAX_POINTS:
@@ -86,7 +88,7 @@ def _scatter_page(ds, conv, sinks) -> Page:
 def _vertex_page(conv) -> Page:
     fig = figure(wspace=0.28)
     ax = fig.add_subplot(1, 2, 1)
-    x = conv["layer"].values
+    x = conv[S.LAYER].values
     v = conv["pooled_vertex"].values
     lo, hi = conv["pooled_vertex_ci_low"].values, conv["pooled_vertex_ci_high"].values
     convex = conv["pooled_convex"].values.astype(bool)
@@ -109,10 +111,10 @@ def _vertex_page(conv) -> Page:
     legend_below(ax, ncol=2)
 
     ax = fig.add_subplot(1, 2, 2)
-    n_heads = conv.sizes["head"]
-    ax.bar(x, conv["convex"].sum("head") / n_heads, color="#dd8452", alpha=0.5,
+    n_heads = conv.sizes[S.HEAD]
+    ax.bar(x, conv["convex"].sum(S.HEAD) / n_heads, color="#dd8452", alpha=0.5,
            label="convex heads")
-    ax.bar(x, conv["interior_minimum"].sum("head") / n_heads, color="#c44e52", width=0.5,
+    ax.bar(x, conv["interior_minimum"].sum(S.HEAD) / n_heads, color="#c44e52", width=0.5,
            label="convex with vertex CI inside (0, 1)")
     ax.set_ylim(0, 1)
     ax.set_xlabel("layer")
@@ -138,7 +140,7 @@ def pages(ds, conv, sinks) -> list[Page]:
     at least 3 sequences for its clustered errors), never drawn empty."""
     if not np.isfinite(conv["pooled_vertex"].values).any():
         page = _scatter_page(ds, conv, sinks)
-        page.caption += (f" No quadratic fit was possible ({ds.sizes['sequence']} sequences; the "
+        page.caption += (f" No quadratic fit was possible ({ds.sizes[S.SEQUENCE]} sequences; the "
                          "sequence-clustered fit needs at least 3), so the per-layer vertex page "
                          "is left out.")
         return [page]

@@ -5,37 +5,41 @@ from __future__ import annotations
 import numpy as np
 from matplotlib.ticker import MaxNLocator
 
+from attngeom.analysis.decomposition import GROUP, PART
+from attngeom.store import schema as S
+from attngeom.store.vocab import MIDDLE, SINK, TAIL
+
 from ._style import PART_COLORS, PART_LABELS, Page, figure, note
 from .summary import fmt
 
 SECTION = "Decomposition"
-GROUP_COLORS = {"sink": "#c44e52", "tail": "#4c72b0", "middle": "#8c8c8c"}
+GROUP_COLORS = {SINK: "#c44e52", TAIL: "#4c72b0", MIDDLE: "#8c8c8c"}
 
 
 def _shares(ax, dec, group: str) -> None:
-    shares = dec["lmg_share"].sel(group=group).transpose("layer", "part")
-    x = np.arange(dec.sizes["layer"])
+    shares = dec["lmg_share"].sel({GROUP: group}).transpose(S.LAYER, PART)
+    x = np.arange(dec.sizes[S.LAYER])
     bottom = np.zeros(len(x))
-    for part in dec["part"].values:
-        v = np.nan_to_num(shares.sel(part=part).values)
+    for part in dec[PART].values:
+        v = np.nan_to_num(shares.sel({PART: part}).values)
         ax.bar(x, v, bottom=bottom, width=0.85, color=PART_COLORS[str(part)],
                label=PART_LABELS[str(part)])
         bottom += v
     ax.set_title(f"{group} keys")
     ax.set_ylim(0, 1)
     step = max(1, len(x) // 10)
-    ax.set_xticks(x[::step], [str(v) for v in dec["layer"].values[::step]])
+    ax.set_xticks(x[::step], [str(v) for v in dec[S.LAYER].values[::step]])
     ax.set_xlabel("layer")
     ax.grid(axis="x", visible=False)
 
 
 def pages(dec) -> list[Page]:
     fig = figure(hspace=0.5, wspace=0.25, bottom=0.36)
-    groups = list(dec["group"].values)
+    groups = list(dec[GROUP].values)
     compact = "totals only" in str(dec.attrs.get("middle_group", ""))
     for i, group in enumerate(groups):
         ax = fig.add_subplot(2, 3, i + 1)
-        if np.isfinite(dec["lmg_share"].sel(group=group).values).any():
+        if np.isfinite(dec["lmg_share"].sel({GROUP: group}).values).any():
             _shares(ax, dec, group)
             if i == 0:
                 ax.set_ylabel("share of Var(log|c|) (LMG)")
@@ -46,13 +50,13 @@ def pages(dec) -> list[Page]:
     fig.legend(handles, labels, loc="lower center", bbox_to_anchor=(0.5, 0.895), ncol=3,
                frameon=False)
 
-    x = dec["layer"].values
+    x = dec[S.LAYER].values
     ax = fig.add_subplot(2, 3, (4, 5))
     for group in groups:
         color = GROUP_COLORS.get(str(group), "black")
-        ax.plot(x, dec["total_alpha_mean"].sel(group=group), "--", color=color, lw=1,
+        ax.plot(x, dec["total_alpha_mean"].sel({GROUP: group}), "--", color=color, lw=1,
                 label=f"{group}: attention Σα")
-        ax.plot(x, dec["total_contribution_mean"].sel(group=group), "-o", ms=2.5, color=color,
+        ax.plot(x, dec["total_contribution_mean"].sel({GROUP: group}), "-o", ms=2.5, color=color,
                 lw=1.2, label=f"{group}: contribution Σc")
     ax.axhline(0, color="black", lw=0.6)
     ax.set_xlabel("layer")
@@ -63,11 +67,11 @@ def pages(dec) -> list[Page]:
 
     ax = fig.add_subplot(2, 3, 6)
     ax.axis("off")
-    rows = [[str(g)] + [fmt(dec["pooled_lmg_share"].sel(group=g, part=p))
-                        for p in dec["part"].values]
-            + [fmt(dec["pooled_negative_fraction"].sel(group=g)),
-               f"{int(np.nan_to_num(dec['pooled_n_pairs'].sel(group=g))):,}"] for g in groups]
-    table = ax.table(cellText=rows, colLabels=["group", *[str(p) for p in dec["part"].values],
+    rows = [[str(g)] + [fmt(dec["pooled_lmg_share"].sel({GROUP: g, PART: p}))
+                        for p in dec[PART].values]
+            + [fmt(dec["pooled_negative_fraction"].sel({GROUP: g})),
+               f"{int(np.nan_to_num(dec['pooled_n_pairs'].sel({GROUP: g}))):,}"] for g in groups]
+    table = ax.table(cellText=rows, colLabels=["group", *[str(p) for p in dec[PART].values],
                                                 "c < 0", "pairs"],
                      loc="center", cellLoc="center",
                      colWidths=[0.16, 0.15, 0.15, 0.15, 0.14, 0.27])
@@ -77,7 +81,7 @@ def pages(dec) -> list[Page]:
     ax.set_title("Pooled over layers: LMG shares, negative fraction")
     pattern = dec["paper_pattern"].values.astype(str)
     counts = {p: int((pattern == p).sum()) for p in ("holds", "partly", "fails", "undetermined")}
-    sink = dec.sel(group="sink")
+    sink = dec.sel({GROUP: SINK})
     caption = (f"Each contribution factors as c = α · (‖ṽ‖/‖o‖) · cos, so log|c| is the sum of "
                f"three logs. Top: for sink keys, tail keys (the {dec.attrs.get('analysis_tail_w', 'w')}"
                f" most recent) and middle keys, the share of Var(log|c|) each factor explains per "

@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 from matplotlib.ticker import MaxNLocator
 
+from attngeom.store import schema as S
+
 from ._style import Page, figure
 from .summary import fmt
 
@@ -13,7 +15,7 @@ SECTION = "Semantic drift"
 
 def pages(faith, drift) -> list[Page]:
     fig = figure(wspace=0.3)
-    dim = faith.attrs.get("unit_dim", "sequence")
+    dim = faith.attrs.get("unit_dim", S.SEQUENCE)
     name = drift.attrs.get("loss_variable", "drift_delta_ppl")
     lm = name == "drift_delta_ppl"
     ax = fig.add_subplot(1, 3, 1)
@@ -35,7 +37,7 @@ def pages(faith, drift) -> list[Page]:
     ax.set_title(f"Loss: mean {fmt(drift.attrs.get('loss_mean'))}, Wilcoxon p = "
                  f"{fmt(drift.attrs.get('loss_p_value'))}")
 
-    x = drift["layer"].values
+    x = drift[S.LAYER].values
     ax = fig.add_subplot(1, 3, 2)
     ax.plot(x, drift["cosine_low_before_mean"], "o-", ms=3, color="#4c72b0",
             label="low-norm outputs, clean")

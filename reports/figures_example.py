@@ -16,8 +16,12 @@ from matplotlib import colors, ticker
 from matplotlib.cm import ScalarMappable
 from matplotlib.patches import Rectangle
 
-from ._style import PLAIN, Page, figure
+from attngeom.store import schema as S
+from attngeom.store.vocab import MIDDLE, SINK, TAIL
+
+from ._style import PLAIN, Page, colormap, figure
 from .summary import fmt
+from .tokens import clean_token
 
 SECTION = "Example sequence"
 DENSE_MAX_QUERY = 95          # dense stores: the query is the last token, at most position 95
@@ -32,90 +36,85 @@ class Cell:
     kind: str = "key"          # key, sink, tail, middle, query
 
 
-def clean_token(text: str) -> str:
-    """Byte-level BPE markers to readable text (Ġ space, Ċ newline, ▁ sentencepiece space)."""
-    out = str(text).replace("Ġ", " ").replace("▁", " ").replace("Ċ", "↵").replace("\n", "↵")
-    out = out.strip() or "␣"
-    return out if len(out) <= 9 else out[:8] + "…"
-
-
-def _pick(ds, sinks) -> tuple[int, int, int, int]:
+def pick_example(ds, sinks) -> tuple[int, int, int, int]:
     """(sequence index, query, layer, head): first usable sequence, its last token, the most
     sink-heavy layer and that layer's strongest sink head."""
-    finite = ds["finite"].values if "finite" in ds else np.ones(ds.sizes["sequence"])
-    lengths = ds["length"].values
-    seq = int(np.flatnonzero((finite != 0) & (lengths >= 2))[0])
+    lengths = ds[S.LENGTH].values
+    seq = int(np.flatnonzero(ds.attngeom.sequence_ok.values & (lengths >= 2))[0])
     query = int(lengths[seq]) - 1
-    if ds.attrs.get("mode") == "dense":
+    if ds.attngeom.all_keys:
         query = min(query, DENSE_MAX_QUERY)
     if sinks is not None and np.isfinite(sinks["sink_rate_mean"].values).any():
         layer_pos = int(np.nanargmax(sinks["layer_sink_rate_mean"].values))
-        layer = int(sinks["layer"].values[layer_pos])
-        head = int(sinks["head"].values[int(np.nanargmax(
+        layer = int(sinks[S.LAYER].values[layer_pos])
+        head = int(sinks[S.HEAD].values[int(np.nanargmax(
             sinks["sink_rate_mean"].sel(layer=layer).values))])
     else:
-        layer, head = int(ds["layer"].values[ds.sizes["layer"] // 2]), int(ds["head"].values[0])
+        layer = int(ds[S.LAYER].values[ds.sizes[S.LAYER] // 2])
+        head = int(ds[S.HEAD].values[0])
     return seq, query, layer, head
 
 
 def _context(ds, seq: int, query: int, chars: int = 170) -> str:
     """The text up to and including the query token (its end, at most ``chars`` characters)."""
-    if "token" not in ds:
+    if S.TOKEN not in ds:
         return "(no token strings in this store)"
-    raw = [str(t) for t in ds["token"].isel(sequence=seq).values[: query + 1]]
+    raw = [str(t) for t in ds[S.TOKEN].isel({S.SEQUENCE: seq}).values[: query + 1]]
     marked = any(m in t for t in raw for m in ("Ġ", "▁", "Ċ"))   # byte-level / sentencepiece
     text = ("" if marked else " ").join(raw).replace("Ġ", " ").replace("▁", " ")
     text = " ".join(text.replace("Ċ", " ").split())
     return text if len(text) <= chars else "…" + text[-chars:]
 
 
-def _labels(ds, seq: int) -> list[str]:
-    if "token" in ds:
-        return [clean_token(t) for t in ds["token"].isel(sequence=seq).values]
-    return [f"#{int(t)}" for t in ds["token_id"].isel(sequence=seq).values]
+def token_labels(ds, seq: int) -> list[str]:
+    """Readable token strings of sequence ``seq`` (token ids ``#id`` without text)."""
+    if S.TOKEN in ds:
+        return [clean_token(t) for t in ds[S.TOKEN].isel({S.SEQUENCE: seq}).values]
+    return [f"#{int(t)}" for t in ds[S.TOKEN_ID].isel({S.SEQUENCE: seq}).values]
 
 
 def cells(ds, seq: int, query: int, layer: int, head: int) -> list[Cell]:
     """The keys of the example query with their four values (see :data:`STRIPS`)."""
-    at = dict(sequence=seq, query=query)
-    labels = _labels(ds, seq)
-    length = int(ds["length"].values[seq])
+    at = {S.SEQUENCE: seq, S.QUERY: query}
+    labels = token_labels(ds, seq)
+    length = int(ds[S.LENGTH].values[seq])
+    keys = ds.attngeom.groups(mask=False)          # the store's values, both layouts alike
+    h = int(np.flatnonzero(ds[S.HEAD].values == head)[0])
 
-    def four(prefix: str) -> dict[str, np.ndarray]:
-        a = ds[f"{prefix}alpha"].isel(at).sel(layer=layer).values            # (H, slot)
-        c_layer = ds[f"{prefix}contribution_layer"].isel(at).sel(layer=layer).values
-        c_head = ds[f"{prefix}contribution"].isel(at).sel(layer=layer, head=head).values
+    def four(values) -> dict[str, np.ndarray]:
+        """values(name) -> DataArray (..., head, query, slot) of the layer: the four strips."""
+        a = values(S.ALPHA).isel(at).sel({S.LAYER: layer}).values           # (H, slot)
+        c_layer = values(S.CONTRIBUTION_LAYER).isel(at).sel({S.LAYER: layer}).values
+        c_head = values(S.CONTRIBUTION).isel(at).sel({S.LAYER: layer, S.HEAD: head}).values
         with np.errstate(invalid="ignore"), warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)      # keys beyond the query: NaN
             mean = np.nanmean(a, 0) if a.ndim > 1 else a
         return {"alpha_layer": mean,
                 "contrib_layer": np.nansum(c_layer, 0) if c_layer.ndim > 1 else c_layer,
-                "alpha_head": a[int(np.flatnonzero(ds["head"].values == head)[0])],
-                "contrib_head": c_head}
+                "alpha_head": a[h], "contrib_head": c_head}
 
     def cell(values: dict, i: int, j: int, kind: str) -> Cell:
         return Cell(labels[j], {k: float(v[i]) for k, v in values.items()},
                     "query" if j == query else kind)
 
-    if "key" in ds["alpha"].dims:                                             # dense
-        v = four("")
-        hi = length if not int(ds.attrs.get("causal", 1)) else query + 1
+    if keys.elementwise(MIDDLE):                                              # every key
+        v = four(keys.pairs)
+        hi = length if not ds.attngeom.causal else query + 1
         return [cell(v, j, j, "key") for j in range(hi)]
-    k = ds.sizes["sink"]
-    v = four("")
+    k = keys.k
+    v = four(lambda name: keys.group(SINK, name))
     out = [cell(v, j, j, "sink") for j in range(min(k, length))]
-    middle = {name: ds[f"middle_{name}"].isel(at).sel(layer=layer).values
-              for name in ("alpha", "contribution_layer", "contribution")}
-    n_middle = int(np.nanmax(ds["middle_count"].isel(at).sel(layer=layer).values))
+    middle = {name: keys.total(MIDDLE, name).isel(at).sel({S.LAYER: layer}).values
+              for name in (S.ALPHA, S.CONTRIBUTION_LAYER, S.CONTRIBUTION)}
+    n_middle = int(np.nanmax(keys.count(MIDDLE).isel(at).sel({S.LAYER: layer}).values))
     if n_middle > 0:
-        h = int(np.flatnonzero(ds["head"].values == head)[0])
         out.append(Cell(f"{n_middle} middle", {
-            "alpha_layer": float(np.nanmean(middle["alpha"])),
-            "contrib_layer": float(np.nansum(middle["contribution_layer"])),
-            "alpha_head": float(middle["alpha"][h]),
-            "contrib_head": float(middle["contribution"][h])}, "middle"))
-    t = four("tail_")
-    tail = [(query - lag, lag) for lag in range(ds.sizes["lag"])
+            "alpha_layer": float(np.nanmean(middle[S.ALPHA])),
+            "contrib_layer": float(np.nansum(middle[S.CONTRIBUTION_LAYER])),
+            "alpha_head": float(middle[S.ALPHA][h]),
+            "contrib_head": float(middle[S.CONTRIBUTION][h])}, "middle"))
+    t = four(lambda name: keys.group(TAIL, name))
+    tail = [(query - lag, lag) for lag in range(keys.w)
             if query - lag >= k and np.isfinite(t["alpha_layer"][lag])]
     out += [cell(t, lag, j, "tail") for j, lag in sorted(tail)]
     return out
@@ -158,7 +157,7 @@ def _draw(ax, items: list[Cell], ncols: int, norms: dict, head: int) -> None:
 
 
 def pages(ds, sinks=None) -> list[Page]:
-    seq, query, layer, head = _pick(ds, sinks)
+    seq, query, layer, head = pick_example(ds, sinks)
     items = cells(ds, seq, query, layer, head)
     keys = [c for c in items if c.kind != "middle"]
     norms = {}
@@ -168,10 +167,10 @@ def pages(ds, sinks=None) -> list[Page]:
         if name.startswith("alpha"):
             top = float(vals.max()) if vals.size and vals.max() > 0 else 1.0
             norms[name] = (colors.PowerNorm(0.5, vmin=0, vmax=top, clip=True),
-                           _cmap("Blues"))
+                           colormap("Blues"))
         else:
             lim = float(np.abs(vals).max()) if vals.size and np.abs(vals).max() > 0 else 1.0
-            norms[name] = (colors.Normalize(-lim, lim, clip=True), _cmap("RdBu_r"))
+            norms[name] = (colors.Normalize(-lim, lim, clip=True), colormap("RdBu_r"))
     ncols = 16 if len(items) > 16 else max(len(items), 8)
     fig = figure(left=0.13, right=0.97, top=0.84, bottom=0.3)
     ax = fig.add_subplot(1, 1, 1)
@@ -187,14 +186,14 @@ def pages(ds, sinks=None) -> list[Page]:
         bar.ax.xaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: fmt(v, 2)))
     context = _context(ds, seq, query)
     fig.text(0.06, 0.875, f"text up to the query: {context}", fontsize=7, color="0.3", **PLAIN)
-    compact = "sink" in ds["alpha"].dims
-    shown = (f"This compact store keeps only the sink key{'s' if ds.sizes.get('sink', 1) > 1 else ''}"
-             f" (red), the tail window of the {ds.sizes.get('lag', 0)} most recent keys and, for "
+    compact = not ds.attngeom.all_keys
+    shown = (f"This compact store keeps only the sink key{'s' if ds.attngeom.sink_k > 1 else ''}"
+             f" (red), the tail window of the {ds.attngeom.tail_w} most recent keys and, for "
              f"the other keys, only totals: the hatched cell is the sum over the middle keys "
              f"(α averaged over heads, contributions summed), coloured on the clipped scale. "
              f"Extract with --mode dense to see every key."
              if compact else "All keys up to the query are shown (dense store).")
-    tokens = ("" if "token" in ds else " The store keeps no token strings (extracted with "
+    tokens = ("" if S.TOKEN in ds else " The store keeps no token strings (extracted with "
               "--no-text), so token ids (#id) stand in for the text.")
     caption = (f"Sequence {seq}, query = token {query} (the last one, outlined), layer {layer}; "
                f"head {head} is that layer's strongest sink head. Under each key's token: α "
@@ -207,8 +206,3 @@ def pages(ds, sinks=None) -> list[Page]:
     return [Page(SECTION, "Example sequence: attention versus contribution, token by token",
                  fig, caption)]
 
-
-def _cmap(name: str):
-    import matplotlib
-
-    return matplotlib.colormaps[name]

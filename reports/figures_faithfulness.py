@@ -5,18 +5,22 @@ from __future__ import annotations
 import numpy as np
 from scipy import stats
 
+from attngeom.store import schema as S
+from attngeom.store.vocab import (ATTENTION, CONTRIBUTION, CONTRIBUTION_LAYER, VALUE_WEIGHTED,
+                                  VALUE_WEIGHTED_NORMALIZED)
+
 from ._style import METRIC_COLORS, METRIC_LABELS, Page, figure
 from .summary import ci, fmt
 
 SECTION = "Faithfulness"
-SHORT = {"attention": "attention", "value_weighted": "value-weighted",
-         "value_weighted_normalized": "normalized", "contribution": "contribution",
-         "contribution_layer": "layer contribution"}
+SHORT = {ATTENTION: "attention", VALUE_WEIGHTED: "value-weighted",
+         VALUE_WEIGHTED_NORMALIZED: "normalized", CONTRIBUTION: "contribution",
+         CONTRIBUTION_LAYER: "layer contribution"}
 
 
 def _curve(faith, metric, rank, mode, variable: str) -> tuple[np.ndarray, ...]:
     """Fractions, mean, and the t-based 95% band over units of ``variable``."""
-    dim = faith.attrs.get("unit_dim", "sequence")
+    dim = faith.attrs.get("unit_dim", S.SEQUENCE)
     x = faith[variable].sel(metric=metric, rank=rank, mode=mode).astype(float)
     x = x.transpose("fraction", dim).values
     n = np.isfinite(x).sum(1)
@@ -57,7 +61,7 @@ def _curves_page(faith) -> Page:
     fig.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, 0.285), ncol=3,
                frameon=False)
     fig.subplots_adjust(bottom=0.37)
-    dim = faith.attrs.get("unit_dim", "sequence")
+    dim = faith.attrs.get("unit_dim", S.SEQUENCE)
     caption = (f"At every layer, each metric ranks the keys of each query (granularity: "
                f"{faith.attrs.get('granularity', 'head')}); comprehensiveness removes the "
                f"top-ranked fraction p of the terms α_ij ṽ_j from the head output, sufficiency "

@@ -11,8 +11,11 @@ from __future__ import annotations
 import numpy as np
 from matplotlib import colors
 
-from ._style import PLAIN, Page, figure
-from .figures_example import SECTION, _cmap, _labels, _pick
+from attngeom.store import schema as S
+from attngeom.store.vocab import SINK
+
+from ._style import PLAIN, Page, colormap, figure
+from .figures_example import SECTION, pick_example, token_labels
 from .summary import fmt
 
 PER_ROW, MAX_TOKENS = 16, 64
@@ -20,23 +23,23 @@ PER_ROW, MAX_TOKENS = 16, 64
 
 def sink_strips(ds, seq: int, layer: int) -> tuple[np.ndarray, np.ndarray]:
     """(α_i0 mean over heads, Σ_h C_i0^h) for every query i of sequence ``seq`` (NaN beyond)."""
-    pick = {"sink": 0} if "sink" in ds["alpha"].dims else {"key": 0}
-    at = ds.isel(sequence=seq).sel(layer=layer)
-    alpha = at["alpha"].isel(pick).mean("head").transpose("query").values
-    contrib = at["contribution_layer"].isel(pick).sum("head", min_count=1) \
-        .transpose("query").values
+    keys = ds.isel({S.SEQUENCE: seq}).sel({S.LAYER: layer}).attngeom.groups(mask=False)
+    sink = {S.SINK: 0}                                                # the key at position 0
+    alpha = keys.group(SINK, S.ALPHA).isel(sink).mean(S.HEAD).transpose(S.QUERY).values
+    contrib = keys.group(SINK, S.CONTRIBUTION_LAYER).isel(sink).sum(S.HEAD, min_count=1) \
+        .transpose(S.QUERY).values
     return np.asarray(alpha, float), np.asarray(contrib, float)
 
 
 def pages(ds, sinks=None) -> list[Page]:
-    seq, _, layer, _ = _pick(ds, sinks)
+    seq, _, layer, _ = pick_example(ds, sinks)
     alpha, contrib = sink_strips(ds, seq, layer)
-    n = min(int(ds["length"].values[seq]), MAX_TOKENS)
-    labels = _labels(ds, seq)[:n]
+    n = min(int(ds[S.LENGTH].values[seq]), MAX_TOKENS)
+    labels = token_labels(ds, seq)[:n]
     rows = -(-n // PER_ROW)
     lim = float(np.nanmax(np.abs(contrib[:n]))) if np.isfinite(contrib[:n]).any() else 1.0
-    norms = ((colors.Normalize(0, 1), _cmap("Blues")),
-             (colors.Normalize(-lim, lim), _cmap("RdBu_r")))
+    norms = ((colors.Normalize(0, 1), colormap("Blues")),
+             (colors.Normalize(-lim, lim), colormap("RdBu_r")))
     fig = figure()
     height = 0.62 / max(rows, 1)
     for r in range(rows):
@@ -59,8 +62,8 @@ def pages(ds, sinks=None) -> list[Page]:
         ax.grid(False)
         for side in ax.spines.values():
             side.set_visible(False)
-    cut = (f" (first {MAX_TOKENS} of {int(ds['length'].values[seq])} tokens)"
-           if ds["length"].values[seq] > MAX_TOKENS else "")
+    length = int(ds[S.LENGTH].values[seq])
+    cut = f" (first {MAX_TOKENS} of {length} tokens)" if length > MAX_TOKENS else ""
     caption = (f"Sequence {seq}{cut}, layer {layer}, every token as the query i. Top strip: "
                f"how much the token attends to the sink (α_i0, averaged over heads, blue "
                f"0 to 1). Bottom strip: how much of the token's layer output the sink actually "

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from attngeom.store import schema as S
+
 from ._style import Page, figure, heatmap, legend_below
 from .summary import fmt
 
@@ -14,10 +16,10 @@ def pages(sinks) -> list[Page]:
     fig = figure(wspace=0.35)
     grid = fig.add_gridspec(1, 3)
     ax = fig.add_subplot(grid[0, :2])
-    rate = sinks["sink_rate_mean"].transpose("layer", "head").values
-    layers, heads = sinks["layer"].values, sinks["head"].values
+    rate = sinks["sink_rate_mean"].transpose(S.LAYER, S.HEAD).values
+    layers, heads = sinks[S.LAYER].values, sinks[S.HEAD].values
     eps = float(sinks.attrs.get("epsilon", 0.3))
-    marks = sinks["is_sink_head"].transpose("layer", "head").values.astype(bool)
+    marks = sinks["is_sink_head"].transpose(S.LAYER, S.HEAD).values.astype(bool)
     heatmap(ax, rate, cmap="rocket_r", vmin=0, vmax=1, rows=layers, cols=heads,
             label="mean sink rate α_i0 (queries i ≥ k)", marks=marks,
             mark_label=f"sink head (mean rate > ε = {fmt(eps)})")
@@ -52,4 +54,23 @@ def pages(sinks) -> list[Page]:
                f"Look for the layers where attention collapses onto the first token: these are "
                f"the heads whose output the sink's value geometry controls.")
     return [Page(SECTION, "Sink heads: where attention collapses onto the first token", fig,
-                 caption)]
+                 caption)] + learned_sink_pages(sinks)
+
+
+def learned_sink_pages(sinks) -> list[Page]:
+    """The learned sink's weight per head, for models with learned sink logits (gpt-oss)."""
+    if "learned_sink_rate_mean" not in sinks:
+        return []
+    fig = figure()
+    ax = fig.add_subplot(1, 1, 1)
+    rate = sinks["learned_sink_rate_mean"].transpose("layer", "head").values
+    heatmap(ax, rate, cmap="rocket_r", vmin=0, vmax=1, rows=sinks["layer"].values,
+            cols=sinks["head"].values, label="mean learned-sink weight (queries i ≥ k)")
+    ax.set_title("Mean weight of the learned sink logit, per head")
+    caption = ("This model has a learned sink logit per head: a virtual key with no value that "
+               "joins the softmax, so the real keys' α sum to 1 minus its weight "
+               "(learned_sink_alpha). The map shows its mean weight over all queries i ≥ k; "
+               "compare it with the emergent sink (position 0) on the previous page. The "
+               "attention it absorbs adds nothing to the head output, and the contribution "
+               "weights over real keys still sum to 1.")
+    return [Page(SECTION, "Learned sinks: attention given to no token", fig, caption)]

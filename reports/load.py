@@ -18,8 +18,10 @@ import xarray as xr
 
 from attngeom.analysis import RESULT_FILES, SUMMARY_FILE, run_all
 from attngeom.store import open_store, read_manifest
-from attngeom.store.manifest import file_sha256
-from attngeom.store.results import is_faith_only
+from attngeom.store import schema as S
+from attngeom.store.options import AnalysisOptions
+from attngeom.store.reader import shard_paths
+from attngeom.store.results import is_faith_only, verified_file
 
 ANALYSIS_DIR = "analysis"
 
@@ -52,8 +54,7 @@ class ReportData:
 
 # ----------------------------------------------------------------------------- analyses
 def _newest_shard(store: Path, manifest: dict) -> float:
-    times = [(store / e["file"]).stat().st_mtime for e in manifest["shards"]
-             if (store / e["file"]).is_file()]
+    times = [p.stat().st_mtime for p in shard_paths(store, manifest) if p.is_file()]
     return max(times, default=0.0)
 
 
@@ -83,7 +84,7 @@ def read_analysis(directory: Path) -> dict:
 
 def ensure_analysis(store: Path, ds: xr.Dataset, manifest: dict, directory: Path, *,
                     refresh_stale: bool = True, progress: bool = True, log=print,
-                    **options) -> dict:
+                    options: AnalysisOptions | None = None) -> dict:
     """The analysis results in ``directory``, computed by :func:`run_all` when missing.
 
     Results made from another store are refused (the user's files are never overwritten);
@@ -95,7 +96,7 @@ def ensure_analysis(store: Path, ds: xr.Dataset, manifest: dict, directory: Path
                          "differs); pass --analysis with another folder or delete them")
     if state == "missing" or (state == "stale" and refresh_stale):
         log(f"attngeom: running the analyses into {directory} ({state})")
-        run_all(ds, directory, progress=progress, **options)
+        run_all(ds, directory, options, progress=progress)
     return read_analysis(directory)
 
 
@@ -103,17 +104,18 @@ def ensure_analysis(store: Path, ds: xr.Dataset, manifest: dict, directory: Path
 def read_faithfulness(store: Path, manifest: dict, name: str) -> tuple[xr.Dataset | None, str]:
     """The recorded faithfulness result ``name`` and, when absent, why."""
     hint = (f"run `attngeom faithfulness --model MODEL --data DATA --out {store}` to add it")
-    entry = manifest.get("faithfulness", {}).get(name)
+    path, why = verified_file(store, manifest, name)
     model = manifest.get("config", {}).get("model", {})
-    if entry is None and model.get("causal") is False:
+    if why == "not recorded" and model.get("causal") is False:
+        kind = ("a vision transformer" if model.get("inputs") == "image"
+                else "a bidirectional encoder")
         return None, ("not applicable: it scores next-token predictions, and "
-                      f"{model.get('spec', 'this model')} is a bidirectional encoder")
-    if entry is None:
+                      f"{model.get('spec', 'this model')} is {kind}")
+    if why == "not recorded":
         return None, f"not run for this store ({hint})"
-    path = store / entry["file"]
-    if not path.is_file():
+    if why == "missing":
         return None, f"{path.name} is recorded in the manifest but missing ({hint})"
-    if file_sha256(path) != entry["sha256"]:
+    if why:
         return None, f"{path.name} does not match its recorded checksum ({hint})"
     with xr.open_dataset(path, engine="h5netcdf") as f:
         return f.load(), ""
@@ -135,7 +137,8 @@ def faithfulness_stats(faith: xr.Dataset, level: float = 0.05, seed: int = 0
 # ----------------------------------------------------------------------------- all
 def gather(store: str | os.PathLike, analysis_dir: str | os.PathLike | None = None, *,
            faithfulness: str = "faithfulness", run_analysis: bool = True,
-           progress: bool = True, log=print, **analysis_options) -> ReportData:
+           progress: bool = True, log=print, options: AnalysisOptions | None = None
+           ) -> ReportData:
     """Open the store and collect every result the report can show."""
     store = Path(store)
     manifest = read_manifest(store)
@@ -150,7 +153,7 @@ def gather(store: str | os.PathLike, analysis_dir: str | os.PathLike | None = No
                                     "the measurements)")
     elif run_analysis:
         data.analysis = ensure_analysis(store, ds, manifest, directory, progress=progress,
-                                        log=log, **analysis_options)
+                                        log=log, options=options)
     elif analysis_state(store, manifest, directory) in ("current", "stale"):
         data.analysis = read_analysis(directory)
     else:
@@ -166,7 +169,7 @@ def gather(store: str | os.PathLike, analysis_dir: str | os.PathLike | None = No
         if data.drift is None:
             data.missing["drift"] = ("the faithfulness run skipped the sink-zeroing pass "
                                      "(rerun it without --no-drift)")
-    if ds is not None and "token" not in ds:
+    if ds is not None and S.TOKEN not in ds:
         data.missing["tokens"] = ("the store keeps no token strings (extracted with --no-text); "
                                   "token ids are shown")
     return data

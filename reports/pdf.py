@@ -14,6 +14,9 @@ from pathlib import Path
 
 import numpy as np
 
+from attngeom.store import schema as S
+from attngeom.store.options import AnalysisOptions
+
 from . import (figures_anti_alignment, figures_convexity, figures_decomposition, figures_drift,
                figures_example, figures_faithfulness, figures_sink_strip, figures_sinks)
 from ._style import PAGE, PLAIN, Page, figure, style
@@ -23,7 +26,7 @@ from .summary import fmt, sentences
 SECTIONS = ("Faithfulness", "Sink heads", "Convexity", "Anti-alignment", "Decomposition",
             "Semantic drift", "Example sequence")
 CAPTION_CHARS = 165
-EXAMPLE_NEEDS = ("alpha", "contribution", "contribution_layer")
+EXAMPLE_NEEDS = (S.ALPHA, S.CONTRIBUTION, S.CONTRIBUTION_LAYER)
 
 
 # ----------------------------------------------------------------------------- sections
@@ -96,9 +99,9 @@ def provenance(data: ReportData) -> list[tuple[str, str]]:
     cfg = m["config"]
     model, d, opts = cfg["model"], cfg["data"], cfg["options"]
     if ds is None:                                  # faithfulness results only
-        ds = {"length": np.zeros(0, dtype=int)}
-    lengths = np.asarray(ds["length"])
-    finite = int((ds["finite"].values != 0).sum()) if "finite" in ds else len(lengths)
+        ds = {S.LENGTH: np.zeros(0, dtype=int)}
+    lengths = np.asarray(ds[S.LENGTH])
+    finite = int((ds[S.FINITE].values != 0).sum()) if S.FINITE in ds else len(lengths)
     rows = [
         ("model", f"{model['id']} ({model.get('architecture')}, {model.get('model_type')}, "
                   f"{model.get('dtype')}), {model.get('n_layers')} layers × "
@@ -116,6 +119,11 @@ def provenance(data: ReportData) -> list[tuple[str, str]]:
                   f"{'kept' if opts.get('store_text', True) else 'not kept'}; content hash "
                   f"{m['config_hash'][:16]}, created {m.get('created')}"),
     ]
+    if model.get("inputs") == "image":
+        rows.insert(3, ("sink token", "the first token of each image: [CLS] where the model "
+                        "has one (ViT, DeiT, DINOv2, CLIP); SigLIP has none, so it is the "
+                        "top-left patch p(0,0). The tail is the w tokens before each query in "
+                        "token order (patches row by row)."))
     if data.ds is None:
         rows = [r for r in rows if r[0] not in ("sequences", "store")] + [
             ("store", f"{data.store} — faithfulness results only (no extracted sequences); "
@@ -129,7 +137,7 @@ def provenance(data: ReportData) -> list[tuple[str, str]]:
                                  f"{conv.get('analysis_seed')}"))
     if data.faith is not None:
         f = data.faith
-        dim = f.attrs.get("unit_dim", "sequence")
+        dim = f.attrs.get("unit_dim", S.SEQUENCE)
         rows.append(("faithfulness", f"{data.faith_name}.nc — task {f.attrs.get('task')}, data "
                      f"{f.attrs.get('data')} (sha256 {str(f.attrs.get('data_sha256'))[:16]}), "
                      f"{f.sizes[dim]} {dim}s; metrics {', '.join(map(str, f['metric'].values))};"
@@ -232,7 +240,7 @@ def render(data: ReportData, out: str | os.PathLike) -> Path:
 def build_report(store: str | os.PathLike, out: str | os.PathLike | None = None,
                  analysis_dir: str | os.PathLike | None = None, *,
                  faithfulness: str = "faithfulness", progress: bool = True, log=print,
-                 **analysis_options) -> Path:
+                 options: AnalysisOptions | None = None) -> Path:
     """Run the missing analyses and write the PDF report of ``store``; return its path.
 
     Parameters
@@ -241,10 +249,11 @@ def build_report(store: str | os.PathLike, out: str | os.PathLike | None = None,
     out : the PDF path (default ``<store>/report.pdf``).
     analysis_dir : analysis results (default ``<store>/analysis``; computed when missing).
     faithfulness : name of the recorded faithfulness result to show.
-    analysis_options : passed to :func:`attngeom.analysis.run_all` when it runs.
+    options : the analysis options (:class:`attngeom.store.options.AnalysisOptions`), used
+        when the analyses run.
     """
     data = gather(store, analysis_dir, faithfulness=faithfulness, progress=progress, log=log,
-                  **analysis_options)
+                  options=options)
     out = Path(out) if out is not None else Path(store) / "report.pdf"
     return render(data, out)
 

@@ -11,10 +11,14 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from attngeom.store import schema as S
+from attngeom.store.vocab import (ATTENTION, CONTRIBUTION, CONTRIBUTION_LAYER, VALUE_WEIGHTED,
+                                  VALUE_WEIGHTED_NORMALIZED)
+
 MIN_SEQUENCES = 3            # the analyses' clustered fits and per-head tests need this many
-METRIC_LABELS = {"attention": "attention", "value_weighted": "value-weighted",
-                 "value_weighted_normalized": "value-weighted normalized",
-                 "contribution": "contribution", "contribution_layer": "layer contribution"}
+METRIC_LABELS = {ATTENTION: "attention", VALUE_WEIGHTED: "value-weighted",
+                 VALUE_WEIGHTED_NORMALIZED: "value-weighted normalized",
+                 CONTRIBUTION: "contribution", CONTRIBUTION_LAYER: "layer contribution"}
 
 
 def fmt(x, digits: int = 3) -> str:
@@ -42,7 +46,7 @@ def ci(low, high) -> str:
 def sink_layer(sinks) -> int:
     """The layer coordinate with the highest mean sink rate."""
     rate = sinks["layer_sink_rate_mean"].fillna(-np.inf)
-    return int(sinks["layer"].values[int(np.argmax(rate.values))])
+    return int(sinks[S.LAYER].values[int(np.argmax(rate.values))])
 
 
 # ----------------------------------------------------------------------------- sentences

@@ -67,11 +67,12 @@ def chunk_rows(row_bytes: int, rows: int) -> int:
 
 @dataclass
 class Encoded:
-    """One variable's compressed chunks: chunk shape and chunk offset -> stored bytes."""
+    """One variable's compressed chunks: shape, dims, chunk shape, chunk offset -> bytes."""
 
     shape: tuple[int, ...]
     chunks: tuple[int, ...]
     blobs: dict[tuple[int, ...], bytes] = field(default_factory=dict)
+    dims: tuple[str, ...] = ()
 
 
 class ChunkEncoder:
@@ -82,11 +83,13 @@ class ChunkEncoder:
     of every variable and hands each complete chunk to the workers, at most ``during`` at a
     time (0: none until ``finish``, when measuring leaves no core spare); ``finish`` lets
     ``after`` work at once, encodes the rest, padding the last row block as HDF5 pads edge
-    chunks, and returns name -> Encoded.
+    chunks, and returns name -> Encoded (with its dims from ``dims``, when given).
     """
 
-    def __init__(self, rows: int, during: int, after: int, level: int = LEVEL):
+    def __init__(self, rows: int, during: int, after: int, level: int = LEVEL,
+                 dims: dict[str, tuple[str, ...]] | None = None):
         self.rows, self.overlap, self.level = max(1, rows), during > 0, level
+        self.dims = dims or {}
         self.extra = max(after, during, 1) - max(during, 1)
         self.gate = threading.Semaphore(max(during, 1))
         self.pool = ThreadPoolExecutor(max(after, during, 1),
@@ -146,7 +149,8 @@ class ChunkEncoder:
             for name, futures in self.futures.items():
                 shape = (self.done_rows[name], *self.layout[name])
                 out[name] = Encoded(shape, self.chunks[name],
-                                    {off: f.result() for off, f in futures.items()})
+                                    {off: f.result() for off, f in futures.items()},
+                                    tuple(self.dims.get(name, ())))
             return out
         finally:
             self.close()

@@ -49,9 +49,10 @@ def shard_block(n_shards: int, index: int, count: int) -> range:
     return range(index * n_shards // count, (index + 1) * n_shards // count)
 
 
-def part_record(shard: str | tuple[int, int], n_sequences: int, shard_size: int) -> dict:
-    """The manifest's ``part`` entry: which shard files and sequences this part holds."""
-    index, count = parse_shard(shard)
+def part_record(shard: tuple[int, int], n_sequences: int, shard_size: int) -> dict:
+    """The manifest's ``part`` entry: which shard files and sequences this part holds
+    (``shard``: ``(I, N)`` from :func:`parse_shard`)."""
+    index, count = shard
     n_shards = -(-n_sequences // shard_size)
     block = shard_block(n_shards, index, count)
     lo, hi = (min(n_sequences, i * shard_size) for i in (block.start, block.stop))

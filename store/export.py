@@ -10,7 +10,13 @@
             contribution, contribution_layer; compact stores add ``group`` sink/tail and
             ``lag``, -1 on sink rows; masked cells are left out), ``sequences`` (one row
             per sequence) and ``tokens`` (sequence, position, token_id, special, token).
-Both carry the manifest (as attrs / parquet metadata and a copy) and a README.txt.
+``hf``      the same Parquet tables laid out as a Hugging Face dataset repository: one file per
+            store shard under ``data/<table>/`` (and ``data/<result>.<dims>/``), a ``README.md``
+            dataset card (YAML configs with data_files per table, license, tags; the columns'
+            definitions, :mod:`attngeom.store.hub_card`) and the manifest; it loads with
+            ``datasets.load_dataset(DIR, "per_query")`` and uploads with ``hf upload``.
+All carry the manifest (as attrs / parquet metadata and a copy) and a description (README.txt,
+or the dataset card). ``no_text`` leaves token strings out.
 """
 
 from __future__ import annotations
@@ -27,13 +33,19 @@ from .readme import README, readme_text
 from .results import entries as result_entries
 from .results import is_faith_only
 
-FORMATS = ("zarr", "parquet")
+FORMATS = ("zarr", "parquet", "hf")
+TABLE_FORMATS = ("parquet", "hf")          # the long-table layouts: flat files, or a Hub repo
 TABLES = ("per_query", "per_key", "pairs", "sequences", "tokens")
 ZARR_CHUNK_BYTES = 16 << 20
 
 
-def export(store: str | Path, out: str | Path, fmt: str, tables=None) -> Path:
-    """Export ``store`` to ``out`` as ``fmt`` (zarr or parquet); return ``out``."""
+def export(store: str | Path, out: str | Path, fmt: str, tables=None, no_text: bool = False,
+           license: str | None = None) -> Path:
+    """Export ``store`` to ``out`` as ``fmt`` (zarr, parquet or hf); return ``out``.
+
+    ``tables``: the long tables to write (parquet, hf; default all); ``no_text``: leave token
+    strings out; ``license``: the dataset card's license (hf; default ``unknown``).
+    """
     from .reader import open_store
 
     store, out = Path(store), Path(out)
@@ -42,16 +54,27 @@ def export(store: str | Path, out: str | Path, fmt: str, tables=None) -> Path:
     tables = _tables(tables)
     manifest = read_manifest(store)
     ds = None if is_faith_only(manifest) else open_store(store)
+    if ds is not None and no_text and "token" in ds:
+        ds = ds.drop_vars("token")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise StoreError(f"--out {out} exists and is not empty; choose a new path")
+    written: dict[str, str] = {}                      # hf: config name -> data_files pattern
     if fmt == "zarr":
         _zarr(ds, out)
     elif ds is not None:
-        _parquet(ds, out, manifest, tables)
-    _results(store, manifest, out, fmt)
+        written = _parquet(ds, out, manifest, tables, hub=fmt == "hf")
+    written = {**{t: written[t] for t in TABLES if t in written},
+               **_results(store, manifest, out, fmt)}
     atomic_write_bytes(out / MANIFEST.replace(".json", ".source.json"),
                        json.dumps(manifest, indent=1, sort_keys=True).encode())
-    atomic_write_bytes(out / README, _export_readme(manifest, fmt, store).encode())
+    if fmt == "hf":
+        from .hub_card import dataset_card
+
+        card = dataset_card(manifest, out, written, license=license, no_text=no_text,
+                            store=store)
+        atomic_write_bytes(out / "README.md", card.encode())
+    else:
+        atomic_write_bytes(out / README, _export_readme(manifest, fmt, store, no_text).encode())
     return out
 
 
@@ -91,14 +114,16 @@ def _zarr(ds, out: Path) -> None:
 
 
 # ---------------------------------------------------------------------------- results
-def _results(store: Path, manifest: dict, out: Path, fmt: str) -> None:
+def _results(store: Path, manifest: dict, out: Path, fmt: str) -> dict[str, str]:
     """Faithfulness results: Zarr groups ``faithfulness/<name>``, or Parquet tables
     ``<name>.<dims>.parquet`` (one per set of dims, e.g. ``faithfulness.metric_rank_mode_
-    fraction_sequence.parquet``); the netCDF file itself is copied next to them too."""
+    fraction_sequence.parquet``; hf: ``data/<name>.<dims>/train-00000-of-00001.parquet``);
+    the netCDF file itself is copied next to them too. Returns the hf configs written."""
     import xarray as xr
 
     found = result_entries(manifest)
     out.mkdir(parents=True, exist_ok=True)
+    written: dict[str, str] = {}
     for name, entry in found.items():
         with xr.open_dataset(store / entry["file"], engine="h5netcdf") as f:
             res = f.load()
@@ -114,12 +139,27 @@ def _results(store: Path, manifest: dict, out: Path, fmt: str) -> None:
             if da.dims:
                 by_dims.setdefault(tuple(sorted(da.dims, key=_dim_rank)), []).append(v)
         for dims, names in by_dims.items():
-            res[names].transpose(*dims).to_dataframe().reset_index().to_parquet(
-                out / f"{name}.{'_'.join(dims)}.parquet", index=False)
+            table = f"{name}.{'_'.join(dims)}"
+            path = out / (hub_path(table, 0, 1) if fmt == "hf" else f"{table}.parquet")
+            path.parent.mkdir(parents=True, exist_ok=True)
+            res[names].transpose(*dims).to_dataframe().reset_index().to_parquet(path,
+                                                                                 index=False)
+            written[table] = hub_pattern(table)
     if fmt == "zarr" and found:
         import zarr
 
         zarr.consolidate_metadata(str(out), zarr_format=2)
+    return written if fmt == "hf" else {}
+
+
+def hub_path(table: str, index: int, count: int) -> str:
+    """Where shard ``index`` of ``count`` of a table goes in a Hub dataset repository."""
+    return f"data/{table}/train-{index:05d}-of-{count:05d}.parquet"
+
+
+def hub_pattern(table: str) -> str:
+    """The data_files pattern of a table's shards (the dataset card's configs)."""
+    return f"data/{table}/*.parquet"
 
 
 def _dim_rank(dim: str) -> tuple[int, str]:
@@ -180,7 +220,8 @@ def _pair_order(cols: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 def _block_tables(block) -> dict[str, list[dict[str, np.ndarray]]]:
     """Columns of every table for one loaded block (one shard, one layer)."""
-    per_query = _present(block, list(S.PER_QUERY_VARIABLES) + list(S.MIDDLE_VARIABLES)
+    per_query = _present(block, list(S.PER_QUERY_VARIABLES) + list(S.LEARNED_SINK_VARIABLES)
+                         + list(S.MIDDLE_VARIABLES)
                          + list(S.PER_LAYER_QUERY_VARIABLES))
     per_key = _present(block, list(S.PER_KEY_VARIABLES))
     out = {"per_query": [], "per_key": [], "pairs": _pair_columns(block)}
@@ -207,49 +248,65 @@ def _sequence_tables(block) -> dict[str, list[dict[str, np.ndarray]]]:
     return {"sequences": [rows], "tokens": [tokens]}
 
 
-def _parquet(ds, out: Path, manifest: dict, tables: list[str]) -> None:
+def _parquet(ds, out: Path, manifest: dict, tables: list[str], hub: bool = False
+             ) -> dict[str, str]:
+    """Write the long tables: one file per table, or (``hub``) one per table and store shard
+    under ``data/<table>/``. Returns the hub configs written (table -> data_files pattern)."""
     try:
         import pyarrow as pa
         import pyarrow.parquet as pq
     except ImportError:
-        raise ValueError("--format parquet needs pyarrow; pip install pyarrow") from None
+        raise ValueError("--format parquet/hf needs pyarrow; pip install pyarrow") from None
     out.mkdir(parents=True, exist_ok=True)
     meta = {b"attngeom_config_hash": manifest["config_hash"].encode(),
             b"attngeom_manifest": json.dumps(manifest, sort_keys=True).encode()}
-    writers: dict[str, object] = {}
+    bounds = np.cumsum([0] + [e["sequences"][1] - e["sequences"][0]
+                              for e in sorted(manifest["shards"], key=lambda e: e["sequences"][0])])
+    count = len(bounds) - 1
+    writers: dict[Path, object] = {}
+    written: dict[str, str] = {}
 
-    def write(name: str, cols: dict[str, np.ndarray]) -> None:
+    def write(name: str, cols: dict[str, np.ndarray], index: int) -> None:
         if name not in tables or not cols or not len(next(iter(cols.values()))):
             return
+        path = out / (hub_path(name, index, count) if hub else f"{name}.parquet")
         table = pa.table(cols)
-        if name not in writers:
-            writers[name] = pq.ParquetWriter(out / f"{name}.tmp",
+        if path not in writers:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            writers[path] = pq.ParquetWriter(path.with_name(path.name + ".tmp"),
                                              table.schema.with_metadata(meta))
-        writers[name].write_table(table.replace_schema_metadata(meta))
+            written[name] = hub_pattern(name)
+        writers[path].write_table(table.replace_schema_metadata(meta))
+
+    def close() -> None:
+        for path, w in writers.items():
+            w.close()
+            shutil.move(path.with_name(path.name + ".tmp"), path)
+        writers.clear()
 
     try:
-        bounds = np.cumsum([0] + [e["sequences"][1] - e["sequences"][0]
-                                  for e in sorted(manifest["shards"],
-                                                  key=lambda e: e["sequences"][0])])
-        for lo, hi in zip(bounds[:-1], bounds[1:]):
+        for index, (lo, hi) in enumerate(zip(bounds[:-1], bounds[1:])):
             rows = ds.isel({S.SEQUENCE: slice(int(lo), int(hi))})
             for name, parts in _sequence_tables(rows.load()).items():
                 for cols in parts:
-                    write(name, cols)
+                    write(name, cols, index)
             if {"per_query", "per_key", "pairs"} & set(tables):
                 for layer in range(rows.sizes[S.LAYER]):
                     block = rows.isel({S.LAYER: [layer]}).load()
                     for name, parts in _block_tables(block).items():
                         for cols in parts:
-                            write(name, cols)
+                            write(name, cols, index)
+            if hub:
+                close()
+        close()
     finally:
         for w in writers.values():
             w.close()
-    for name in writers:
-        shutil.move(out / f"{name}.tmp", out / f"{name}.parquet")
+    return written if hub else {}
 
 
-def _export_readme(manifest: dict, fmt: str, store: Path | None = None) -> str:
+def _export_readme(manifest: dict, fmt: str, store: Path | None = None,
+                   no_text: bool = False) -> str:
     if fmt == "zarr":
         head = ("Zarr export of an attngeom store (Zarr format 2, consolidated metadata).\n"
                 "Open it with:  import xarray as xr; ds = xr.open_zarr('path/to/export')\n"
@@ -278,5 +335,7 @@ def _export_readme(manifest: dict, fmt: str, store: Path | None = None) -> str:
             ".parquet:\nthe loss of every removal condition per sequence).\n"))
     if is_faith_only(manifest):
         head += "This store holds faithfulness results only (no extracted sequences).\n"
+    if no_text:
+        head += "Token strings were left out of this export (--no-text); token ids remain.\n"
     return (head + "\nThe source store's description follows.\n\n"
             + readme_text(manifest, store))

@@ -36,10 +36,12 @@ def summary(path: str | Path) -> str:
         f"content hash {m['config_hash'][:16]}",
         f"model        {model['id']} ({model['architecture']}, {model['model_type']}, "
         f"{model['dtype']}), {model['n_layers']} layers x {model['n_heads']} heads "
-        f"({model['n_kv_heads']} kv), {'causal' if model['causal'] else 'bidirectional'}",
+        f"({model['n_kv_heads']} kv), {'causal' if model['causal'] else 'bidirectional'}"
+        + _model_extras(model),
         f"weights      fingerprint {model['weight_fingerprint'][:16]}"
         + (f", revision {str(model['revision'])[:16]}" if model.get("revision") else ""),
-        f"data         {data['spec']} ({data['n_texts']} texts, sha256 {data['sha256'][:16]})",
+        f"data         {data['spec']} ({data['n_texts']} "
+        f"{'images' if model.get('inputs') == 'image' else 'texts'}, sha256 {data['sha256'][:16]})",
         f"layout       {layout}, max_length {opts['max_length']}",
         f"counts       {counts.get('truncated', 0)} truncated, {counts.get('skipped_empty', 0)} "
         f"empty skipped, {counts.get('nonfinite', 0)} non-finite",
@@ -50,6 +52,18 @@ def summary(path: str | Path) -> str:
     return "\n".join(lines[:-1] + _origin_lines(m) + _result_lines(m) + lines[-1:]
                       + (["readme       README.txt (variables, layout, provenance)"]
                          if (path / "README.txt").is_file() else []))
+
+
+def _model_extras(model: dict) -> str:
+    """What a store of this model holds beyond the usual: learned sinks, a vision tower."""
+    extras = []
+    if model.get("learned_sinks"):
+        extras.append("learned sinks (learned_sink_alpha stored)")
+    if model.get("inputs") == "image":
+        extras.append("vision: tokens are image patches")
+    if model.get("tower"):
+        extras.append(f"{model['tower']} tower of the checkpoint")
+    return "".join(f", {e}" for e in extras)
 
 
 def _result_lines(m: dict) -> list[str]:

@@ -7,6 +7,7 @@ two runs with equal ``config`` produce the same store, and resuming or merging r
 
 from __future__ import annotations
 
+import copy
 import datetime as _dt
 import hashlib
 import json
@@ -31,6 +32,21 @@ def canonical(obj: Any) -> str:
 def config_hash(config: dict) -> str:
     """Content hash of the canonical config: same inputs and options, same hash."""
     return hashlib.sha256(canonical(config).encode()).hexdigest()
+
+
+def spec_label(spec: str | Path) -> str:
+    """A model or data spec without machine-specific folders: a local path keeps its name.
+
+    The content is identified by hashes (weight fingerprint, data sha256), so configs (and
+    their hashes) are the same on every machine and in every folder.
+    """
+    path = Path(str(spec)).expanduser()
+    return path.resolve().name if path.exists() else str(spec)
+
+
+def portable(record: dict, *keys: str) -> dict:
+    """A copy of ``record`` whose specs under ``keys`` are :func:`spec_label` s (None stays)."""
+    return {k: spec_label(v) if k in keys and v is not None else v for k, v in record.items()}
 
 
 def now() -> str:
@@ -151,6 +167,14 @@ def read_manifest(store: str | Path) -> dict:
     return manifest
 
 
+def read_complete(store: str | Path) -> dict:
+    """:func:`read_manifest` of a store that is complete (StoreError otherwise)."""
+    manifest = read_manifest(store)
+    if not manifest["complete"]:
+        raise StoreError(f"{store}: incomplete store; finish it (rerun its extract command) first")
+    return manifest
+
+
 def check_shard_entry(path: Path, entry: Any) -> None:
     """StoreError unless ``entry`` is ``{"file": relative path in shards/, "sequences": [lo, hi],
     "sha256": str, ...}``: a manifest never points outside its store."""
@@ -166,6 +190,14 @@ def check_shard_entry(path: Path, entry: Any) -> None:
     if file.is_absolute() or ".." in file.parts or file.parts[:1] != ("shards",):
         raise StoreError(f"{path}: shard path {str(file)[:80]} leaves the store's shards/ folder; "
                          "refusing to read it")
+
+
+def without_text(config: dict, no_text: bool = True) -> dict:
+    """A copy of ``config``; with ``no_text``, of a store without token strings."""
+    config = copy.deepcopy(config)
+    if no_text:
+        config["options"]["store_text"] = False
+    return config
 
 
 def config_difference(a: dict, b: dict, prefix: str = "") -> str | None:

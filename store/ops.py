@@ -1,4 +1,4 @@
-"""Store operations: merge stores into one, cut a smaller store out of one.
+"""Store operations: merge stores into one (here), cut a smaller one out (store/subset.py).
 
 merge
     Stores of the same model and options (everything in ``config`` but ``data`` and
@@ -28,109 +28,22 @@ from __future__ import annotations
 
 import copy
 import hashlib
-import os
-import shutil
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Sequence
 
 import numpy as np
-import xarray as xr
 
 from . import schema as S
 from .manifest import (StoreError, canonical, config_difference, config_hash, file_sha256,
-                       new_manifest, read_manifest, write_manifest)
-from .readme import write_readme
+                       read_complete, without_text)
 from .results import conflict as results_conflict
-from .results import copy_into as copy_results
+from .results import entries as result_entries
 from .results import is_faith_only
-from .shards import shard_attrs, shard_name, write_shard
-
-READ_NEEDS = {  # what attngeom.store.open needs to derive contributions on read
-    "alpha": ("value_norm", "cosine", "cosine_layer", "output_norm", "layer_output_norm"),
-    "tail_alpha": ("value_norm", "tail_cosine", "tail_cosine_layer", "output_norm",
-                   "layer_output_norm"),
-}
-
-
-# ---------------------------------------------------------------------------- shared
-def complete_manifest(store: str | Path) -> dict:
-    m = read_manifest(store)
-    if not m["complete"]:
-        raise StoreError(f"{store}: incomplete store; finish it (rerun its extract command) first")
-    return m
-
-
-def prepare_out(out: Path, inputs: Sequence[Path]) -> None:
-    if any(out.resolve() == Path(s).resolve() for s in inputs):
-        raise StoreError(f"--out {out} is one of the input stores; choose a new directory")
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise StoreError(f"--out {out} exists and is not empty; choose a new directory")
-    out.mkdir(parents=True, exist_ok=True)
-
-
-def load_shard(path: Path, select: Callable[[xr.Dataset], xr.Dataset] | None = None):
-    """Read one shard (only what ``select`` keeps) into memory, encodings cleared."""
-    with xr.open_dataset(path, engine="h5netcdf") as ds:
-        ds = (select(ds) if select else ds).load()
-    for var in ds.variables.values():
-        var.encoding = {}
-    ds.encoding = {}
-    return ds
-
-
-def write_entry(ds: xr.Dataset, out: Path, index: int, start: int, manifest: dict,
-                no_text: bool) -> dict:
-    """Renumber ``ds`` from ``start``, stamp the manifest's attrs, write shard ``index``."""
-    if no_text and "token" in ds:
-        ds = ds.drop_vars("token")
-    ds = ds.assign_coords({S.SEQUENCE: np.arange(start, start + ds.sizes[S.SEQUENCE])})
-    ds.attrs = shard_attrs(manifest)
-    name = shard_name(index)
-    write_shard(ds, out / name)
-    return shard_entry(name, start, start + ds.sizes[S.SEQUENCE], file_sha256(out / name),
-                       int(ds["truncated"].sum()), int((ds["finite"] == 0).sum()))
-
-
-def shard_entry(name: str, lo: int, hi: int, sha: str, truncated: int, nonfinite: int) -> dict:
-    return {"file": name, "sequences": [lo, hi], "sha256": sha, "truncated": truncated,
-            "nonfinite": nonfinite}
-
-
-def finish(out: Path, manifest: dict, results: list | None = None) -> dict:
-    """Counts from the shard entries, faithfulness ``results`` (store, manifest) copied,
-    complete, manifest and README written."""
-    found = copy_results(out, results or [])
-    if found:
-        manifest["faithfulness"] = found
-    manifest["shards"].sort(key=lambda e: e["sequences"][0])
-    counts = manifest.setdefault("counts", {})
-    counts["truncated"] = sum(e["truncated"] for e in manifest["shards"])
-    counts["nonfinite"] = sum(e["nonfinite"] for e in manifest["shards"])
-    manifest["complete"] = True
-    write_manifest(out, manifest)
-    write_readme(out, manifest)
-    return manifest
-
-
-def link_or_copy(src: Path, dst: Path, copy_files: bool) -> None:
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    if not copy_files:
-        try:
-            os.link(src, dst)
-            return
-        except OSError:
-            pass
-    shutil.copyfile(src, dst)
+from .shards import read_shard, renumbered
+from .writer import StoreWriter, results_only
 
 
 # ---------------------------------------------------------------------------- merge
-def _output_config(config: dict, no_text: bool) -> dict:
-    config = copy.deepcopy(config)
-    if no_text:
-        config["options"]["store_text"] = False
-    return config
-
-
 def _comparable(config: dict) -> dict:
     config = copy.deepcopy(config)
     config.pop("data", None)
@@ -140,10 +53,10 @@ def _comparable(config: dict) -> dict:
 
 def _groups(stores: list[Path], manifests: list[dict], no_text: bool) -> list[dict]:
     """Inputs grouped by output config hash (one dataset each), in order of appearance."""
-    ref = _comparable(_output_config(manifests[0]["config"], no_text))
+    ref = _comparable(without_text(manifests[0]["config"], no_text))
     groups: dict[str, dict] = {}
     for store, m in zip(stores, manifests):
-        cfg = _output_config(m["config"], no_text)
+        cfg = without_text(m["config"], no_text)
         diff = config_difference(ref, _comparable(cfg))
         if diff:
             raise StoreError(f"cannot merge {store} with {stores[0]}: made with other settings "
@@ -192,14 +105,13 @@ def merge(stores: Sequence[str | Path], out: str | Path, copy_files: bool = Fals
     if not stores:
         raise ValueError("store merge needs at least one input store")
     out = Path(out)
-    manifests = [complete_manifest(s) for s in stores]
+    manifests = [read_complete(s) for s in stores]
     results = list(zip(stores, manifests))             # faithfulness results travel along
     why = results_conflict(results)
     if why:
         raise StoreError(f"cannot merge: {why}")
     stores, manifests = _extractions(stores, manifests)
     if not stores:
-        prepare_out(out, [s for s, _ in results])
         return _merge_results_only(results, out)
     groups = _groups(stores, manifests, no_text)
     for g in groups:
@@ -208,15 +120,14 @@ def merge(stores: Sequence[str | Path], out: str | Path, copy_files: bool = Fals
     for g in groups[1:]:                           # the same texts again: a duplicate input
         same = [k for k in kept if k["config"]["data"]["sha256"] == g["config"]["data"]["sha256"]]
         (skipped if same else kept).append(g)
-    prepare_out(out, stores)
     record = {"inputs": [{"store": str(s), "config_hash": m["config_hash"],
                           "n_sequences": m["n_sequences"], "part": m.get("part")}
                          for s, m in zip(stores, manifests)],
               "skipped_duplicate_data": [m["config_hash"] for g in skipped
                                          for _, m in g["members"]]}
     if len(kept) == 1:
-        return _merge_one(kept[0], out, copy_files, no_text, record, results)
-    return _merge_many(kept, out, no_text, record, results)
+        return _merge_one(kept[0], out, copy_files, no_text, record, results, stores)
+    return _merge_many(kept, out, no_text, record, results, stores)
 
 
 def _extractions(stores: list[Path], manifests: list[dict]) -> tuple[list, list]:
@@ -246,39 +157,39 @@ def _merge_results_only(results: list[tuple[Path, dict]], out: Path) -> dict:
         if diff:
             raise StoreError(f"cannot merge {store} with {results[0][0]}: another model "
                              f"(model.{diff[:160]}); only results of the same model merge")
-    names = {n: e.get("config_hash") for _, m in results
-             for n, e in (m.get("faithfulness") or {}).items()}
-    config = {"model": first["config"]["model"], "data": {"spec": "faithfulness results"},
-              "options": {"faithfulness": dict(sorted(names.items()))}}
-    manifest = new_manifest(config, 0, {"versions": first.get("versions", {}), "counts": {},
-                                        "kind": "faithfulness",
-                                        "merge": {"inputs": [str(s) for s, _ in results]}})
-    return finish(out, manifest, results)
+    names = {n: e.get("config_hash") for _, m in results for n, e in result_entries(m).items()}
+    writer = results_only(out, first["config"]["model"], {"spec": "faithfulness results"},
+                          dict(sorted(names.items())),
+                          {"versions": first.get("versions", {}),
+                           "merge": {"inputs": [str(s) for s, _ in results]}},
+                          inputs=[s for s, _ in results])
+    return writer.finish(results)
 
 
 def _merge_one(group: dict, out: Path, copy_files: bool, no_text: bool, record: dict,
-               results: list) -> dict:
+               results: list, inputs: list[Path]) -> dict:
     """Parts of one dataset: shard files linked (or rewritten without text) in place."""
     first = group["members"][0][1]
     extra = {k: first[k] for k in ("versions", "sources") if k in first}
     extra["counts"] = {"skipped_empty": first.get("counts", {}).get("skipped_empty", 0)}
-    manifest = new_manifest(group["config"], first["n_sequences"], dict(extra, merge=record))
-    write_manifest(out, manifest)
+    writer = StoreWriter.new(out, group["config"], first["n_sequences"],
+                             dict(extra, merge=record), inputs)
     hashes = {store: m["config_hash"] for store, m in group["members"]}
     for index, (store, e) in enumerate(group["shards"]):
-        src = store / e["file"]
-        if file_sha256(src) != e["sha256"]:
-            raise StoreError(f"{src}: checksum mismatch (damaged); run `attngeom store "
-                             "validate` and re-extract that shard")
-        lo, hi = e["sequences"]
-        if hashes[store] == manifest["config_hash"]:
-            link_or_copy(src, out / shard_name(index), copy_files)
-            manifest["shards"].append(dict(e, file=shard_name(index)))
+        if hashes[store] == writer.config_hash:
+            writer.add_file(store / e["file"], e, index, copy=copy_files)
         else:                                          # --no-text: rewritten without tokens
-            ds = load_shard(src)
-            manifest["shards"].append(write_entry(ds, out, index, lo, manifest, no_text))
-        write_manifest(out, manifest)
-    return finish(out, manifest, results)
+            ds = read_shard(_verified(store, e))
+            writer.add_shard(renumbered(ds, e["sequences"][0], no_text), index)
+    return writer.finish(results)
+
+
+def _verified(store: Path, entry: dict) -> Path:
+    src = store / entry["file"]
+    if file_sha256(src) != entry["sha256"]:
+        raise StoreError(f"{src}: checksum mismatch (damaged); run `attngeom store "
+                         "validate` and re-extract that shard")
+    return src
 
 
 def _token_keys(path: Path) -> tuple[list[bytes], np.ndarray]:
@@ -302,7 +213,7 @@ def _data_parts(data: dict, offset: int) -> list[dict]:
 
 
 def _merge_many(groups: list[dict], out: Path, no_text: bool, record: dict,
-                results: list) -> dict:
+                results: list, inputs: list[Path]) -> dict:
     """Different datasets: concatenate, renumber, drop sequences seen in an earlier input."""
     seen: set[bytes] = set()
     plan, parts, offset = [], [], 0
@@ -326,18 +237,16 @@ def _merge_many(groups: list[dict], out: Path, no_text: bool, record: dict,
              "counts": {"skipped_empty": sum(g["members"][0][1].get("counts", {})
                                              .get("skipped_empty", 0) for g in groups)}}
     n = int(sum(keep.sum() for _, keep, _ in plan))
-    manifest = new_manifest(config, n, extra)
-    write_manifest(out, manifest)
+    writer = StoreWriter.new(out, config, n, extra, inputs)
     start, index = 0, 0
     for path, keep, text_offset in plan:
         if not keep.any():
             continue
-        ds = load_shard(path, lambda d, k=keep: d.isel({S.SEQUENCE: np.flatnonzero(k)}))
+        ds = read_shard(path, lambda d, k=keep: d.isel({S.SEQUENCE: np.flatnonzero(k)}))
         ds["text_index"] = ds["text_index"] + np.int32(text_offset)
-        manifest["shards"].append(write_entry(ds, out, index, start, manifest, no_text))
-        write_manifest(out, manifest)
+        writer.add_shard(renumbered(ds, start, no_text), index)
         start, index = start + int(keep.sum()), index + 1
-    return finish(out, manifest, results)
+    return writer.finish(results)
 
 
 def _merged_config(groups: list[dict], parts: list[dict], n_texts: int) -> dict:
@@ -353,5 +262,3 @@ def _merged_config(groups: list[dict], parts: list[dict], n_texts: int) -> dict:
         "n_texts": n_texts, "limit": None, "parts": parts}
     return config
 
-
-from .subset import parse_ranges, runs, subset  # noqa: E402,F401  (public API)

@@ -39,7 +39,18 @@ def parse_ranges(spec: str | Sequence[int] | None, available: Sequence[int] | No
     return sorted(set(values))
 
 
-def _parse(spec: str, available: Sequence[int] | None, what: str) -> list[int]:
+def check_syntax(spec: str, what: str = "--layers") -> str:
+    """``spec`` itself when it is ``all`` or in the range syntax (open ends allowed: they are
+    resolved when the available values are known), else ValueError with the syntax."""
+    if spec.strip() != "all" and not _parse(spec, None, what, open_ends=True):
+        raise ValueError(f"{what} '{spec}' selects nothing; give {SYNTAX}")
+    return spec
+
+
+def _parse(spec: str, available: Sequence[int] | None, what: str,
+           open_ends: bool = False) -> list[int]:
+    """The values ``spec`` names; with ``open_ends`` (and no ``available``) an open range
+    ``5:`` stands as its start value."""
     values: list[int] = []
     for item in filter(None, (p.strip() for p in spec.split(","))):
         m = _ITEM.fullmatch(item)
@@ -56,6 +67,8 @@ def _parse(spec: str, available: Sequence[int] | None, what: str) -> list[int]:
             values += range(lo, int(hi_text) + 1)
         elif hi_text:
             values += range(lo, int(hi_text))
+        elif available is None and open_ends:
+            values.append(lo)
         elif available is None:
             raise ValueError(f"{what} '{spec}': an open range '{item}' needs a known end here; "
                              f"give both ends, e.g. {lo}:{lo + 4}")

@@ -7,12 +7,15 @@ h5netcdf, attributes are plain strings and numbers.
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 
 import xarray as xr
 
+from . import derive
 from . import schema as S
 from .manifest import StoreError, config_hash, read_manifest
+from .shards import expected_labels, expected_variables, layout_problem
 
 # one dask block per (shard file, layer): extraction writes chunks of one batch of sequences,
 # which would otherwise make a task of every few sequences
@@ -60,11 +63,14 @@ def open_store(path: str | Path, partial: bool = False, derived: bool = True) ->
         raise StoreError(f"{path}: manifest config lacks {exc} or has the wrong type; damaged "
                          "manifest: restore it or re-extract") from None
     try:
-        ds = xr.open_mfdataset(files, engine="h5netcdf", combine="nested",
-                               concat_dim=S.SEQUENCE, data_vars="minimal", coords="minimal",
-                               compat="override", join="override",
-                               chunks=DASK_CHUNKS,
-                               parallel=False, preprocess=check)
+        with warnings.catch_warnings():
+            # DASK_CHUNKS are chosen on purpose (whole stored chunks along sequence, one layer);
+            # xarray's advice about them is no business of the user's
+            warnings.filterwarnings("ignore", "The specified chunks separate", UserWarning)
+            ds = xr.open_mfdataset(files, engine="h5netcdf", combine="nested",
+                                   concat_dim=S.SEQUENCE, data_vars="minimal", coords="minimal",
+                                   compat="override", join="override", chunks=DASK_CHUNKS,
+                                   parallel=False, preprocess=check)
     except StoreError:
         raise
     except Exception as exc:  # noqa: BLE001 - h5py/h5netcdf/xarray reject damaged files
@@ -79,12 +85,14 @@ class ShardCheck:
     """``preprocess`` of open_mfdataset: each shard must belong to this store and be whole.
 
     Checks the config hash (same model, data and options), the sequence range the manifest
-    records, the variables and their dims, and that every shard has the first one's sizes.
+    records, and the layout the manifest describes (:func:`attngeom.store.shards.layout_problem`:
+    variables, their dims, layers, heads, max_length, sink_k, tail_w), so that a file of
+    another shape is refused, not read as the store.
     """
 
     def __init__(self, manifest: dict, entries: dict[Path, dict]):
-        self.manifest, self.entries, self.sizes = manifest, entries, None
-        self.wanted = _expected_variables(manifest)
+        self.manifest, self.entries = manifest, entries
+        expected_labels(manifest)                # KeyError/TypeError: a damaged manifest
 
     def __call__(self, ds: xr.Dataset) -> xr.Dataset:
         source = Path(ds.encoding.get("source", ""))
@@ -94,38 +102,22 @@ class ShardCheck:
         if ds.attrs.get("attngeom_config_hash") != self.manifest["config_hash"]:
             raise StoreError(f"{name}: made with another model, data or options than this store "
                              "(config hash differs); remove it and rerun the extract command")
-        missing = self.wanted - set(ds.variables)
-        if missing:
-            raise StoreError(f"{name}: missing variables {sorted(missing)[:5]}; damaged shard: "
-                             "run `attngeom store validate` and re-extract")
-        for var in self.wanted - {"token_id", "length"}:
-            if ds[var].dims != _dims(var, ds) or ds[var].dtype.kind != "f":
-                raise StoreError(f"{name}: variable {var} has dims {ds[var].dims} and dtype "
-                                 f"{ds[var].dtype}, not the schema's; damaged shard")
+        why = layout_problem(self.manifest, {n: v.dims for n, v in ds.data_vars.items()},
+                             {d: ds[d].values for d in ds.dims if d in ds.coords})
+        if why is None:
+            why = next((f"variable {v} has dtype {ds[v].dtype}, not float32"
+                        for v in expected_variables(self.manifest) - {"token_id", "length"}
+                        if ds[v].dtype.kind != "f"), None)
+        if why:
+            raise StoreError(f"{name}: {why}; the shard does not fit this store's manifest: "
+                             "run `attngeom store validate` and re-extract it")
         lo, hi = entry["sequences"] if entry else (None, None)
         seq = ds[S.SEQUENCE].values if S.SEQUENCE in ds.coords else None
         if seq is None or entry is None or len(seq) != hi - lo or int(seq[0]) != lo \
                 or int(seq[-1]) != hi - 1:
             raise StoreError(f"{name}: its sequences do not match the manifest's range "
                              f"[{lo}, {hi}); damaged or misplaced shard")
-        sizes = {d: n for d, n in ds.sizes.items() if d != S.SEQUENCE}
-        if self.sizes is None:
-            self.sizes = sizes
-        elif sizes != self.sizes:
-            raise StoreError(f"{name}: sizes {sizes} differ from the other shards' "
-                             f"{self.sizes}; shards from different models or options")
         return ds
-
-
-def _expected_variables(manifest: dict) -> set[str]:
-    from .validate import _expected_variables as expected
-
-    return expected(manifest["config"]["options"]["mode"], manifest)
-
-
-def _dims(name: str, ds: xr.Dataset) -> tuple[str, ...]:
-    dims = S.DIMS[name]
-    return S.SINK_PAIR if dims == S.PAIR and S.SINK in ds.dims else dims
 
 
 def store_attrs(manifest: dict) -> dict:
@@ -143,29 +135,30 @@ def store_attrs(manifest: dict) -> dict:
 def add_derived(ds: xr.Dataset) -> xr.Dataset:
     """contribution = alpha * value_norm * cosine / output_norm (and the layer version).
 
-    Added lazily for the pair variables and, in compact stores, the tail window (whose
-    value norms are gathered at key = query - lag).
+    Added lazily (formulas of :mod:`attngeom.store.derive`) for the pair variables and, in
+    compact stores, the tail window (whose value norms are gathered at key = query - lag).
     """
-    if "alpha" not in ds:
+    if S.ALPHA not in ds:
         return ds
-    vn = ds["value_norm"]
-    if S.SINK in ds["alpha"].dims:
+    vn = ds[S.VALUE_NORM]
+    if S.SINK in ds[S.ALPHA].dims:
         sink_vn = vn.isel(key=slice(0, ds.sizes[S.SINK])).rename(key=S.SINK)
         _derive(ds, "", sink_vn.assign_coords({S.SINK: ds[S.SINK].values}))
     else:
         _derive(ds, "", vn)
-    if "tail_alpha" in ds:
-        key = (ds[S.QUERY] - ds[S.LAG]).clip(min=0)                     # (query, lag)
-        tail_vn = vn.drop_vars(S.KEY).isel(key=key.drop_vars([S.QUERY, S.LAG]))
-        _derive(ds, "tail_", tail_vn)
+    if S.TAIL_PREFIX + S.ALPHA in ds:
+        key, _ = derive.tail_keys(ds.sizes[S.QUERY], 0, ds.sizes[S.LAG])   # (query, lag)
+        tail_vn = vn.drop_vars(S.KEY).isel(key=xr.DataArray(key, dims=(S.QUERY, S.LAG)))
+        _derive(ds, S.TAIL_PREFIX, tail_vn)
     return ds
 
 
 def _derive(ds: xr.Dataset, prefix: str, value_norm: xr.DataArray) -> None:
-    alpha = ds[f"{prefix}alpha"]
-    base = alpha * value_norm
-    parts = {"contribution": base * ds[f"{prefix}cosine"] / ds["output_norm"],
-             "contribution_layer": base * ds[f"{prefix}cosine_layer"] / ds["layer_output_norm"]}
+    alpha = ds[prefix + S.ALPHA]
+    parts = {S.CONTRIBUTION: derive.contribution(alpha, value_norm, ds[prefix + S.COSINE],
+                                                 ds[S.OUTPUT_NORM]),
+             S.CONTRIBUTION_LAYER: derive.contribution_layer(
+                 alpha, value_norm, ds[prefix + S.COSINE_LAYER], ds[S.LAYER_OUTPUT_NORM])}
     for name, value in parts.items():
         ds[prefix + name] = value.transpose(*alpha.dims).astype("float32")
         ds[prefix + name].attrs["description"] = (S.DESCRIPTIONS[prefix + name]

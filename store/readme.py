@@ -24,7 +24,7 @@ UNITS: dict[str, str] = {
     "value_norm": _NORM, "output_norm": _NORM, "residual_norm": _NORM,
     "layer_output_norm": _NORM, "sink_value_cosine": "cosine, -1..1",
     "sink_residual_cosine": "cosine, -1..1", "head_share": "fraction; sums to 1 over heads",
-    "middle_alpha": "probability mass, 0..1", "middle_contribution": "fraction",
+    "learned_sink_alpha": "probability, 0..1", "middle_alpha": "probability mass, 0..1", "middle_contribution": "fraction",
     "middle_contribution_layer": "fraction", "middle_count": "number of keys",
     "token_id": "tokenizer id", "token": "text", "length": "tokens", "truncated": "flag 0/1",
     "finite": "flag 0/1", "text_index": "index", "special": "flag 0/1",
@@ -72,8 +72,9 @@ def _dims(name: str, mode: str) -> tuple[str, ...]:
 def stored_variables(config: dict) -> list[str]:
     """Names of the variables a store's shards hold, given its (possibly cut) config."""
     opts, cut = config["options"], config.get("subset") or {}
-    names = S.variables_for(opts["mode"]) + ["token_id", "length", "truncated", "finite",
-                                             "text_index", "special"]
+    learned = config.get("model", {}).get("learned_sinks", False)
+    names = S.variables_for(opts["mode"], learned) + ["token_id", "length", "truncated",
+                                                      "finite", "text_index", "special"]
     if opts.get("store_text", True):
         names.append("token")
     dropped = set(cut.get("dropped_variables", []))
@@ -180,6 +181,10 @@ def readme_text(manifest: dict, store: str | Path | None = None) -> str:
         "(Cunningham and Muca Cirone, 'Contribution Weights: A Geometrical Analysis of",
         "Self-Attention Transformers'). v~_j^h = v_j^h W_O^h is the value of token j projected",
         "by head h's block of the output projection; o_i^h = sum_j alpha_ij^h v~_j^h.",
+        "o_i = sum_h o_i^h is the output of W_O without its bias, before any normalisation the",
+        "model applies to it (Gemma 2/3 and OLMo 2 rescale o_i by an RMSNorm with elementwise",
+        "weights before the residual add): c and C are shares of that o_i, not of what the",
+        "residual stream finally receives.",
         "Plain netCDF4/HDF5 files: open them with xarray alone (below); attngeom not needed.",
         "",
         "Files",

@@ -28,11 +28,32 @@ def is_faith_only(manifest: dict) -> bool:
         "options", {})
 
 
-def _file(store: Path, entry: dict) -> Path:
+def result_entry(manifest: dict, name: str) -> dict | None:
+    """The manifest's record of result ``name`` (file, sha256, config, ...), or None."""
+    return entries(manifest).get(name)
+
+
+def result_file(store: str | Path, entry: dict) -> Path:
+    """The path of a recorded result file; StoreError when the record points outside."""
     name = Path(str(entry.get("file", "")))
     if name.is_absolute() or ".." in name.parts or not name.parts:
         raise StoreError(f"{store}: faithfulness file {name} leaves the store; refusing")
-    return store / name
+    return Path(store) / name
+
+
+def verified_file(store: str | Path, manifest: dict, name: str) -> tuple[Path | None, str]:
+    """The file of result ``name`` and ``""`` when it is recorded, present and matches its
+    checksum; otherwise why: ``"not recorded"`` (the path is None then), ``"missing"`` or
+    ``"checksum mismatch"``."""
+    found = result_entry(manifest, name)
+    if found is None:
+        return None, "not recorded"
+    path = result_file(store, found)
+    if not path.is_file():
+        return path, "missing"
+    if file_sha256(path) != found.get("sha256"):
+        return path, "checksum mismatch"
+    return path, ""
 
 
 def check(store: str | Path, manifest: dict) -> list[str]:
@@ -40,7 +61,7 @@ def check(store: str | Path, manifest: dict) -> list[str]:
     store, problems = Path(store), []
     for name, entry in entries(manifest).items():
         try:
-            path = _file(store, entry)
+            path = result_file(store, entry)
         except StoreError as exc:
             problems.append(str(exc))
             continue
@@ -61,28 +82,6 @@ def describe(entry: dict) -> str:
             f"{o.get('granularity', '?')}, {len(o.get('metrics') or [])} metrics, fractions "
             f"{fractions}, {d.get('n_units', '?')} units of {Path(str(d.get('spec'))).name}"
             f"{', drift pass' if o.get('drift') else ''}, sha256 {str(entry.get('sha256'))[:16]}")
-
-
-def copy_into(out: Path, sources: list[tuple[Path, dict]], copy=None) -> dict[str, dict]:
-    """Copy the results of ``sources`` (store, manifest) into ``out``; return their entries.
-
-    A name held by several inputs is kept once (the files must be identical; see
-    :func:`conflict`). Each file's checksum is verified before it is copied.
-    """
-    import shutil
-
-    kept: dict[str, dict] = {}
-    for store, manifest in sources:
-        for name, entry in entries(manifest).items():
-            if name in kept:
-                continue
-            src = _file(store, entry)
-            if not src.is_file() or file_sha256(src) != entry.get("sha256"):
-                raise StoreError(f"{src}: faithfulness result missing or damaged; run "
-                                 f"`attngeom store validate {store}`")
-            (copy or shutil.copyfile)(src, out / src.name)
-            kept[name] = dict(entry)
-    return kept
 
 
 def conflict(sources: list[tuple[Path, dict]]) -> str | None:
@@ -121,7 +120,7 @@ def _file_variables(store, entry: dict) -> list[str]:
     if store is None:
         return []
     try:
-        with h5netcdf.File(_file(Path(store), entry), "r") as f:
+        with h5netcdf.File(result_file(store, entry), "r") as f:
             return [f"{n} ({', '.join(v.dimensions)}): {v.attrs['description']}"
                     for n, v in f.variables.items()
                     if n not in f.dimensions and v.attrs.get("description")]

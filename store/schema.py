@@ -27,6 +27,18 @@ FORMAT_NAME = "attngeom-store"
 SEQUENCE, LAYER, HEAD, POSITION, QUERY, KEY, LAG, SINK = (
     "sequence", "layer", "head", "position", "query", "key", "lag", "sink")
 
+# variable names (their definitions are the dicts below)
+ALPHA, COSINE, COSINE_LAYER, CONTRIBUTION, CONTRIBUTION_LAYER = (
+    "alpha", "cosine", "cosine_layer", "contribution", "contribution_layer")
+VALUE_NORM, SINK_VALUE_COSINE = "value_norm", "sink_value_cosine"
+OUTPUT_NORM, RESIDUAL_NORM, SINK_RESIDUAL_COSINE, HEAD_SHARE = (
+    "output_norm", "residual_norm", "sink_residual_cosine", "head_share")
+LAYER_OUTPUT_NORM = "layer_output_norm"
+TOKEN_ID, TOKEN, SPECIAL, LENGTH, TRUNCATED, FINITE, TEXT_INDEX = (
+    "token_id", "token", "special", "length", "truncated", "finite", "text_index")
+TAIL_PREFIX, MIDDLE_PREFIX = "tail_", "middle_"   # compact: tail_alpha, middle_alpha, ...
+MIDDLE_COUNT = "middle_count"
+
 PAIR = (SEQUENCE, LAYER, HEAD, QUERY, KEY)
 TAIL = (SEQUENCE, LAYER, HEAD, QUERY, LAG)
 SINK_PAIR = (SEQUENCE, LAYER, HEAD, QUERY, SINK)  # compact layout of the pair variables
@@ -56,6 +68,13 @@ PER_QUERY_VARIABLES: dict[str, str] = {
     "sink_residual_cosine": "cos(v~_0^h, r_i^h): alignment of the sink value with r_i^h",
     "head_share": "sum_j C_ij^h = <o_i, o_i^h> / ||o_i||^2, the head's share of the layer output",
 }
+# only in stores of models with learned sink logits (gpt-oss ``s_aux``): a virtual key with no
+# value that joins the softmax, so alpha over the real keys sums to 1 - learned_sink_alpha
+LEARNED_SINK_VARIABLES: dict[str, str] = {
+    "learned_sink_alpha": (
+        "weight of the model's learned sink logit (a virtual key with no value, gpt-oss "
+        "s_aux) in the softmax; sum_j alpha_ij^h + learned_sink_alpha = 1 over the real keys"),
+}
 PER_LAYER_QUERY_VARIABLES: dict[str, str] = {
     "layer_output_norm": "||o_i||, norm of the layer output sum_h o_i^h (no output bias)",
 }
@@ -69,7 +88,8 @@ DERIVED_TAIL_VARIABLES: dict[str, str] = {
 }
 DERIVED = tuple(DERIVED_PAIR_VARIABLES) + tuple(DERIVED_TAIL_VARIABLES)
 MIDDLE_VARIABLES: dict[str, str] = {
-    "middle_alpha": "sum of alpha over middle keys (neither sink nor tail)",
+    "middle_alpha": ("sum of alpha over middle keys (neither sink nor tail): "
+                     "1 - learned_sink_alpha - sink keys - tail keys"),
     "middle_contribution": "sum of contribution over middle keys",
     "middle_contribution_layer": "sum of contribution_layer over middle keys",
     "middle_count": "number of middle keys of the query",
@@ -87,6 +107,7 @@ DIMS: dict[str, tuple[str, ...]] = {
     **{n: PAIR for n in PAIR_VARIABLES},
     **{n: PER_KEY for n in PER_KEY_VARIABLES},
     **{n: PER_QUERY for n in PER_QUERY_VARIABLES},
+    **{n: PER_QUERY for n in LEARNED_SINK_VARIABLES},
     **{n: PER_LAYER_QUERY for n in PER_LAYER_QUERY_VARIABLES},
     **{n: TAIL for n in TAIL_VARIABLES},
     **{n: TAIL for n in DERIVED_TAIL_VARIABLES},
@@ -102,6 +123,7 @@ DIMS: dict[str, tuple[str, ...]] = {
 
 DESCRIPTIONS: dict[str, str] = {
     **PAIR_VARIABLES, **DERIVED_PAIR_VARIABLES, **PER_KEY_VARIABLES, **PER_QUERY_VARIABLES,
+    **LEARNED_SINK_VARIABLES,
     **PER_LAYER_QUERY_VARIABLES, **TAIL_VARIABLES, **DERIVED_TAIL_VARIABLES, **MIDDLE_VARIABLES,
     **SEQUENCE_VARIABLES,
     "token": "token string at each position (absent when stored with --no-text)",
@@ -118,10 +140,13 @@ def dims_for(name: str, mode: str) -> tuple[str, ...]:
     return SINK_PAIR if mode == COMPACT and dims == PAIR else dims
 
 
-def variables_for(mode: str) -> list[str]:
-    """Names of the float variables a shard of this layout stores (derived ones excluded)."""
+def variables_for(mode: str, learned_sinks: bool = False) -> list[str]:
+    """Names of the float variables a shard of this layout stores (derived ones excluded);
+    ``learned_sinks``: the model has learned sink logits (``learned_sink_alpha`` stored)."""
     base = (list(PAIR_VARIABLES) + list(PER_KEY_VARIABLES) + list(PER_QUERY_VARIABLES)
             + list(PER_LAYER_QUERY_VARIABLES))
+    if learned_sinks:
+        base += list(LEARNED_SINK_VARIABLES)
     if mode == "compact":
         base += list(TAIL_VARIABLES) + list(MIDDLE_VARIABLES)
     return base

@@ -1,10 +1,12 @@
 """Shard files: one netCDF4/HDF5 file (written through h5netcdf) per block of sequences.
 
 Every shard holds the same dims padded to the store's ``max_length``, float32 with gzip and
-shuffle, chunked by sequence block and layer. A shard is written to a temporary name,
-fsynced and renamed, so a file with the final name is always complete. Extraction hands
-its measured variables over already compressed (:mod:`attngeom.store.chunks`: the same
-bytes HDF5 would write, made in worker threads while the next batch is measured).
+shuffle, chunked by sequence block and layer, and the attributes of :func:`shard_attrs`.
+:func:`write_shard` builds the file in memory and writes it atomically; extraction hands its
+measured variables over already compressed (:mod:`attngeom.store.chunks`: the same bytes HDF5
+would write, made in worker threads while the next batch is measured). :func:`layout_problem`
+is the one check that a shard has the layout its manifest describes (used when writing,
+opening and validating).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import io
 import json
 from pathlib import Path
+from typing import Callable, Mapping
 
 import numpy as np
 import xarray as xr
@@ -34,28 +37,26 @@ def _pad(x: np.ndarray, axes: tuple[int, ...], size: int, fill) -> np.ndarray:
     return np.pad(x, widths, constant_values=fill) if any(w[1] for w in widths) else x
 
 
-def _dims(name: str, mode: str) -> tuple[str, ...]:
-    dims = S.DIMS[name]
-    if mode == "compact" and dims == S.PAIR:
-        return S.SINK_PAIR
-    return dims
-
-
-def build_shard(arrays: dict[str, np.ndarray], sequences: np.ndarray, token_ids: np.ndarray,
-                lengths: np.ndarray, extra: dict[str, np.ndarray], tokens: list[list[str]] | None,
-                max_length: int, mode: str, attrs: dict) -> xr.Dataset:
+def build_shard(arrays: Mapping[str, np.ndarray | Encoded], sequences: np.ndarray,
+                token_ids: np.ndarray, lengths: np.ndarray, extra: dict[str, np.ndarray],
+                tokens: list[list[str]] | None, max_length: int, mode: str,
+                attrs: dict | None = None) -> xr.Dataset:
     """Assemble one shard as a labeled Dataset, padding token axes to ``max_length``.
 
     Parameters
     ----------
-    arrays : measurement name -> (S, L, H, ...) float32 as returned by extraction.
+    arrays : measurement name -> (S, L, H, ...) float32, or its already compressed chunks
+        (:class:`attngeom.store.chunks.Encoded`, padded already): those stay out of the
+        Dataset (pass them to :func:`write_shard`); their shapes size the coordinates.
     sequences : (S,) global sequence indices; token_ids : (S, T) with -1 beyond length.
     extra : per-sequence int arrays (``truncated``, ``finite``, ``text_index``).
     """
     T = max_length
     data = {}
     for name, x in arrays.items():
-        dims = _dims(name, mode)
+        if isinstance(x, Encoded):
+            continue
+        dims = S.dims_for(name, mode)
         axes = tuple(i for i, d in enumerate(dims) if d in (S.QUERY, S.KEY, S.POSITION))
         data[name] = (dims, _pad(x.astype(np.float32, copy=False), axes, T, np.nan),
                       {"description": S.DESCRIPTIONS[name]})
@@ -79,7 +80,7 @@ def build_shard(arrays: dict[str, np.ndarray], sequences: np.ndarray, token_ids:
     if mode == "compact":
         coords[S.SINK] = np.arange(arrays["alpha"].shape[-1])
         coords[S.LAG] = np.arange(arrays["tail_alpha"].shape[-1])
-    return xr.Dataset(data, coords=coords, attrs=attrs)
+    return xr.Dataset(data, coords=coords, attrs=attrs or {})
 
 
 def encoding(ds: xr.Dataset, rows: int | None = None) -> dict[str, dict]:
@@ -105,19 +106,8 @@ def encoding(ds: xr.Dataset, rows: int | None = None) -> dict[str, dict]:
     return enc
 
 
-def write_netcdf_atomic(ds: xr.Dataset, path: str | Path, enc: dict | None = None) -> None:
-    """Write ``ds`` to ``path`` via a temporary file, fsync and rename.
-
-    The file is built in memory and written by :func:`atomic_write_bytes`: a file with the
-    final name is always complete, a failed write (disk full, read-only folder) raises
-    StoreWriteError naming ``path`` and leaves nothing behind. (HDF5 writing straight to a
-    full disk can crash the process when the half-written file is closed.)
-    """
-    _write_file(path, ds.to_netcdf(None, engine="h5netcdf", encoding=enc or {},
-                                   invalid_netcdf=False))
-
-
-def _write_file(path: str | Path, data: bytes | memoryview) -> None:
+def write_file(path: str | Path, data: bytes | memoryview) -> None:
+    """:func:`attngeom.store.manifest.atomic_write_bytes`, creating the folder first."""
     path = Path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -127,52 +117,74 @@ def _write_file(path: str | Path, data: bytes | memoryview) -> None:
 
 
 def write_shard(ds: xr.Dataset, path: str | Path,
-                encoded: dict[str, Encoded] | None = None) -> None:
+                encoded: Mapping[str, Encoded] | None = None) -> None:
     """Write a shard atomically with the store's compression and chunking.
 
-    ``encoded``: variables of ``ds`` whose chunks are already compressed
-    (:class:`attngeom.store.chunks.ChunkEncoder`); they are stored as they are.
-    """
-    if not encoded:
-        write_netcdf_atomic(ds, path, encoding(ds))
-        return
-    import h5netcdf
+    The file is built in memory and written by
+    :func:`attngeom.store.manifest.atomic_write_bytes`: a file with the final name is always
+    complete, a failed write (disk full, read-only folder) raises StoreWriteError naming
+    ``path``. (HDF5 writing straight to a full disk can crash the process on close.)
 
-    rest = ds.drop_vars(list(encoded))
+    ``encoded``: variables whose chunks are already compressed
+    (:class:`attngeom.store.chunks.ChunkEncoder`, which records their dims); they are stored
+    as they are. ``ds`` need not hold them (when it does, they must have the same shape).
+    """
+    encoded = dict(encoded or {})
+    rest = ds.drop_vars([n for n in encoded if n in ds])
     data = rest.to_netcdf(None, engine="h5netcdf", encoding=encoding(rest), invalid_netcdf=False)
+    if encoded:
+        data = _with_encoded(data, ds, encoded)
+    with memoryview(data) as view:                   # no copy of the file's bytes
+        write_file(path, view)
+
+
+def _with_encoded(data: bytes | memoryview, ds: xr.Dataset,
+                  encoded: dict[str, Encoded]) -> memoryview:
+    """The netCDF file ``data`` with the encoded variables added (h5netcdf creates them with
+    their dimension scales; h5py stores each compressed chunk with write_direct_chunk)."""
+    import h5netcdf
+    import h5py
+
     buffer = io.BytesIO(data)
     with h5netcdf.File(buffer, "r+") as f:
         for name, enc in encoded.items():
-            _put_encoded(f, ds, name, enc)
-    with buffer.getbuffer() as view:                 # no copy of the file's bytes
-        _write_file(path, view)
+            dims = enc.dims or (ds[name].dims if name in ds else ())
+            if len(dims) != len(enc.shape) or (name in ds and ds[name].shape != enc.shape):
+                raise ValueError(f"encoded '{name}' is {enc.shape} on {dims}, the shard's "
+                                 f"{ds[name].shape if name in ds else 'dims unknown'}")
+            for dim, size in zip(dims, enc.shape):   # a dim only the encoded variables use
+                if dim not in f.dimensions:
+                    f.dimensions[dim] = size
+            var = f.create_variable(name, dims, np.float32, chunks=enc.chunks,
+                                    compression="gzip", compression_opts=LEVEL, shuffle=True,
+                                    fletcher32=True, fillvalue=np.float32(np.nan))
+            var.attrs.update(ds[name].attrs if name in ds
+                             else {"description": S.DESCRIPTIONS[name]})
+    with h5py.File(buffer, "r+") as f:
+        for name, enc in encoded.items():
+            dataset = f[name]
+            while enc.blobs:                         # each chunk's bytes freed once stored
+                offset, blob = enc.blobs.popitem()
+                dataset.id.write_direct_chunk(offset, blob)
+    return buffer.getbuffer()
 
 
-def _put_encoded(f, ds: xr.Dataset, name: str, enc: Encoded) -> None:
-    """Create ``name`` in the open h5netcdf file and store its compressed chunks."""
-    var = ds[name]
-    if tuple(var.shape) != enc.shape or var.dtype != np.float32:
-        raise ValueError(f"encoded '{name}' is {enc.shape}, the shard's {var.shape}")
-    for dim in var.dims:                             # a dim only the encoded variables use
-        if dim not in f.dimensions:
-            f.dimensions[dim] = ds.sizes[dim]
-    h5 = f.create_variable(name, var.dims, np.float32, chunks=enc.chunks, compression="gzip",
-                           compression_opts=LEVEL, shuffle=True, fletcher32=True,
-                           fillvalue=np.float32(np.nan))
-    h5.attrs.update(var.attrs)
-    while enc.blobs:                                 # each chunk's bytes freed once stored
-        offset, blob = enc.blobs.popitem()
-        h5._h5ds.id.write_direct_chunk(offset, blob)
+def read_shard(path: str | Path,
+               select: Callable[[xr.Dataset], xr.Dataset] | None = None) -> xr.Dataset:
+    """Read one shard (only what ``select`` keeps) into memory, encodings cleared."""
+    with xr.open_dataset(path, engine="h5netcdf") as ds:
+        ds = (select(ds) if select else ds).load()
+    for var in ds.variables.values():
+        var.encoding = {}
+    ds.encoding = {}
+    return ds
 
 
-def remove_temporaries(store: str | Path) -> int:
-    """Delete leftover temporary files of an interrupted run; return how many."""
-    n = 0
-    for pattern in (f"{SHARD_DIR}/.*.tmp-*", ".*.tmp-*"):
-        for tmp in Path(store).glob(pattern):
-            tmp.unlink(missing_ok=True)
-            n += 1
-    return n
+def renumbered(ds: xr.Dataset, start: int, no_text: bool = False) -> xr.Dataset:
+    """``ds`` with sequences numbered from ``start`` (and, with ``no_text``, no token strings)."""
+    if no_text and "token" in ds:
+        ds = ds.drop_vars("token")
+    return ds.assign_coords({S.SEQUENCE: np.arange(start, start + ds.sizes[S.SEQUENCE])})
 
 
 def shard_attrs(manifest: dict) -> dict:
@@ -192,3 +204,67 @@ def shard_attrs(manifest: dict) -> dict:
         "causal": int(cfg["model"]["causal"]),
         "Conventions": "CF-1.8",
     }
+
+
+# ------------------------------------------------------------------ the layout of a shard
+def expected_variables(manifest: dict) -> set[str]:
+    """Variables every shard of the store must hold (what ``store subset`` kept)."""
+    cut = manifest["config"].get("subset") or {}
+    dropped = set(cut.get("dropped_variables", []))
+    learned = manifest["config"].get("model", {}).get("learned_sinks", False)
+    return set(S.variables_for(manifest["config"]["options"]["mode"], learned)) - dropped \
+        | {"token_id", "length"}
+
+
+def expected_labels(manifest: dict) -> dict[str, list[int]]:
+    """Dim -> the coordinate values every shard has (all dims but ``sequence``)."""
+    cfg = manifest["config"]
+    opts, model, cut = cfg["options"], cfg["model"], cfg.get("subset") or {}
+    T = int(opts["max_length"])
+    labels = {S.LAYER: list(cut["layers"]) if cut else list(range(int(model["n_layers"]))),
+              S.HEAD: list(cut["heads"]) if cut else list(range(int(model["n_heads"]))),
+              S.POSITION: list(range(T)), S.QUERY: list(range(T)), S.KEY: list(range(T))}
+    if opts["mode"] == "compact":
+        labels[S.SINK] = list(range(min(int(opts["sink_k"]), T)))
+        labels[S.LAG] = list(range(int(opts["tail_w"])))
+    return labels
+
+
+def layout_problem(manifest: dict, dims: Mapping[str, tuple[str, ...]],
+                   labels: Mapping[str, np.ndarray]) -> str | None:
+    """What in a shard differs from the layout its manifest describes, or None.
+
+    Parameters
+    ----------
+    dims : variable name -> its dims, for every variable of the shard.
+    labels : dim -> its coordinate values (a missing coordinate counts as missing dim).
+
+    Checks the variables the store must hold, each schema variable's dims in the store's
+    layout (``mode``), and every dim's size and labels: layers and heads of the model (or of
+    the subset), ``max_length`` positions, ``sink_k`` sink keys and ``tail_w`` lags.
+    """
+    missing = expected_variables(manifest) - set(dims)
+    if missing:
+        return f"missing variables {sorted(missing)[:5]}"
+    mode = manifest["config"]["options"]["mode"]
+    for name, have in dims.items():
+        if name in S.DIMS and name not in S.DERIVED and tuple(have) != S.dims_for(name, mode):
+            return (f"variable {name} has dims {tuple(have)}, not the {mode} layout's "
+                    f"{S.dims_for(name, mode)}")
+    used = {d for have in dims.values() for d in have}
+    for dim, want in expected_labels(manifest).items():
+        if dim not in used:
+            continue
+        got = labels.get(dim)
+        if got is None:
+            return f"no coordinate '{dim}'"
+        got = [int(v) for v in np.asarray(got).ravel()]
+        if got != want:
+            return (f"{len(got)} {dim} label(s) {_short(got)}, the manifest says {len(want)} "
+                    f"({_short(want)})")
+    return None
+
+
+def _short(values: list[int]) -> str:
+    text = ",".join(map(str, values[:8]))
+    return text + (",..." if len(values) > 8 else "")

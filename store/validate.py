@@ -10,19 +10,15 @@ from pathlib import Path
 
 import numpy as np
 
-from . import schema as S
 from .manifest import StoreError, config_hash, file_sha256, read_manifest
 from .results import check as check_results
-
-
-def _expected_variables(mode: str, manifest: dict | None = None) -> set[str]:
-    cut = (manifest or {}).get("config", {}).get("subset") or {}   # store subset --variables
-    dropped = set(cut.get("dropped_variables", []))
-    return set(S.variables_for(mode)) - dropped | {"token_id", "length"}
+from .results import entries as result_entries
+from .results import result_file
+from .shards import layout_problem
 
 
 def check_shard(path: Path, entry: dict, manifest: dict) -> list[str]:
-    """Problems of one shard file: checksum, readability, variables, sequence range."""
+    """Problems of one shard file: checksum, readability, layout, sequence range."""
     import h5netcdf
 
     if not path.is_file():
@@ -33,10 +29,12 @@ def check_shard(path: Path, entry: dict, manifest: dict) -> list[str]:
     try:
         with h5netcdf.File(path, "r") as f:
             names = set(f.variables)
-            missing = _expected_variables(manifest["config"]["options"]["mode"], manifest) \
-                - names
-            if missing:
-                problems.append(f"{entry['file']}: missing variables {sorted(missing)}")
+            why = layout_problem(manifest, {n: tuple(f.variables[n].dimensions) for n in names
+                                            if n not in f.dimensions},
+                                 {d: np.asarray(f.variables[d][:]) for d in f.dimensions
+                                  if d in names})
+            if why:
+                problems.append(f"{entry['file']}: {why}")
             seq = np.asarray(f.variables["sequence"][:]) if "sequence" in names else None
             if f.attrs.get("attngeom_config_hash") != manifest["config_hash"]:
                 problems.append(f"{entry['file']}: made with other settings (config hash)")
@@ -47,6 +45,21 @@ def check_shard(path: Path, entry: dict, manifest: dict) -> list[str]:
     if seq is None or not np.array_equal(seq, np.arange(lo, hi)):
         problems.append(f"{entry['file']}: sequence coordinate does not match [{lo}, {hi})")
     return problems
+
+
+def outside(store: Path, path: Path) -> str | None:
+    """Why ``path`` in ``store`` is not part of it (a symbolic link out of the store), or None.
+
+    Such a store breaks when it is copied or sent: its files are elsewhere.
+    """
+    if not path.exists():
+        return None
+    target = path.resolve()
+    if target.is_relative_to(store.resolve()):
+        return None
+    return (f"{path.relative_to(store)}: a symbolic link to {target}, outside the store; the "
+            "store is not self-contained (a copy or archive of it lacks that file): replace "
+            "the link by the file itself (cp --remove-destination TARGET LINK)")
 
 
 def validate(path: str | Path) -> list[str]:
@@ -76,6 +89,7 @@ def _problems(path: Path, manifest: dict) -> list[str]:
         if file.is_absolute() or ".." in file.parts:
             problems.append(f"manifest: shard path {file} leaves the store; refusing")
             continue
+        problems += filter(None, [outside(path, path / file)])
         problems += check_shard(path / file, entry, manifest)
         covered.append(tuple(entry["sequences"]))
     covered.sort()
@@ -89,6 +103,11 @@ def _problems(path: Path, manifest: dict) -> list[str]:
     if expected != stop:
         problems.append(f"sequences [{expected}, {stop}) are in no shard")
     problems += check_results(path, manifest)          # faithfulness result files
+    for entry in result_entries(manifest).values():
+        try:
+            problems += filter(None, [outside(path, result_file(path, entry))])
+        except StoreError:
+            pass                                       # reported by check_results
     if not manifest["complete"]:
         problems.append("store is incomplete (the extraction did not finish); rerun it to resume")
     return problems

@@ -49,3 +49,4 @@ DRIFT_LOW_FRACTION = 0.1  # lowest-norm share of head outputs followed by the dr
 BLOCK_SIZE = 16           # faithfulness texts/items per checkpoint block
 K_SHOT = 5                # MMLU exemplars per prompt
 FAITHFULNESS_NAME = "faithfulness"    # result file <name>.nc
+VIEW_MAX_BYTES = 25_000_000           # size limit of the page `attngeom view` writes

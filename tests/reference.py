@@ -225,3 +225,174 @@ def reconstructed_output(cap: LayerCapture) -> np.ndarray:
     vt = projected_values(cap, cap.alpha.shape[1])
     total = np.einsum("bhij,bhjd->bid", cap.alpha, vt)
     return total if cap.b_o is None else total + cap.b_o
+
+
+# ---------------------------------------------------------------------------------------------
+# Any architecture: the modelling file's own eager attention, captured call by call.
+#
+# The model runs with attn_implementation="eager"; every module-level eager_attention_forward of
+# the modelling files involved is wrapped to record the query/key/value it receives, the mask, and
+# the probabilities and head outputs it returns. W_O is named per architecture by the test
+# (``w_o``: a path relative to the attention module, "^" for its parent), never found by
+# attngeom's discovery; the reconstruction sum_h sum_j alpha v~ + b_O is checked against that
+# projection's real output.
+# ---------------------------------------------------------------------------------------------
+
+@dataclass
+class EagerCall:
+    """One eager attention call, float64 numpy (batch first)."""
+
+    alpha: np.ndarray          # (B, H, Tq, Tk) probabilities eager returned (real keys only)
+    v: np.ndarray              # (B, G, Tk, dv) values as eager received them
+    z: np.ndarray              # (B, Tq, H, dv) eager's attention output
+    allowed: np.ndarray        # (B, 1|H, Tq, Tk) keys eager's mask lets through
+    w_o: np.ndarray            # (H*dv, d)
+    b_o: np.ndarray | None
+    module_output: np.ndarray  # (B, Tq, d) the output projection's real output
+
+
+def _resolve(model: torch.nn.Module, name: str, path: str) -> torch.nn.Module:
+    base = name
+    while path.startswith("^"):
+        base, path = base.rsplit(".", 1)[0] if "." in base else "", path[1:]
+    full = f"{base}.{path}" if base else path
+    return model.get_submodule(full)
+
+
+def _weight_in_out(module: torch.nn.Module) -> torch.Tensor:
+    """(in, out): nn.Linear stores (out, in), transformers' Conv1D (in, out)."""
+    return module.weight if type(module).__name__ == "Conv1D" else module.weight.T
+
+
+def eager_capture(model: torch.nn.Module, inputs: dict, w_o: str) -> list[EagerCall]:
+    """Run a deep copy of ``model`` with eager attention; one :class:`EagerCall` per call."""
+    import sys
+
+    model = copy.deepcopy(model).eval()
+    model.set_attn_implementation("eager")
+    names = {id(m): n for n, m in model.named_modules()}
+    files = {sys.modules[type(m).__module__] for m in model.modules()}
+    files = [f for f in files if hasattr(f, "eager_attention_forward")]
+    calls: list[dict] = []
+
+    saved = {f: f.eager_attention_forward for f in files}
+    outputs: dict[int, list] = {}
+    handles = []
+
+    def hook(m, args, output):
+        outputs.setdefault(id(m), []).append(output)
+
+    def wrap(original):
+        def eager(module, query, key, value, attention_mask, *args, **kwargs):
+            out, weights = original(module, query, key, value, attention_mask, *args, **kwargs)
+            proj = _resolve(model, names[id(module)], w_o)
+            if not any(c["proj"] is proj for c in calls):  # W_O runs after this call returns
+                handles.append(proj.register_forward_hook(hook))
+            calls.append({"module": module, "proj": proj, "alpha": weights, "v": value,
+                          "z": out, "mask": attention_mask})
+            return out, weights
+        return eager
+
+    try:
+        for f in files:
+            f.eager_attention_forward = wrap(saved[f])
+        with torch.no_grad():
+            model(**inputs, output_attentions=True)
+    finally:
+        for f, fn in saved.items():
+            f.eager_attention_forward = fn
+        for h in handles:
+            h.remove()
+    result, taken = [], {}
+    for c in calls:
+        proj = c["proj"]
+        i = taken.get(id(proj), 0)
+        taken[id(proj)] = i + 1
+        mask = c["mask"]
+        B, H, Tq, Tk = c["alpha"].shape
+        if mask is None:
+            allowed = np.ones((B, 1, Tq, Tk), bool)
+        else:
+            mask = mask[..., :Tk]
+            allowed = (mask > torch.finfo(mask.dtype).min / 2).cpu().numpy() \
+                if mask.dtype != torch.bool else mask.cpu().numpy()
+        result.append(EagerCall(
+            alpha=_f64(c["alpha"]), v=_f64(c["v"]), z=_f64(c["z"]), allowed=allowed,
+            w_o=_f64(_weight_in_out(proj)), b_o=_f64(proj.bias),
+            module_output=_f64(outputs[id(proj)][i])))
+    return result
+
+
+def eager_projected_values(call: EagerCall) -> np.ndarray:
+    """ṽ_j^h = v_j^{g(h)} W_O^h, g(h) = h // (H/G) (transformers' repeat_kv): (B, H, Tk, d)."""
+    B, G, Tk, dv = call.v.shape
+    H = call.alpha.shape[1]
+    vt = np.empty((B, H, Tk, call.w_o.shape[1]))
+    for h in range(H):
+        vt[:, h] = call.v[:, h // (H // G)] @ call.w_o[h * dv:(h + 1) * dv]
+    return vt
+
+
+def eager_measure(model: torch.nn.Module, inputs: dict, w_o: str,
+                  sink_k: int = 1) -> tuple[dict[str, np.ndarray], list[EagerCall]]:
+    """Every MISSION.md quantity from the model's own eager attention, float64, batch first.
+
+    Valid (query, key): the key passes eager's mask and both are real tokens (``attention_mask``);
+    NaN elsewhere. Also ``learned_sink_alpha`` = 1 - sum_j alpha_ij over the real keys (the
+    weight eager's softmax gave a learned sink, zero without one).
+    """
+    calls = eager_capture(model, inputs, w_o)
+    B, H, T, _ = calls[0].alpha.shape
+    mask = inputs.get("attention_mask")
+    tok = np.ones((B, T), bool) if mask is None else mask.cpu().numpy().astype(bool)
+    layers = []
+    for call in calls:
+        valid = call.allowed & tok[:, None, None, :] & tok[:, None, :, None]   # (B, 1|H, T, T)
+        valid = np.broadcast_to(valid, call.alpha.shape)
+        q_in = tok[:, None]                                                  # (B, 1, T)
+        a = np.where(valid, call.alpha, 0.0)
+        vt = eager_projected_values(call)
+        o_h = np.einsum("bhij,bhjd->bhid", a, vt)
+        o = o_h.sum(1)
+        r_h = o_h - np.einsum("bhij,bhjd->bhid", a[..., :sink_k], vt[:, :, :sink_k])
+        vj, oi_h, oi = vt[:, :, None], o_h[:, :, :, None], o[:, None, :, None]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            contrib = a * (oi_h * vj).sum(-1) / (o_h ** 2).sum(-1)[..., None]
+            contrib_layer = a * (oi * vj).sum(-1) / (o ** 2).sum(-1)[:, None, :, None]
+            head_share = (o[:, None] * o_h).sum(-1) / (o ** 2).sum(-1)[:, None]
+        pair = {"alpha": call.alpha, "cosine": _cos(oi_h, vj), "cosine_layer": _cos(oi, vj),
+                "contribution": contrib, "contribution_layer": contrib_layer}
+        token = {"value_norm": np.linalg.norm(vt, axis=-1),
+                 "sink_value_cosine": _cos(vt[:, :, :1], vt),
+                 "output_norm": np.linalg.norm(o_h, axis=-1),
+                 "residual_norm": np.linalg.norm(r_h, axis=-1),
+                 "sink_residual_cosine": _cos(vt[:, :, :1], r_h), "head_share": head_share,
+                 "learned_sink_alpha": 1.0 - a.sum(-1)}
+        out = {n: np.where(valid, x, np.nan) for n, x in pair.items()}
+        out.update({n: np.where(q_in, x, np.nan) for n, x in token.items()})
+        out["layer_output_norm"] = np.where(tok, np.linalg.norm(o, axis=-1), np.nan)
+        layers.append(out)
+    return {n: np.stack([p[n] for p in layers], axis=1) for n in layers[0]}, calls
+
+
+def eager_reconstruction_error(call: EagerCall) -> float:
+    """max |sum_h sum_j alpha ṽ + b_O - the projection's real output| (validates v, g(h), W_O)."""
+    vt = eager_projected_values(call)
+    total = np.einsum("bhij,bhjd->bid", call.alpha, vt)
+    if call.b_o is not None:
+        total = total + call.b_o
+    return float(np.abs(total - call.module_output).max())
+
+
+def close(got, want, name: str, scale=1.0, tol: float = 1e-5) -> None:
+    """NaN at the same cells; |got - want| <= tol * max(1, |want|) (x scale) elsewhere."""
+    got, want = np.asarray(got, dtype=float), np.asarray(want, dtype=float)
+    assert got.shape == want.shape, (name, got.shape, want.shape)
+    assert np.array_equal(np.isnan(got), np.isnan(want)), (
+        f"{name}: NaN pattern differs at {np.argwhere(np.isnan(got) != np.isnan(want))[:4]}")
+    ok = ~np.isnan(want)
+    assert ok.any(), f"{name}: nothing compared"
+    limit = tol * np.maximum(1.0, np.abs(want)) * np.broadcast_to(scale, want.shape)
+    bad = (np.abs(got - want) > limit) & ok
+    assert not bad.any(), (f"{name}: {bad.sum()} of {ok.sum()} differ, e.g. got {got[bad][:3]} "
+                           f"want {want[bad][:3]}")

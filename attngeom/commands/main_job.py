@@ -13,41 +13,47 @@ older than its inputs.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
+from attngeom.store.options import (RUN_FAITH_BLOCK, RUN_STAGES, AnalysisOptions, ExtractConfig,
+                                    FaithConfig, RunOptions, add_arguments, from_args,
+                                    mismatches)
+
 STORE, ANALYSIS, REPORT = "store", "analysis", "report.pdf"
-FAITH_METRICS = "attention,value_weighted,value_weighted_normalized,contribution"
 
 
 def add_parser(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--out", default="runs/demo", help="output folder (default runs/demo)")
-    p.add_argument("--model", default="smollm2-135m",
-                   help="hub id, model directory, .gguf file or built-in name")
-    p.add_argument("--data", default="builtin", help="texts: .jsonl/.parquet/.txt, hf:..., builtin")
-    p.add_argument("--limit", type=int, default=48, help="texts to extract (default 48)")
-    p.add_argument("--max-length", type=int, default=128, help="tokens per text (default 128)")
-    p.add_argument("--mode", choices=["compact", "dense"], default="compact")
-    p.add_argument("--text-field", default=None, help="field of JSONL/Parquet records")
-    p.add_argument("--faith-limit", type=int, default=8,
-                   help="texts for the faithfulness experiment (default 8; 0 skips it)")
-    p.add_argument("--metrics", default=FAITH_METRICS, help="faithfulness metrics")
-    p.add_argument("--ranks", default="signed,magnitude", help="signed, magnitude or both")
-    p.add_argument("--fractions", default="0.1,0.25,0.5",
-                   help="removal fractions (default 0.1,0.25,0.5)")
-    p.add_argument("--bootstrap", type=int, default=200, help="vertex CI bootstrap resamples")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--batch-size", type=int, default=4)
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--dtype", default="float32")
-    p.add_argument("--threads", type=int, default=None,
-                   help="CPU threads of torch and BLAS (default: $OMP_NUM_THREADS, else 1; on a "
-                        "shared machine more threads wait on each other and run slower)")
-    p.add_argument("--trust-remote-code", action="store_true")
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    add_arguments(p, RunOptions)
+    for stage, only, defaults in RUN_STAGES:
+        add_arguments(p, stage, only, defaults)
+
+
+@dataclass
+class Job:
+    """The main job's options: its own and each stage's (``faith`` None: skipped)."""
+
+    run: RunOptions
+    extract: ExtractConfig
+    faith: FaithConfig | None
+    analysis: AnalysisOptions
+
+
+def job_options(args: argparse.Namespace) -> Job:
+    """The stages' options from the command line, each checked (before torch is imported)."""
+    own, extract = from_args(args, RunOptions), from_args(args, ExtractConfig)
+    extract.check()
+    own.check(extract)
+    faith = None
+    if own.faith_limit:
+        faith = from_args(args, FaithConfig, limit=own.faith_limit, block_size=RUN_FAITH_BLOCK)
+        faith.check()
+    analysis = from_args(args, AnalysisOptions)
+    analysis.check()
+    return Job(own, extract, faith, analysis)
 
 
 def limit_threads(n: int | None) -> int:
@@ -62,79 +68,70 @@ def limit_threads(n: int | None) -> int:
     return n
 
 
-def _names(text: str) -> tuple[str, ...]:
-    return tuple(t.strip() for t in text.split(",") if t.strip())
-
-
 def _manifest(store: Path) -> dict | None:
+    from attngeom.store import read_manifest
+    from attngeom.store.manifest import StoreError
+
     try:
-        return json.loads((store / "manifest.json").read_text())
-    except (OSError, ValueError):
+        return read_manifest(store) if (store / "manifest.json").is_file() else None
+    except StoreError:
         return None
 
 
-def store_done(store: Path, args) -> bool:
-    """The store is complete and was made by this command with these options."""
+def store_done(store: Path, job: Job) -> bool:
+    """The store is complete and was made from this model and data with these options."""
+    from attngeom.store.results import is_faith_only
+
     m = _manifest(store)
-    if not m or not m.get("complete") or m.get("kind") == "faithfulness":
+    if not m or not m["complete"] or is_faith_only(m):
         return False
-    opts, data = m["config"]["options"], m["config"]["data"]
-    return (m.get("sources") == {"model": str(args.model), "data": str(args.data)}
-            and data.get("limit") == args.limit and data.get("text_field") == args.text_field
-            and opts.get("mode") == args.mode and opts.get("max_length") == args.max_length)
+    return (m.get("sources") == {"model": job.run.model, "data": job.run.data}
+            and not mismatches(job.extract, m["config"]))
 
 
-def faith_options(args) -> dict:
-    """The faithfulness options this command sets (compared with the recorded run)."""
-    return {"metrics": list(_names(args.metrics)), "ranks": list(_names(args.ranks)),
-            "fractions": [float(f) for f in _names(args.fractions)],
-            "max_length": args.max_length, "limit": args.faith_limit, "task": "lm"}
+def faith_done(store: Path, job: Job) -> bool:
+    """The store records a faithfulness result of this data with these options."""
+    from attngeom.store.results import entries
 
-
-def faith_done(store: Path, args) -> bool:
-    entry = (_manifest(store) or {}).get("faithfulness", {}).get("faithfulness")
+    entry = entries(_manifest(store) or {}).get(job.faith.name)
     if not entry or not (store / entry["file"]).is_file():
         return False
-    recorded = entry["config"]["options"]
-    return (all(recorded.get(k) == v for k, v in faith_options(args).items())
-            and entry["config"]["data"].get("spec") == str(args.data))
+    from attngeom.store.manifest import spec_label     # the data as the result records it
+
+    return (entry["config"]["data"].get("spec") == spec_label(job.run.data)
+            and not mismatches(job.faith, entry["config"]))
 
 
 # ----------------------------------------------------------------------------- steps
-def step_extract(store: Path, args) -> str:
-    if store_done(store, args):
+def step_extract(store: Path, job: Job) -> str:
+    if store_done(store, job):
         return "already complete"
-    from attngeom.extract.run import ExtractConfig, extract  # torch: only here
+    from attngeom.extract.run import extract  # torch: only here
 
-    limit_threads(args.threads)
-    cfg = ExtractConfig(mode=args.mode, max_length=args.max_length, limit=args.limit,
-                        text_field=args.text_field, batch_size=args.batch_size,
-                        device=args.device, dtype=args.dtype)
-    extract(args.model, args.data, store, cfg, trust_remote_code=args.trust_remote_code,
-            progress=not args.quiet)
+    limit_threads(job.run.threads)
+    extract(job.run.model, job.run.data, store, job.extract,
+            trust_remote_code=job.run.trust_remote_code, progress=not job.run.quiet)
     return "done"
 
 
-def step_faithfulness(store: Path, args) -> str:
-    if args.faith_limit == 0:
+def step_faithfulness(store: Path, job: Job) -> str:
+    if job.faith is None:
         return "skipped (--faith-limit 0)"
-    if faith_done(store, args):
+    if faith_done(store, job):
         return "already complete"
-    from attngeom.extract.faithfulness import FaithConfig, faithfulness  # torch: only here
+    from attngeom.extract.faithfulness import faithfulness  # torch: only here
 
-    limit_threads(args.threads)
-    opts = faith_options(args)
-    cfg = FaithConfig(metrics=tuple(opts["metrics"]), ranks=tuple(opts["ranks"]),
-                      fractions=tuple(opts["fractions"]), max_length=args.max_length,
-                      limit=args.faith_limit, text_field=args.text_field, block_size=4,
-                      batch_size=args.batch_size, device=args.device, dtype=args.dtype)
-    recorded = "faithfulness" in (_manifest(store) or {}).get("faithfulness", {})
-    faithfulness(args.model, args.data, store, cfg, trust_remote_code=args.trust_remote_code,
-                 progress=not args.quiet, force=recorded)  # replace a result of other options
+    from attngeom.store.results import entries
+
+    limit_threads(job.run.threads)
+    recorded = job.faith.name in entries(_manifest(store) or {})
+    faithfulness(job.run.model, job.run.data, store, job.faith,
+                 trust_remote_code=job.run.trust_remote_code, progress=not job.run.quiet,
+                 force=recorded)                   # replace a result of other options
     return "done"
 
 
-def step_analyze(store: Path, args) -> str:
+def step_analyze(store: Path, job: Job) -> str:
     from attngeom.analysis import run_all
     from attngeom.reports.load import analysis_state
     from attngeom.store import open_store, read_manifest
@@ -143,12 +140,11 @@ def step_analyze(store: Path, args) -> str:
     state = analysis_state(store, read_manifest(store), directory)
     if state == "current":
         return "up to date"
-    run_all(open_store(store), directory, n_boot=args.bootstrap, seed=args.seed,
-            progress=not args.quiet)
+    run_all(open_store(store), directory, job.analysis, progress=not job.run.quiet)
     return "done"
 
 
-def step_report(store: Path, out: Path, args) -> str:
+def step_report(store: Path, out: Path, job: Job) -> str:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -159,26 +155,22 @@ def step_report(store: Path, out: Path, args) -> str:
     inputs += [store / "faithfulness.nc"] if (store / "faithfulness.nc").is_file() else []
     if out.is_file() and inputs and out.stat().st_mtime > max(p.stat().st_mtime for p in inputs):
         return "up to date"
-    render(gather(store, store / ANALYSIS, progress=not args.quiet, n_boot=args.bootstrap,
-                  seed=args.seed), out)
+    render(gather(store, store / ANALYSIS, progress=not job.run.quiet, options=job.analysis),
+           out)
     return "done"
 
 
 def run(args: argparse.Namespace) -> int:
-    for name in ("limit", "max_length", "batch_size") + (("threads",) if args.threads else ()):
-        if getattr(args, name) < 1:
-            raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
-    if args.faith_limit < 0 or args.faith_limit > args.limit:
-        raise ValueError(f"--faith-limit must be between 0 and --limit ({args.limit})")
-    args.threads = limit_threads(args.threads)
-    out = Path(args.out)
+    job = job_options(args)
+    job.run.threads = limit_threads(job.run.threads)
+    out = Path(job.run.out)
     store = out / STORE
     out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
-    steps = [("extract", lambda: step_extract(store, args)),
-             ("faithfulness", lambda: step_faithfulness(store, args)),
-             ("analyze", lambda: step_analyze(store, args)),
-             ("report", lambda: step_report(store, out / REPORT, args))]
+    steps = [("extract", lambda: step_extract(store, job)),
+             ("faithfulness", lambda: step_faithfulness(store, job)),
+             ("analyze", lambda: step_analyze(store, job)),
+             ("report", lambda: step_report(store, out / REPORT, job))]
     for i, (name, step) in enumerate(steps, 1):
         print(f"attngeom run [{i}/{len(steps)}] {name} ...", flush=True)
         t0 = time.perf_counter()

@@ -34,13 +34,17 @@ def add_parser(p) -> None:
                                          "(what contribution needs to derive is kept too)")
     cut.add_argument("--no-text", action="store_true", help="leave token strings out")
 
-    exp = sub.add_parser("export", help="Zarr (cloud storage) or Parquet long tables (R, "
-                                        "pandas)")
+    exp = sub.add_parser("export", help="Zarr (cloud storage), Parquet long tables (R, "
+                                        "pandas) or a Hugging Face dataset repository")
     exp.add_argument("store", help="store directory")
-    exp.add_argument("--format", required=True, choices=["zarr", "parquet"])
-    exp.add_argument("--out", required=True, help="new directory (.zarr or tables)")
-    exp.add_argument("--tables", help="parquet only: comma-separated subset of per_query, "
+    exp.add_argument("--format", required=True, choices=["zarr", "parquet", "hf"],
+                     help="zarr, parquet, or hf (Parquet shards + dataset card for the Hub)")
+    exp.add_argument("--out", required=True, help="new directory (.zarr, tables, dataset)")
+    exp.add_argument("--tables", help="parquet and hf: comma-separated subset of per_query, "
                                       "per_key, pairs, sequences, tokens (default all)")
+    exp.add_argument("--license", help="hf only: the dataset card's license identifier, e.g. "
+                                       "mit, cc-by-4.0 (default unknown)")
+    exp.add_argument("--no-text", action="store_true", help="leave token strings out")
 
 
 def run(args) -> int:
@@ -67,19 +71,30 @@ def run(args) -> int:
         print(summary(args.out))
         return 0
     if cmd == "subset":
-        from attngeom.store.ops import subset
+        from attngeom.store.subset import added_variables, subset
 
         m = subset(args.store, args.out, layers=args.layers, heads=args.heads,
                    sequences=args.sequences, variables=args.variables, no_text=args.no_text)
-        added = m["config"]["subset"]["added_for_derived"]
+        added = added_variables(m)
         if added:
             print(f"attngeom: also kept {', '.join(added)} (contribution is derived from them)")
         print(summary(args.out))
         return 0
     from attngeom.store.export import export
 
-    if args.tables and args.format != "parquet":
-        raise ValueError("--tables applies to --format parquet only")
-    out = export(args.store, args.out, args.format, tables=args.tables)
-    print(f"{out}: {args.format} export written (see {out}/README.txt)")
+    if args.tables and args.format not in ("parquet", "hf"):
+        raise ValueError("--tables applies to --format parquet and hf only")
+    if args.license and args.format != "hf":
+        raise ValueError("--license applies to --format hf only (the dataset card)")
+    if args.format == "hf":
+        from attngeom.store.hub_card import check_license
+
+        check_license(args.license)                   # before any work
+    out = export(args.store, args.out, args.format, tables=args.tables, no_text=args.no_text,
+                 license=args.license)
+    if args.format == "hf":
+        print(f"{out}: Hugging Face dataset written (card: {out}/README.md); upload it with "
+              f"`hf upload USER/NAME {out} --repo-type dataset`")
+    else:
+        print(f"{out}: {args.format} export written (see {out}/README.txt)")
     return 0

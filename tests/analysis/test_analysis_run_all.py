@@ -61,7 +61,50 @@ def test_run_all_writes_labeled_files(store, tmp_path, layout):
     assert results["sinks"]["sink_head_count"].sum() == table["sink_head_count"].iloc[-1]
 
 
+def test_run_all_matches_values_computed_from_the_store(store):
+    """Sink rates, the per-head quadratic fit, the sink-value cosine and the sink group's
+    covariance shares, from the synthetic store's arrays with plain numpy."""
+    res = run_all(store.chunk({"sequence": 5}), None, n_boot=0, progress=False)
+    S, L, H, T = (store.sizes[d] for d in ("sequence", "layer", "head", "query"))
+    length = store["length"].values
+    alpha = store["alpha"].transpose("sequence", "layer", "head", "query", "key").values
+    out_norm = store["output_norm"].transpose("sequence", "layer", "head", "query").values
+    cos = store["cosine"].transpose("sequence", "layer", "head", "query", "key").values
+    vnorm = store["value_norm"].transpose("sequence", "layer", "head", "key").values
+    svc = store["sink_value_cosine"].transpose("sequence", "layer", "head", "key").values
+    for layer in range(L):
+        for head in range(H):
+            rows = [(s, i) for s in range(S) for i in range(1, length[s])]   # queries i >= k = 1
+            a = np.array([alpha[s, layer, head, i, 0] for s, i in rows])
+            y = np.array([out_norm[s, layer, head, i] for s, i in rows])
+            at = dict(layer=layer, head=head)
+            assert float(res["sinks"]["sink_rate_mean"].sel(**at)) == pytest.approx(a.mean())
+            assert int(res["sinks"]["n_queries"].sel(**at)) == len(rows)
+            beta = np.linalg.lstsq(np.stack([np.ones_like(a), a, a * a], 1), y, rcond=None)[0]
+            got = [float(res["convexity"][f"beta{n}"].sel(**at)) for n in range(3)]
+            np.testing.assert_allclose(got, beta, rtol=1e-6, atol=1e-9)
+            per_seq = [svc[s, layer, head, 1:length[s]].mean() for s in range(S)]
+            assert float(res["anti_alignment"]["mean_cos"].sel(**at)) == pytest.approx(
+                np.mean(per_seq))
+        # the sink group (key 0, queries i >= 1) of this layer, pooled over heads
+        parts = []
+        for s in range(S):
+            i = np.arange(1, length[s])
+            parts.append(np.stack([np.log(alpha[s, layer, :, i, 0]),
+                                   np.log(vnorm[s, layer, :, 0][None] / out_norm[s, layer, :, i]),
+                                   np.log(np.abs(cos[s, layer, :, i, 0]))], -1).reshape(-1, 3))
+        x = np.concatenate(parts)
+        x = x[np.isfinite(x).all(1)]
+        logc = x.sum(1)
+        share = [np.cov(x[:, p], logc)[0, 1] / logc.var(ddof=1) for p in range(3)]
+        got = res["decomposition"]["cov_share"].sel(layer=layer, group="sink")
+        np.testing.assert_allclose(got.sel(part=["alpha", "ratio", "cosine"]).values, share,
+                                   rtol=1e-6)
+        assert int(res["decomposition"]["n_pairs"].sel(layer=layer, group="sink")) == len(x)
+
+
 def test_run_all_equals_the_single_analyses(store):
+    """One pass over a chunked store gives what each analysis gives on its own."""
     all_ = run_all(store.chunk({"sequence": 5}), None, n_boot=20, seed=4, progress=False)
     single = {"sinks": sinks(store), "convexity": convexity(store, n_boot=20, seed=4),
               "anti_alignment": anti_alignment(store, seed=4), "decomposition":
@@ -79,6 +122,10 @@ def test_layers_option(store):
     res = run_all(store, None, layers=[1], n_boot=0, progress=False)
     assert list(res["convexity"]["layer"].values) == [1]
     assert list(res["summary"]["layer"].astype(str)) == ["1", "all"]
+    open_end = run_all(store, None, layers="1:", n_boot=0, progress=False)   # to the last layer
+    assert list(open_end["sinks"]["layer"].values) == [1]
+    with pytest.raises(ValueError, match="--layers 2 is not in the store"):
+        run_all(store, None, layers="0:3", n_boot=0, progress=False)
 
 
 def test_cli_analyze(store, tmp_path, monkeypatch, capsys):

@@ -53,12 +53,21 @@ def test_aopc_is_the_mean_over_fractions():
     np.testing.assert_allclose(a.transpose("metric", "rank", "mode", "sequence").values,
                                (x[..., 0, :] + x[..., 1, :] + x[..., 2, :]) / 3)
     s = aopc_summary(ds)
-    manual = a.sel(metric="contribution", rank="signed", mode="sufficiency").values
+    # from the raw losses (not from aopc above): per-unit means over the three fractions
+    raw = x[METRICS.index("contribution"), 0, 1]                # signed, sufficiency: (P, n)
+    per_unit = raw.sum(axis=0) / len(FRACTIONS)
     assert s["aopc_mean"].sel(metric="contribution", rank="signed", mode="sufficiency") \
-        == pytest.approx(manual.mean())
+        == pytest.approx(per_unit.sum() / len(per_unit))
+    sem = np.sqrt(((per_unit - per_unit.mean()) ** 2).sum() / (len(per_unit) - 1)
+                  / len(per_unit))
     assert s["aopc_sem"].sel(metric="contribution", rank="signed", mode="sufficiency") \
-        == pytest.approx(manual.std(ddof=1) / np.sqrt(len(manual)))
-    assert loss_curves(ds)["loss_mean"].dims == ("metric", "rank", "mode", "fraction")
+        == pytest.approx(sem)
+    assert int(s["n_units"].sel(metric="contribution", rank="signed",
+                                mode="sufficiency")) == x.shape[-1]
+    curves = loss_curves(ds)
+    assert curves["loss_mean"].dims == ("metric", "rank", "mode", "fraction")
+    assert curves["loss_mean"].sel(metric="contribution", rank="signed", mode="sufficiency",
+                                   fraction=0.5) == pytest.approx(raw[2].sum() / raw.shape[1])
     table = aopc_table(ds)                           # rankings side by side within each mode
     assert list(table.index) == list(METRICS)
     assert list(table.columns) == [("comprehensiveness", "signed"),

@@ -73,7 +73,9 @@ def _assert_same_store(a: Path, b: Path) -> None:
 
 def _count_writes(monkeypatch, fail_after: int | None = None) -> list[str]:
     written: list[str] = []
-    real = run_module.write_shard
+    import attngeom.store.writer as writer_module
+
+    real = writer_module.write_shard
 
     def write(ds, path, encoded=None):
         if fail_after is not None and len(written) >= fail_after:
@@ -81,7 +83,7 @@ def _count_writes(monkeypatch, fail_after: int | None = None) -> list[str]:
         real(ds, path, encoded)
         written.append(Path(path).name)
 
-    monkeypatch.setattr(run_module, "write_shard", write)
+    monkeypatch.setattr(writer_module, "write_shard", write)
     return written
 
 
@@ -228,7 +230,8 @@ def test_encode_workers_leave_torchs_cores_alone(monkeypatch, device, cores, thr
 def test_shard_written_from_encoded_chunks_equals_hdf5s_own(inputs, tmp_path):
     """The store's shards hold exactly what HDF5's own filters give for the same arrays."""
     _, _, clean = inputs
-    from attngeom.store.shards import encoding, write_netcdf_atomic
+    from attngeom.store.shards import encoding
+    from attngeom.store.writer import write_netcdf
 
     path = sorted((clean / "shards").glob("*.nc"))[0]
     import xarray as xr
@@ -239,7 +242,7 @@ def test_shard_written_from_encoded_chunks_equals_hdf5s_own(inputs, tmp_path):
         var.encoding = {}
     with h5py.File(path) as f:
         rows = f["tail_alpha"].chunks[0]
-    write_netcdf_atomic(ds, tmp_path / "again.nc", encoding(ds, rows=rows))
+    write_netcdf(ds, tmp_path / "again.nc", encoding(ds, rows=rows))
     with h5py.File(path) as f, h5py.File(tmp_path / "again.nc") as g:
         for name in ("alpha", "tail_alpha", "value_norm", "layer_output_norm"):
             a, b = f[name], g[name]

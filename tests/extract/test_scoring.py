@@ -299,9 +299,11 @@ def test_out_of_memory_halves_the_batch_and_redoes_the_block(tok, monkeypatch):
         return real(model, inputs, handler)
 
     monkeypatch.setattr(F, "forward_logits", forward_logits)
-    cfg, log = F.FaithConfig(drift=False, batch_size=4), []
-    result = F.compute_retrying(model, prep, cfg, [], tm.PAD_ID, log=log.append)
-    assert cfg.batch_size == 1 and len(log) == 2 and "batch size 4" in log[0]
+    cfg, log, current = F.FaithConfig(drift=False, batch_size=4), [], F.BatchSize(4)
+    result = F.compute_retrying(model, prep, cfg, [], tm.PAD_ID, log=log.append,
+                                current=current)
+    assert current.size == 1 and len(log) == 2 and "batch size 4" in log[0]
+    assert cfg.batch_size == 4                   # the config is not changed
     want = [_manual_ppl(model, tok(t)["input_ids"]) for t in TEXTS]
     np.testing.assert_allclose(unit_scores(prep, result["clean"])["ppl"], want, rtol=1e-5)
     monkeypatch.setattr(F, "forward_logits", lambda *a: (_ for _ in ()).throw(

@@ -144,12 +144,12 @@ def _layers(arch: str = "llama"):
     class Recorder:
         token_mask = inputs["attention_mask"].bool()
 
-        def attend(self, module, query, key, value, allowed, scaling, softcap):
-            allowed = allowed & self.token_mask[:, None, None, :]
-            seen.append((handler.projection(module, query.shape[1]), query, key, value,
-                         allowed, scaling, softcap))
+        def attend(self, call):
+            allowed = call.allowed & self.token_mask[:, None, None, :]
+            seen.append((handler.projection(call.index), call.query, call.key, call.value,
+                         allowed, call.scaling, call.softcap))
             handler.token_mask = self.token_mask
-            return handler.attend(module, query, key, value, allowed, scaling, softcap)
+            return handler.attend(call)
 
     with torch.no_grad(), attention_handler(model, Recorder()):
         model(**inputs, use_cache=False)
@@ -213,3 +213,31 @@ def test_shared_scratch_tensors_change_nothing():
                                                             projections=shared))
         alone = forward_logits(model, inputs, Intervener(model, removal=r))
         assert torch.equal(together, alone), r
+
+
+def test_learned_sinks_join_the_softmax():
+    """alpha with learned sink logits (gpt-oss) against numpy: the sink is a virtual key with no
+    value, so a row's alpha sums to 1 - sink weight; a query with no allowed key puts all its
+    weight on the sink. Float32 (fast), float64 (exact) and recomputed rows agree."""
+    gen = torch.Generator().manual_seed(3)
+    B, H, G, T, dh, scale = 2, 4, 2, 6, 8, 0.35
+    q, k = torch.randn(B, H, T, dh, generator=gen), torch.randn(B, G, T, dh, generator=gen)
+    sinks = 2 * torch.randn(1, H, 1, generator=gen)
+    allowed = torch.ones(T, T).tril().bool().expand(B, 1, T, T).clone()
+    allowed[1, 0, 2] = False                                   # a query with no allowed key
+    logits = np.einsum("bhid,bhjd->bhij", q.double().numpy(),
+                       np.repeat(k.double().numpy(), H // G, 1)) * scale
+    logits = np.where(allowed.numpy(), logits, -np.inf)
+    full = np.concatenate([logits, np.broadcast_to(sinks.double().numpy()[..., None],
+                                                   (B, H, T, 1))], -1)
+    p = np.exp(full - full.max(-1, keepdims=True))
+    want = (p / p.sum(-1, keepdims=True))[..., :-1]
+    assert np.allclose(want[1, :, 2], 0.0)
+    fast = attention_weights(q, k, allowed, scale, None, torch.float32, sinks)
+    np.testing.assert_allclose(fast.numpy(), want, atol=1e-6)
+    exact = exact_alpha(q, k.repeat_interleave(H // G, 1), allowed, scale, None, sinks)
+    np.testing.assert_allclose(exact.numpy(), want, atol=1e-12)
+    rows = ExactScores("attention", q, k, k, allowed, scale, None, None, sinks)
+    b, i, h = torch.tensor([1, 0, 1]), torch.tensor([2, 5, 3]), torch.tensor([3, 0, 1])
+    assert torch.equal(rows(b, i, h), exact[b, h, i])
+    assert torch.equal(rows(b, i, None), exact[b, :, i])

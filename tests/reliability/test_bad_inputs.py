@@ -45,11 +45,9 @@ def bad(rel_dir, tiny_model, small_store) -> dict[str, Path]:
     broken = Path(shutil.copytree(tiny_model, base / "brokenconfig", dirs_exist_ok=True))
     (broken / "config.json").write_text('{"model_type": ')
     out["brokenconfig"] = broken
-    opt = Path(shutil.copytree(tiny_model, base / "opt", dirs_exist_ok=True))
-    config = json.loads((opt / "config.json").read_text())
-    config.update(model_type="opt", architectures=["OPTForCausalLM"])
-    (opt / "config.json").write_text(json.dumps(config))
-    out["opt"] = opt
+    import tiny_archs
+
+    out["bloom"] = tiny_archs.save("bloom", base / "bloom")   # attention outside the interface
     out.update(bad_stores(base, small_store))
     return out
 
@@ -110,8 +108,9 @@ CASES = {
                              ["no config.json"]),
     "model config not JSON": (lambda b, m, t, o: E(b, b["brokenconfig"], t, o),
                               ["config.json", "not valid JSON"]),
-    "unsupported architecture": (lambda b, m, t, o: E(b, b["opt"], t, o),
-                                 ["unsupported architecture 'opt'", "archs.py"]),
+    "unsupported architecture": (lambda b, m, t, o: E(b, b["bloom"], t, o),
+                                 ["'bloom' computes attention without transformers' attention "
+                                  "interface"]),
     "missing data": (lambda b, m, t, o: E(b, m, Path(t).with_name("missing.jsonl"), o),
                      ["not found"]),
     "unknown data extension": (lambda b, m, t, o: E(b, m, b["texts.csv"], o),
@@ -137,6 +136,16 @@ CASES = {
                        ["--device 'tpu0'"]),
     "out is a file": (lambda b, m, t, o: E(b, m, t, b["notafolder"]), ["is a file"]),
     "bad --shard": (lambda b, m, t, o: E(b, m, t, o, "--shard", "4/4"), ["--shard 4/4"]),
+    "sink window as long as the texts": (
+        lambda b, m, t, o: E(b, m, t, o, "--sink-k", "64", "--max-length", "32"),
+        ["--sink-k 64", "not shorter than --max-length 32", "--sink-k below 32"]),
+    "faithfulness: sink window as long as the texts": (
+        lambda b, m, t, o: ("faithfulness", "--model", m, "--data", t, "--out", o,
+                            "--sink-k", "32", "--max-length", "32"),
+        ["--sink-k 32", "not shorter than --max-length 32", "--sink-k below 32"]),
+    "run: texts of one token leave no key but the sink": (
+        lambda b, m, t, o: ("run", "--model", m, "--data", t, "--out", o, "--max-length", "1"),
+        ["--sink-k 1", "not shorter than --max-length 1", "larger --max-length"]),
     "fraction above 1": (lambda b, m, t, o: ("faithfulness", "--model", m, "--data", t,
                                              "--out", o, "--fractions", "0.1,1.5"),
                          ["--fractions", "[0, 1]"]),
@@ -204,7 +213,8 @@ def test_errors_come_before_torch_and_debug_shows_traceback(bad, tiny_model, tex
     """In a fresh interpreter: bad arguments, model specs and data fail without torch."""
     commands = [CASES[c][0](bad, tiny_model, texts, tmp_path / "o") for c in (
         "bad mode", "max-length 0", "unknown model", "non-UTF-8 txt", "JSONL line not JSON",
-        "fraction above 1", "float16 on the CPU", "model config not JSON")]
+        "fraction above 1", "float16 on the CPU", "model config not JSON",
+        "sink window as long as the texts")]
     script = ("import sys, json\nfrom attngeom.cli import main\ncodes = []\n"
               f"for argv in {json.dumps([[str(a) for a in c] for c in commands])}:\n"
               "    try:\n        codes.append(main(argv))\n"

@@ -62,3 +62,35 @@ def compact_store(tiny, tmp_path_factory):
             progress=False)
     return store
 
+
+
+@pytest.fixture(scope="session")
+def text_compact_store(tiny, tmp_path_factory):
+    """Compact store with token strings, two sink keys and a tail window of 3 (the view's)."""
+    from attngeom.extract.run import ExtractConfig, extract
+
+    store = tmp_path_factory.mktemp("compact-text") / "store"
+    extract(str(tiny["model"]), str(tiny["data"]), store,
+            ExtractConfig(mode="compact", max_length=16, sink_k=2, tail_w=3, shard_size=4),
+            progress=False)
+    return store
+
+
+def _opened_and_plain(store):
+    import view_reference
+
+    from attngeom.store import open_store
+
+    return store, open_store(store).load(), view_reference.plain(store)
+
+
+@pytest.fixture(scope="session")
+def compact_view_data(text_compact_store):
+    """(path, opened and loaded by attngeom, read by plain xarray) of text_compact_store."""
+    return _opened_and_plain(text_compact_store)
+
+
+@pytest.fixture(scope="session")
+def dense_view_data(dense_store):
+    """(path, opened and loaded by attngeom, read by plain xarray) of dense_store."""
+    return _opened_and_plain(dense_store)

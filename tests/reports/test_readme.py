@@ -90,6 +90,10 @@ def test_python_api_example_runs_on_a_real_store(compact_store):
     rate = np.nanmean(alpha0[..., 1:], axis=(0, 3))
     assert f"{int((rate > 0.3).sum())} sink heads of {rate.size}" in text
     assert "pooled_vertex" in text
+    parts = float(re.search(r"sink \+ tail \+ middle: (\S+)", text).group(1))
+    assert abs(parts - 1) < 1e-5                                   # the accessor's groups too
+    block = float(re.search(r"sink rate of a block: (\S+)", text).group(1))
+    assert 0 < block < 1
 
 
 def test_plain_xarray_snippet_opens_the_store(compact_store, monkeypatch):

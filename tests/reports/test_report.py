@@ -18,9 +18,20 @@ from attngeom import cli  # noqa: E402
 from attngeom.reports import SECTIONS, build_report  # noqa: E402
 from attngeom.reports.summary import fmt  # noqa: E402
 from attngeom.store import open_store  # noqa: E402
+from attngeom.store.options import AnalysisOptions  # noqa: E402
 
-QUIET = dict(progress=False, log=lambda m: None, n_boot=20)
 EPSILON = 0.19             # splits the tiny model's heads into sink and non-sink heads
+QUIET = dict(progress=False, log=lambda m: None, options=AnalysisOptions(n_boot=20))
+SPLIT = dict(QUIET, options=AnalysisOptions(epsilon=EPSILON, n_boot=20))
+
+
+def sig3(x) -> str:
+    """Three significant digits in plain notation, made independently of ``fmt`` (numpy's
+    Dragon4 positional formatting): the expected strings must not come from the code tested."""
+    x = float(x)
+    assert np.isfinite(x) and (x == 0 or 1e-4 <= abs(x) < 1e6), x   # fmt's plain range
+    return "0" if x == 0 else np.format_float_positional(x, precision=3, unique=False,
+                                                         fractional=False, trim="-")
 
 
 def pdf_text(path) -> str:
@@ -30,8 +41,7 @@ def pdf_text(path) -> str:
 
 @pytest.fixture(scope="module")
 def full_report(dense_store, tmp_path_factory):
-    path = build_report(dense_store, tmp_path_factory.mktemp("pdf") / "full.pdf",
-                        epsilon=EPSILON, **QUIET)
+    path = build_report(dense_store, tmp_path_factory.mktemp("pdf") / "full.pdf", **SPLIT)
     return path, pdf_text(path)
 
 
@@ -39,6 +49,9 @@ def test_format_is_three_significant_digits():
     assert [fmt(x) for x in (0.123456, -0.0441, 7624.3, 999.5, 1.5e6, 2e-5, np.nan, None,
                              -0.0)] == ["0.123", "-0.0441", "7620", "1000", "1.5e+06", "2e-05",
                                         "n/a", "n/a", "0"]
+    values = np.random.default_rng(0).uniform(-4, 5.9, 2000)
+    values = np.concatenate([10 ** values, -(10 ** values[:500]), [0.0, 99.95, 0.19]])
+    assert [fmt(x) for x in values] == [sig3(x) for x in values]
 
 
 def test_full_report_has_every_section_and_embedded_truetype_fonts(full_report):
@@ -63,10 +76,10 @@ def test_sink_heads_sentence_matches_the_store(dense_store, full_report):
     with xr.open_dataset(dense_store / "analysis" / "sinks.nc") as sinks:
         np.testing.assert_allclose(sinks["sink_rate_mean"].values, rate, rtol=1e-5)
     assert (f"Sink heads: {int(heads.sum())} of {heads.size} heads (fraction "
-            f"{fmt(heads.mean())}) attend to the sink with a mean rate above {fmt(EPSILON)}") \
+            f"{sig3(heads.mean())}) attend to the sink with a mean rate above {sig3(EPSILON)}") \
         in text
     layer = int(np.argmax(rate.mean(1)))
-    assert f"most sink-heavy layer is layer {layer} (mean sink rate {fmt(rate[layer].mean())})" \
+    assert f"most sink-heavy layer is layer {layer} (mean sink rate {sig3(rate[layer].mean())})" \
         in text
 
 
@@ -78,10 +91,10 @@ def test_analysis_sentences_quote_the_analysis_results(dense_store, full_report)
             xr.open_dataset(res / "decomposition.nc") as d:
         layer = int(s["layer"].values[int(np.argmax(s["layer_sink_rate_mean"].values))])
         v = c.sel(layer=layer)
-        assert (f"in layer {layer} the fitted vertex is α* = {fmt(v['pooled_vertex'])}, 95% CI "
-                f"[{fmt(v['pooled_vertex_ci_low'])}, {fmt(v['pooled_vertex_ci_high'])}]") in text
+        assert (f"in layer {layer} the fitted vertex is α* = {sig3(v['pooled_vertex'])}, 95% CI "
+                f"[{sig3(v['pooled_vertex_ci_low'])}, {sig3(v['pooled_vertex_ci_high'])}]") in text
         assert f"{int(c['pooled_convex'].sum())} of {c.sizes['layer']} layers" in text
-        assert (f"semantic values is {fmt(a['mean_cos'].mean())} over heads, with "
+        assert (f"semantic values is {sig3(a['mean_cos'].mean())} over heads, with "
                 f"{int(a['anti_aligned'].sum())} of {a['mean_cos'].size} heads") in text
         assert " ".join(d.attrs["verdict"].split()) in text
 
@@ -91,11 +104,11 @@ def test_faithfulness_and_drift_numbers_match_the_file(dense_store, full_report)
     with xr.open_dataset(dense_store / "faithfulness.nc", engine="h5netcdf") as f:
         f = f.load()
     drift = float(np.mean(f["drift_ppl"].values - f["clean_ppl"].values))
-    assert f"ΔPPL = {fmt(drift)}" in text
+    assert f"ΔPPL = {sig3(drift)}" in text
     comp = (f["ppl"] - f["clean_ppl"]).sel(mode="comprehensiveness", rank="signed")
     aopc = comp.mean("fraction").mean("sequence")
     for metric, label in (("attention", "attention"), ("contribution", "contribution")):
-        assert f"{label} ({fmt(aopc.sel(metric=metric))})" in text
+        assert f"{label} ({sig3(aopc.sel(metric=metric))})" in text
     assert "AOPC" in text and "Hierarchy test" in text
 
 
@@ -122,7 +135,7 @@ def test_report_command_and_one_line_errors(compact_store, dense_store, tmp_path
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("attngeom: error:") and "not a store" in err[0]
     # results of another store are refused, never overwritten
-    build_report(dense_store, tmp_path / "d.pdf", epsilon=EPSILON, **QUIET)
+    build_report(dense_store, tmp_path / "d.pdf", **SPLIT)
     assert cli.main(["report", str(compact_store), "--analysis", str(dense_store / "analysis"),
                      "--out", str(tmp_path / "x.pdf"), "--no-progress"]) == 2
     assert "another store" in capsys.readouterr().err

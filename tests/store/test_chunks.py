@@ -10,7 +10,8 @@ import pytest
 import xarray as xr
 
 from attngeom.store.chunks import ChunkEncoder, encode_chunk, fletcher32
-from attngeom.store.shards import encoding, write_netcdf_atomic, write_shard
+from attngeom.store.shards import encoding, write_shard
+from attngeom.store.writer import write_netcdf
 
 
 def fletcher32_loop(data: bytes) -> int:
@@ -96,7 +97,7 @@ def test_encoded_shard_equals_hdf5_written_shard(tmp_path, during, batches):
         start += b
         assert bool(enc.futures["tail_alpha"]) == (during > 0 and start >= 3)
     write_shard(ds, tmp_path / "new.nc", enc.finish())
-    write_netcdf_atomic(ds, tmp_path / "old.nc", encoding(ds, rows=3))
+    write_netcdf(ds, tmp_path / "old.nc", encoding(ds, rows=3))
     with xr.open_dataset(tmp_path / "new.nc") as new, xr.open_dataset(tmp_path / "old.nc") as old:
         assert new.identical(old)
     with h5py.File(tmp_path / "new.nc") as f, h5py.File(tmp_path / "old.nc") as g:

@@ -8,6 +8,8 @@ per-key and per-query tables alone sum to 1.
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -57,7 +59,13 @@ def test_parquet_dense_tables(made, tmp_path):
     assert len(q) == len(k) == L * H * n.sum()
     assert len(p) == L * H * (n * (n + 1) // 2).sum()            # causal: keys 0..i
     assert (p["key"] <= p["query"]).all()
-    assert pd.read_parquet(tmp_path / "pq" / "pairs.parquet").attrs is not None
+    import pyarrow.parquet as pq                     # every table carries the store's identity
+
+    manifest = json.loads((path / "manifest.json").read_text())
+    for table in ("per_query", "per_key", "pairs", "sequences", "tokens"):
+        meta = pq.read_schema(tmp_path / "pq" / f"{table}.parquet").metadata
+        assert meta[b"attngeom_config_hash"].decode() == manifest["config_hash"], table
+        assert json.loads(meta[b"attngeom_manifest"])["shards"] == manifest["shards"], table
     qd, kd, pd_ = ("sequence", "layer", "head", "query"), ("sequence", "layer", "head", "key"), \
         ("sequence", "layer", "head", "query", "key")
     for name in ("output_norm", "head_share", "residual_norm"):

@@ -17,7 +17,8 @@ from attngeom.cli import main
 from attngeom.store import open_store
 from attngeom.store import schema as S
 from attngeom.store.manifest import read_manifest
-from attngeom.store.ops import parse_ranges, runs, subset
+from attngeom.store.ranges import parse_ranges, runs
+from attngeom.store.subset import subset
 from attngeom.store.validate import validate
 
 
@@ -36,9 +37,10 @@ def test_parse_ranges():
     assert parse_ranges("0:4,7", range(10), "--layers") == [0, 1, 2, 3, 7]
     assert parse_ranges("7:", range(10), "--layers") == [7, 8, 9]
     assert parse_ranges(":2, 5", range(10), "--layers") == [0, 1, 5]
-    assert parse_ranges(None, [3, 5], "--layers") == [3, 5]
+    assert parse_ranges(None, [3, 5], "--layers") is None          # all of them
     assert parse_ranges("5", [3, 5], "--layers") == [5]          # labels, not positions
-    for bad in ("a", "1-3", "", ":", "0:4;7"):
+    assert parse_ranges("1-3", range(10), "--heads") == [1, 2, 3]  # inclusive, as analyze takes
+    for bad in ("a", "", ":", "0:4;7", "-3"):
         with pytest.raises(ValueError, match="half-open"):
             parse_ranges(bad, range(10), "--heads")
     with pytest.raises(ValueError, match=r"--layers 4 is not in the store \(it has 3,5\)"):

@@ -20,7 +20,8 @@ from attngeom.cli import main
 from attngeom.extract.faithfulness import FaithConfig, faithfulness
 from attngeom.extract.run import ExtractConfig, extract
 from attngeom.store.manifest import file_sha256, read_manifest, write_manifest
-from attngeom.store.ops import merge, subset
+from attngeom.store.ops import merge
+from attngeom.store.subset import subset
 from attngeom.store.validate import validate
 
 FAITH = dict(metrics=("attention", "contribution"), fractions=(0.5,), max_length=10,
@@ -140,3 +141,26 @@ def test_exports_hold_the_result_numbers(made, tmp_path, store):
         float(f["ppl"].sel(metric="contribution", rank="signed", mode="sufficiency",
                            fraction=0.5, sequence=3))
     assert "faithfulness" in (tmp_path / "p" / "README.txt").read_text()
+
+
+def test_hf_export_has_a_config_per_result_table(made, tmp_path, monkeypatch):
+    """Each set of a result's dims is a dataset config that `datasets` loads offline."""
+    import datasets
+
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    datasets.config.HF_DATASETS_OFFLINE = True
+    with xr.open_dataset(made / "both" / "faithfulness.nc", engine="h5netcdf") as f:
+        f = f.load()
+    assert main(["store", "export", str(made / "both"), "--format", "hf", "--tables",
+                 "sequences", "--out", str(tmp_path / "hub")]) == 0
+    name = "faithfulness.metric_rank_mode_fraction_sequence"
+    grid = datasets.load_dataset(str(tmp_path / "hub"), name, split="train",
+                                 cache_dir=str(tmp_path / "cache")).to_pandas()
+    assert len(grid) == f["ppl"].size
+    row = grid.set_index(["metric", "rank", "mode", "fraction", "sequence"])["ppl"]
+    assert row["attention", "magnitude", "comprehensiveness", 0.5, 1] == \
+        float(f["ppl"].sel(metric="attention", rank="magnitude", mode="comprehensiveness",
+                           fraction=0.5, sequence=1))
+    card = (tmp_path / "hub" / "README.md").read_text(encoding="utf-8")
+    assert f"config_name: \"{name}\"" in card and f["ppl"].attrs["description"] in card
+    assert (tmp_path / "hub" / "faithfulness.nc").is_file()

@@ -1,0 +1,157 @@
+"""One pass over a store for the analyses: one layer and a bounded run of sequences at a time.
+
+The layouts are hidden by the store's accessor (:mod:`attngeom.store.accessor`): each block is
+read by ``ds.attngeom.load_block`` (every variable the analyses need, in one dask computation,
+as float64) and its masks and key groups come from ``block.attngeom.groups(k, w)``
+(:class:`attngeom.store.groups.KeyGroups`). This module only plans the blocks and feeds them to
+the analyses' accumulators.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+import xarray as xr
+
+from attngeom.store import schema as S
+from attngeom.store.groups import KeyGroups
+from attngeom.store.vocab import GROUPS
+
+DEFAULT_BLOCK_ELEMENTS = 4_000_000  # float64 cells of one (sequence, head, query, key) block
+
+
+@dataclass(frozen=True)
+class StoreInfo:
+    """The options an analysis runs with, resolved against the store."""
+
+    k: int  # sink keys used by the analysis
+    w: int  # tail window used by the analysis
+    store_k: int  # sink keys the store was written with (defines residual_norm)
+    layers: tuple  # layer coordinate values analysed
+    heads: np.ndarray
+
+
+def describe(ds: xr.Dataset, k: int | None = None, w: int | None = None,
+             layers=None) -> StoreInfo:
+    """Check the store and resolve the options ``k`` (sink keys), ``w`` (tail) and ``layers``."""
+    if ds.sizes.get(S.SEQUENCE, 0) == 0:
+        raise ValueError("the store has no sequences; run `attngeom extract` into it first")
+    if S.ALPHA not in ds:
+        raise ValueError("the store has no `alpha` variable; is it an attngeom store?")
+    k, w = ds.attngeom.resolve(k, w)
+    all_layers = list(ds[S.LAYER].values)
+    if layers is None:
+        layers = all_layers
+    missing = [lay for lay in layers if lay not in all_layers]
+    if missing:
+        raise ValueError(f"layers {missing} are not in the store (it has {all_layers})")
+    return StoreInfo(k=k, w=w, store_k=ds.attngeom.sink_k, layers=tuple(layers),
+                     heads=ds[S.HEAD].values)
+
+
+def require(ds: xr.Dataset, names: list[str], what: str) -> None:
+    """Raise a one-line error when variables an analysis needs are missing."""
+    missing = [n for n in dict.fromkeys(names) if n not in ds]
+    if missing:
+        raise ValueError(f"{what} needs store variables {missing}, missing from this store")
+
+
+def valid_sequences(ds: xr.Dataset) -> np.ndarray:
+    """(sequence,) bool: sequences usable for statistics (finite activations); warns on others."""
+    ok = np.asarray(ds.attngeom.sequence_ok.values)
+    if (~ok).any():
+        warnings.warn(f"{int((~ok).sum())} sequences had non-finite activations and are "
+                      "excluded from the statistics", RuntimeWarning, stacklevel=3)
+    if not ok.any():
+        raise ValueError("no sequence of the store has finite activations; nothing to analyse")
+    return ok
+
+
+def _chunk(ds: xr.Dataset, name: str) -> int | None:
+    """Sequences per dask chunk (or per preferred chunk: the xarray engine hides dask's)."""
+    if name not in ds:
+        return None
+    chunks = ds[name].chunksizes.get(S.SEQUENCE)
+    if chunks:
+        return int(chunks[0])
+    preferred = ds[name].encoding.get("preferred_chunks", {}).get(S.SEQUENCE)
+    return int(preferred) if preferred else None
+
+
+def sequence_blocks(ds: xr.Dataset, width: int, elements: int) -> list[slice]:
+    """Contiguous sequence ranges whose (head, query, slot) arrays hold about ``elements`` cells,
+    with ``width`` key slots per query (``ds.attngeom.block_width``).
+
+    Block sizes are multiples of the store's sequence chunk when that fits, so each chunk is read
+    once per layer; otherwise blocks split each chunk evenly (dense stores read best with
+    sequence chunks no larger than a block: about ``elements / (heads * T * T)`` sequences).
+    """
+    n_seq = ds.sizes[S.SEQUENCE]
+    per_seq = max(1, ds.sizes[S.HEAD] * ds.attngeom.n_positions * width)
+    size = max(1, elements // per_seq)
+    chunk = _chunk(ds, S.ALPHA)
+    if chunk and chunk <= size:
+        size = (size // chunk) * chunk
+    elif chunk:  # blocks that split chunks evenly, never straddling two (each read once per block)
+        size = -(-chunk // -(-chunk // size))
+        return [slice(c + a, min(c + a + size, c + chunk, n_seq))
+                for c in range(0, n_seq, chunk) for a in range(0, chunk, size) if c + a < n_seq]
+    return [slice(a, min(a + size, n_seq)) for a in range(0, n_seq, size)]
+
+
+@dataclass(frozen=True)
+class Block:
+    """One layer and a contiguous run of sequences, read into memory (float64)."""
+
+    layer: object
+    sequence: np.ndarray  # (S,) positions of the block's sequences in the store
+    data: xr.Dataset  # the variables read (dims sequence, head, ...)
+    groups: KeyGroups  # masks and key groups of ``data`` with the analysis' k and w
+
+
+class Accumulator(Protocol):
+    """One analysis fed layer by layer, block by block (see :func:`run_pass`)."""
+
+    reads: tuple[str, ...]  # quantities it loads (store variables, or "ratio"; see sources)
+    groups: tuple[str, ...]  # key groups it needs key by key (a dense store then reads all keys)
+
+    def update(self, block: Block) -> None: ...
+
+    def end_layer(self, layer) -> None: ...
+
+    def result(self) -> xr.Dataset: ...
+
+
+def read_block(ds: xr.Dataset, info: StoreInfo, layer, seqs: slice, reads: list[str],
+               groups: tuple[str, ...]) -> Block:
+    """One layer and a run of sequences of the store, read in one dask computation."""
+    data = ds.attngeom.load_block(reads, layer=layer, sequences=seqs, groups=groups, k=info.k)
+    return Block(layer, np.arange(ds.sizes[S.SEQUENCE])[seqs], data,
+                 data.attngeom.groups(info.k, info.w))
+
+
+def run_pass(ds: xr.Dataset, info: StoreInfo, accumulators: list[Accumulator], *,
+             elements: int = DEFAULT_BLOCK_ELEMENTS, progress: bool = True) -> None:
+    """Feed every accumulator one layer at a time, in sequence blocks of bounded memory
+    (one block in memory at a time)."""
+    from tqdm.auto import tqdm
+
+    groups = tuple(g for g in GROUPS if any(g in a.groups for a in accumulators))
+    reads = [name for a in accumulators for name in a.reads]
+    valid_sequences(ds)
+    blocks = sequence_blocks(ds, ds.attngeom.block_width(groups, info.k, info.w), elements)
+    with tqdm(total=len(info.layers) * len(blocks), desc="analyze", unit="block",
+              disable=not progress) as bar:
+        for layer in info.layers:
+            for seqs in blocks:
+                block = None                       # free the last block before reading
+                block = read_block(ds, info, layer, seqs, reads, groups)
+                for acc in accumulators:
+                    acc.update(block)
+                bar.update(1)
+            block = None
+            for acc in accumulators:
+                acc.end_layer(layer)

@@ -1,0 +1,400 @@
+"""Writing stores: the one module that creates, fills and finishes a store folder.
+
+A store folder holds ``manifest.json``, ``shards/shard-NNNNN.nc``, ``README.txt`` and result
+files ``<name>.nc`` (faithfulness) with, while one is computed, ``<name>.partial/``. Every
+file is written under a temporary name, fsynced and renamed, so a file with its final name is
+always whole; each shard and result file is recorded in the manifest with its sha256 after
+it is written. A rerun removes the temporaries an interrupted run left.
+
+Extraction, merge and subset::
+
+    writer = StoreWriter.create(out, config, n_sequences, extra)   # new, or resumed
+    done = writer.finished()             # first sequence of every verified shard
+    writer.add_shard(ds, index)          # one block of sequences as a Dataset
+    writer.finish()                      # counts, complete, manifest.json, README.txt
+
+Result files (``attngeom faithfulness``)::
+
+    partial = open_partial(out, name, config, force=force)   # None: already complete
+    partial.write_block(ds, start, stop) / partial.read_block(start, stop)
+    record_result(out, name, ds, config, versions, partial)
+
+Files outside a store (analysis results): :func:`write_netcdf`, :func:`write_bytes`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Callable, Iterable, Mapping, Sequence
+
+import numpy as np
+import xarray as xr
+
+from . import schema as S
+from .chunks import Encoded
+from .manifest import (MANIFEST, StoreError, canonical, config_difference, config_hash,
+                       file_sha256, fsync_dir, new_manifest, now, read_manifest, temporary_name,
+                       write_error, write_manifest)
+from .readme import write_readme
+from .results import FAITH_ONLY, entries, result_file
+from .shards import SHARD_DIR, layout_problem, shard_attrs, shard_name, write_file, write_shard
+
+Log = Callable[[str], None]
+
+
+# ------------------------------------------------------------------ files
+def write_bytes(path: str | Path, data: bytes | memoryview) -> None:
+    """Write ``data`` to ``path`` atomically (temporary file, fsync, rename, folder fsync)."""
+    write_file(path, data)
+
+
+def write_netcdf(ds: xr.Dataset, path: str | Path, encoding: dict | None = None) -> None:
+    """Write ``ds`` as netCDF4/HDF5 (h5netcdf) to ``path`` atomically and fsynced.
+
+    Built in memory first: a failed write (disk full, read-only folder) raises
+    StoreWriteError naming ``path`` and leaves nothing behind.
+    """
+    write_file(path, ds.to_netcdf(None, engine="h5netcdf", encoding=encoding or {},
+                                  invalid_netcdf=False))
+
+
+def copy_file(src: str | Path, dst: str | Path, link: bool = False) -> None:
+    """Copy (or, with ``link``, hard-link where the filesystem allows) ``src`` to ``dst``
+    atomically. A symbolic link is followed: ``dst`` is always a file of its own."""
+    src, dst = Path(src), Path(dst)
+    tmp = temporary_name(dst)
+    try:
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            if not link:
+                raise OSError
+            os.link(src.resolve(), tmp)          # link() itself would link a symlink
+        except OSError:
+            shutil.copyfile(src, tmp)
+            with open(tmp, "rb+") as f:
+                os.fsync(f.fileno())
+        os.replace(tmp, dst)
+    except OSError as exc:
+        raise write_error(dst, exc) from exc
+    finally:
+        tmp.unlink(missing_ok=True)
+    fsync_dir(dst.parent)
+
+
+def remove_temporaries(folder: str | Path) -> int:
+    """Delete the temporary files (``.NAME.tmp-PID``) an interrupted run left; return how many."""
+    n = 0
+    for pattern in (f"{SHARD_DIR}/.*.tmp-*", ".*.tmp-*", "*.partial/.*.tmp-*"):
+        for tmp in Path(folder).glob(pattern):
+            tmp.unlink(missing_ok=True)
+            n += 1
+    return n
+
+
+def _check_new(path: Path, inputs: Iterable[str | Path]) -> None:
+    if any(path.resolve() == Path(s).resolve() for s in inputs):
+        raise StoreError(f"--out {path} is one of the input stores; choose a new directory")
+    if path.exists() and (not path.is_dir() or any(path.iterdir())):
+        raise StoreError(f"--out {path} exists and is not empty; choose a new directory")
+
+
+def _only_temporaries(folder: Path) -> bool:
+    return all(p.name.startswith(".") and ".tmp-" in p.name for p in folder.iterdir())
+
+
+# ------------------------------------------------------------------ stores
+class StoreWriter:
+    """A store being written; its manifest is rewritten after every shard.
+
+    Make one with :meth:`create` (extraction: a new store, or the one an interrupted run of the
+    same config left) or :meth:`new` (merge, subset: always a new, empty folder).
+    """
+
+    def __init__(self, path: Path, manifest: dict):
+        self.path, self.manifest = Path(path), manifest
+        self.attrs = shard_attrs(manifest) if "mode" in manifest["config"]["options"] else {}
+
+    @classmethod
+    def create(cls, path: str | Path, config: dict, n_sequences: int, extra: dict | None = None,
+               log: Log | None = None) -> "StoreWriter":
+        """Resume the store at ``path`` made with ``config``, or start it there.
+
+        Raises StoreError when ``path`` is a store of another config, or a folder that is not a
+        store and not empty.
+        """
+        path = Path(path)
+        if (path / MANIFEST).exists():
+            manifest = read_manifest(path)
+            diff = config_difference(manifest["config"], config)
+            if diff:
+                raise StoreError(f"{path} was made with other settings ({diff}); "
+                                 "use another --out or the original options")
+            removed = remove_temporaries(path)
+            if removed and log:
+                log(f"attngeom: removed {removed} temporary file(s) of an interrupted run")
+            return cls(path, manifest)
+        if path.exists() and not path.is_dir():
+            raise StoreError(f"{path} is a file; choose a folder for --out")
+        if path.exists() and not _only_temporaries(path):
+            raise StoreError(f"{path} exists and is not an attngeom store; choose an empty --out")
+        return cls._start(path, new_manifest(config, n_sequences, extra))
+
+    @classmethod
+    def new(cls, path: str | Path, config: dict, n_sequences: int, extra: dict | None = None,
+            inputs: Iterable[str | Path] = ()) -> "StoreWriter":
+        """Start a store in the new or empty folder ``path`` (never one of ``inputs``)."""
+        _check_new(Path(path), inputs)
+        return cls._start(Path(path), new_manifest(config, n_sequences, extra))
+
+    @classmethod
+    def _start(cls, path: Path, manifest: dict) -> "StoreWriter":
+        if path.exists():
+            remove_temporaries(path)                 # of a run killed while creating it
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise write_error(path, exc) from exc
+        write_manifest(path, manifest)
+        return cls(path, manifest)
+
+    @property
+    def config_hash(self) -> str:
+        return self.manifest["config_hash"]
+
+    @property
+    def sequences_done(self) -> int:
+        """Sequences in the recorded shards."""
+        return sum(hi - lo for lo, hi in (e["sequences"] for e in self.manifest["shards"]))
+
+    def finished(self) -> set[int]:
+        """First sequence of every recorded shard whose file exists with its checksum; the
+        others are forgotten (their sequences are extracted again)."""
+        done = set()
+        for entry in self.manifest["shards"]:
+            path = self.path / entry["file"]
+            if path.is_file() and file_sha256(path) == entry["sha256"]:
+                done.add(entry["sequences"][0])
+        self.manifest["shards"] = [e for e in self.manifest["shards"]
+                                   if e["sequences"][0] in done]
+        return done
+
+    def add_shard(self, ds: xr.Dataset, index: int,
+                  encoded: Mapping[str, Encoded] | None = None) -> dict:
+        """Write ``ds`` (one block of sequences, numbered as in the store) as shard ``index``.
+
+        The shard gets the store's attributes; its layout is checked against the manifest
+        first (ValueError naming the difference). ``encoded``: variables whose chunks are
+        compressed already (:func:`attngeom.store.shards.write_shard`). Returns the entry.
+        """
+        encoded = dict(encoded or {})
+        dims = {n: v.dims for n, v in ds.data_vars.items()} | {n: e.dims
+                                                               for n, e in encoded.items()}
+        labels = {d: ds[d].values for d in ds.dims if d in ds.coords}
+        why = layout_problem(self.manifest, dims, labels)
+        if why:
+            raise ValueError(f"shard {index} does not fit the store {self.path}: {why}")
+        seq = np.asarray(ds[S.SEQUENCE].values)
+        lo, hi = int(seq[0]), int(seq[0]) + len(seq)
+        if not np.array_equal(seq, np.arange(lo, hi)):
+            raise ValueError(f"shard {index}: sequences must be consecutive, got {seq[:5]}...")
+        ds = ds.copy(deep=False)
+        ds.attrs = dict(self.attrs)
+        name = shard_name(index)
+        write_shard(ds, self.path / name, encoded)
+        return self._record({"file": name, "sequences": [lo, hi],
+                             "sha256": file_sha256(self.path / name),
+                             "truncated": int(ds["truncated"].sum()),
+                             "nonfinite": int((ds["finite"] == 0).sum())})
+
+    def add_file(self, src: str | Path, entry: dict, index: int, copy: bool = False) -> dict:
+        """Shard ``index`` is the file ``src`` of another store of the same config (recorded
+        there as ``entry``), hard-linked (``copy``: copied) after its checksum is verified."""
+        src = Path(src)
+        if file_sha256(src) != entry["sha256"]:
+            raise StoreError(f"{src}: checksum mismatch (damaged); run `attngeom store "
+                             "validate` and re-extract that shard")
+        name = shard_name(index)
+        copy_file(src, self.path / name, link=not copy)
+        return self._record(dict(entry, file=name))
+
+    def _record(self, entry: dict) -> dict:
+        self.manifest["shards"].append(entry)
+        self.manifest["shards"].sort(key=lambda e: e["sequences"][0])
+        write_manifest(self.path, self.manifest)
+        return entry
+
+    def finish(self, results: Sequence[tuple[Path, dict]] = ()) -> dict:
+        """Copy the faithfulness results of ``results`` (store, manifest), count, mark the
+        store complete, write manifest.json and README.txt; return the manifest."""
+        found = _copy_results(self.path, results)
+        if found:
+            self.manifest["faithfulness"] = found
+        shards = self.manifest["shards"]
+        counts = self.manifest.setdefault("counts", {})
+        counts["truncated"] = sum(e["truncated"] for e in shards)
+        counts["nonfinite"] = sum(e["nonfinite"] for e in shards)
+        self.manifest["complete"] = True
+        write_manifest(self.path, self.manifest)
+        write_readme(self.path, self.manifest)
+        return self.manifest
+
+
+def _copy_results(out: Path, sources: Sequence[tuple[Path, dict]]) -> dict[str, dict]:
+    """Copy the result files of ``sources`` into ``out`` (checksums verified); a name held by
+    several inputs is kept once (:func:`attngeom.store.results.conflict` refuses others)."""
+    kept: dict[str, dict] = {}
+    for store, manifest in sources:
+        for name, entry in entries(manifest).items():
+            if name in kept:
+                continue
+            src = result_file(store, entry)
+            if not src.is_file() or file_sha256(src) != entry.get("sha256"):
+                raise StoreError(f"{src}: faithfulness result missing or damaged; run "
+                                 f"`attngeom store validate {store}`")
+            copy_file(src, out / src.name)
+            kept[name] = dict(entry)
+    return kept
+
+
+def results_only(path: str | Path, model: dict, data: dict, options: dict,
+                 extra: dict | None = None, inputs: Iterable[str | Path] = ()) -> StoreWriter:
+    """A new store for result files only (no shards; merge of results-only stores)."""
+    _check_new(Path(path), inputs)
+    return StoreWriter._start(Path(path), _results_manifest(model, data, options, extra))
+
+
+def _results_manifest(model: dict, data: dict, options: dict, extra: dict | None) -> dict:
+    """The manifest of a store holding result files only: ``options`` identify them."""
+    return new_manifest({"model": model, "data": data, "options": {"faithfulness": options}}, 0,
+                        {"counts": {}, **(extra or {}), "kind": FAITH_ONLY})
+
+
+# ------------------------------------------------------------------ result files
+RESULT_ENCODING = {"zlib": True, "complevel": 4}
+
+
+def result_path(out: str | Path, name: str) -> Path:
+    return Path(out) / f"{name}.nc"
+
+
+def _write_result(ds: xr.Dataset, path: Path) -> None:
+    write_netcdf(ds, path, {n: dict(RESULT_ENCODING) for n, v in ds.data_vars.items()
+                            if v.dtype != object and v.ndim > 0})
+
+
+class Partial:
+    """The finished blocks of a result being computed: ``<out>/<name>.partial/``.
+
+    Each block of units ``[start, stop)`` is one netCDF file written atomically; the run's
+    config is kept in ``config.json``. A block that cannot be read is recomputed.
+    """
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+
+    def _block(self, start: int, stop: int) -> Path:
+        return self.path / f"block-{start:07d}-{stop:07d}.nc"
+
+    def write_block(self, ds: xr.Dataset, start: int, stop: int) -> None:
+        _write_result(ds, self._block(start, stop))
+
+    def read_block(self, start: int, stop: int) -> xr.Dataset | None:
+        """A finished block, or None (missing or unreadable: it is recomputed)."""
+        path = self._block(start, stop)
+        if not path.is_file():
+            return None
+        try:
+            with xr.open_dataset(path, engine="h5netcdf") as f:
+                return f.load()
+        except (OSError, ValueError):
+            path.unlink(missing_ok=True)
+            return None
+
+    def discard(self) -> None:
+        shutil.rmtree(self.path, ignore_errors=True)
+
+
+def open_partial(out: str | Path, name: str, config: dict, force: bool = False,
+                 log: Log = print) -> Partial | None:
+    """Where to compute the result ``<out>/<name>.nc`` of ``config``: the blocks an
+    interrupted run of the same config left, or a new partial folder; None when the result
+    is complete already (recorded with this config and checksum).
+
+    Raises StoreError for a store of another model, a result of other settings (unless
+    ``force``), an interrupted run of other settings (unless ``force``), or a folder that is
+    neither a store nor empty.
+    """
+    out = Path(out)
+    final, partial = result_path(out, name), Partial(out / f"{name}.partial")
+    if out.is_dir():
+        remove_temporaries(out)
+    if (out / MANIFEST).exists():
+        if _complete(out, name, config, force, log):
+            partial.discard()                     # a run killed after its manifest left it
+            return None
+    elif out.exists() and set(p.name for p in out.iterdir()) - {final.name, partial.path.name}:
+        raise StoreError(f"{out} exists and is not an attngeom store; choose an empty --out")
+    saved = partial.path / "config.json"
+    if partial.path.exists():
+        try:
+            old = json.loads(saved.read_text()) if saved.is_file() else None
+        except (OSError, UnicodeDecodeError, ValueError):
+            old = None                             # damaged: start the partial run over
+        if old is not None and canonical(old) == canonical(config) and not force:
+            done = len(list(partial.path.glob("block-*.nc")))
+            log(f"attngeom: resuming an interrupted run ({done} block(s) done)")
+        elif old is None or force:
+            partial.discard()
+        else:
+            raise StoreError(f"{partial.path}: an interrupted run with other settings "
+                             f"({config_difference(old, config)}); rerun it with its options, "
+                             "or pass --force to discard it")
+    if not saved.is_file():
+        write_bytes(saved, json.dumps(config, sort_keys=True).encode())
+    return partial
+
+
+def _complete(out: Path, name: str, config: dict, force: bool, log: Log) -> bool:
+    """True when ``out``'s manifest records result ``name`` of ``config`` and its file is intact."""
+    manifest = read_manifest(out)
+    had = manifest["config"].get("model", {}).get("weight_fingerprint")
+    if had and had != config["model"]["weight_fingerprint"]:
+        other = manifest["config"]["model"].get("id")
+        raise StoreError(f"{out} holds results of another model ({other}); use another --out")
+    entry = entries(manifest).get(name)
+    final = result_path(out, name)
+    if not entry or not final.is_file() or force:
+        return False
+    if canonical(entry["config"]) == canonical(config) and file_sha256(final) == entry["sha256"]:
+        log(f"attngeom: {final} is already complete with these settings")
+        return True
+    diff = config_difference(entry["config"], config) or "checksum"
+    raise StoreError(f"{final} exists with other settings ({diff}); pass --force to "
+                     "replace it, or --name to keep both")
+
+
+def record_result(out: str | Path, name: str, ds: xr.Dataset, config: dict, versions: dict,
+                  partial: Partial | None = None) -> Path:
+    """Write the result ``<out>/<name>.nc``, record it in the manifest (a results-only store
+    is made when ``out`` is not a store yet), rewrite README.txt, discard ``partial``."""
+    out = Path(out)
+    final = result_path(out, name)
+    _write_result(ds, final)
+    entry = {"file": final.name, "sha256": file_sha256(final), "config": config,
+             "config_hash": config_hash(config), "created": now(),
+             "versions": versions}
+    if (out / MANIFEST).exists():
+        manifest = read_manifest(out)
+    else:
+        manifest = _results_manifest(config["model"], config["data"], config["options"],
+                                     {"versions": versions})
+        manifest["complete"] = True             # holds no extraction shards, by design
+    manifest.setdefault("faithfulness", {})[name] = entry
+    write_manifest(out, manifest)
+    write_readme(out, manifest)                 # README.txt now lists this result too
+    if partial is not None:
+        partial.discard()
+    return final

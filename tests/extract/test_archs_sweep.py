@@ -1,0 +1,210 @@
+"""The architecture sweep: every tiny config of ``tests/tiny_archs.py`` through attngeom.
+
+Supported ones: dense and compact measurements, with padding in the batch, against the
+independent float64 reference built from the modelling file's own eager attention
+(``reference.eager_measure``: alpha as eager returns it, the values eager received, W_O named per
+architecture by the test), to 1e-5 relative to max(1, |reference|). The reference first checks
+itself: sum_h sum_j alpha v~ + b_O must be the named projection's real output. Refused ones must
+give their one-line reason. The README's "Supported architectures" table must be the one
+``coverage_table`` writes from these results.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import sys
+from pathlib import Path
+
+if __name__ == "__main__":                    # run as a script: the helpers live in tests/
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numpy as np
+import pytest
+
+import reference as ref
+from reference import close
+import tiny_archs as ta
+from store_helpers import PER_TOKEN, cancellation, expected_compact
+from attngeom.extract.archs import Unsupported, discover
+from attngeom.extract.capture import measure
+from attngeom.extract.measure import Options
+
+SINK_K, TAIL_W = 1, 4
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@functools.lru_cache(maxsize=None)
+def _model(name: str):
+    return ta.build(name)
+
+
+@functools.lru_cache(maxsize=None)
+def _reference(name: str):
+    model = _model(name)
+    return ref.eager_measure(model, ta.inputs(name), ta.ARCHS[name].w_o, sink_k=SINK_K)
+
+
+def _defined(r: dict, inputs: dict) -> np.ndarray:
+    """(B, L, H, T) cells where the sink's value is a real token's (always, right padding)."""
+    return ~np.isnan(r["value_norm"])
+
+
+@pytest.mark.parametrize("name", ta.SUPPORTED)
+def test_measurements_equal_the_eager_reference(name):
+    model = _model(name)
+    inputs = ta.inputs(name)
+    r, calls = _reference(name)
+    arch = discover(model)
+    assert len(arch.layers) == len(calls) == 2
+    for call in calls:                       # the reference's own W_O and values are right
+        assert ref.eager_reconstruction_error(call) < 1e-5 * max(
+            1.0, float(np.abs(call.module_output).max())), name
+    learned = arch.learned_sinks
+    assert learned == (name == "gpt_oss")
+    dense = measure(model, inputs, Options("dense", SINK_K, TAIL_W))
+    compact = measure(model, inputs, Options("compact", SINK_K, TAIL_W))
+    names = [n for n in r if n != "learned_sink_alpha"] + (["learned_sink_alpha"] if learned else [])
+    for n in names:
+        scale = cancellation(r) if n == "sink_residual_cosine" else 1.0
+        close(dense[n], r[n], f"{name} dense {n}", scale)
+        if n in PER_TOKEN or n == "learned_sink_alpha":
+            close(compact[n], r[n], f"{name} compact {n}", scale)
+    if not learned:
+        assert "learned_sink_alpha" not in dense and np.allclose(r["learned_sink_alpha"][
+            ~np.isnan(r["learned_sink_alpha"])], 0, atol=1e-6)
+    want = expected_compact(r, SINK_K, TAIL_W)
+    if learned:
+        want["middle_alpha"] = want["middle_alpha"]          # real keys only: unchanged
+    for n, x in want.items():
+        close(compact[n], x, f"{name} compact {n}")
+
+
+def test_gpt_oss_learned_sink_takes_mass_and_contributions_still_sum_to_one():
+    """learned_sink_alpha = the weight eager gives the sink (1 - sum of its real-key
+    probabilities); alpha over real keys + the learned sink = 1; c over real keys sums to 1."""
+    model, inputs = _model("gpt_oss"), ta.inputs("gpt_oss")
+    r, calls = _reference("gpt_oss")
+    eager_sink = np.stack([1.0 - c.alpha.sum(-1) for c in calls], 1)        # (B, L, H, T)
+    real = ~np.isnan(r["output_norm"])
+    assert eager_sink[real].mean() > 0.05                                    # the sink bites
+    dense = measure(model, inputs, Options("dense", SINK_K, TAIL_W))
+    close(dense["learned_sink_alpha"][real], eager_sink[real], "learned_sink_alpha")
+    total = np.nansum(dense["alpha"], -1) + dense["learned_sink_alpha"]
+    np.testing.assert_allclose(total[real], 1.0, atol=1e-5)
+    np.testing.assert_allclose(np.nansum(dense["contribution"], -1)[real], 1.0, atol=1e-4)
+    compact = measure(model, inputs, Options("compact", SINK_K, TAIL_W))
+    parts = (np.nansum(compact["alpha"], -1) + np.nansum(compact["tail_alpha"], -1)
+             + compact["middle_alpha"] + compact["learned_sink_alpha"])
+    np.testing.assert_allclose(parts[real], 1.0, atol=1e-5)
+    summed = (np.nansum(compact["contribution"], -1) + np.nansum(compact["tail_contribution"], -1)
+              + compact["middle_contribution"])
+    np.testing.assert_allclose(summed[real], 1.0, atol=1e-5)
+
+
+def test_removal_leaves_the_learned_sink_weight():
+    """Faithfulness removal on gpt-oss: alpha over real keys is eager's (the learned sink keeps
+    its share, no renormalisation; at layer 0, before any removal changed the inputs), and
+    removing every real key leaves z = 0 (the sink carries no value)."""
+    from attngeom.extract.interventions import Intervener, Removal, forward_logits
+
+    model, inputs = _model("gpt_oss"), ta.inputs("gpt_oss")
+    _, calls = _reference("gpt_oss")
+    trace: list = []
+    forward_logits(model, inputs, Intervener(model, Removal("attention", "comprehensiveness",
+                                                            1.0), trace=trace))
+    real = inputs["attention_mask"].bool().numpy()
+    for t, call in zip(trace, calls):
+        alpha = t["alpha"].numpy()                                   # (B, H, T, T) float64
+        if t["layer"] == 0:
+            close(np.where(real[:, None, :, None], alpha, np.nan),
+                  np.where(real[:, None, :, None], call.alpha, np.nan), "clean alpha")
+        assert (alpha.sum(-1)[real[:, None].repeat(4, 1)] < 1 - 1e-3).all()
+        assert np.abs(t["z"].numpy()[real[:, None].repeat(4, 1)]).max() == 0.0
+
+
+@pytest.mark.parametrize("name", ta.REFUSED)
+def test_refused_with_its_reason(name):
+    try:
+        model = ta.build(name)
+    except Exception as exc:                   # noqa: BLE001 - the config itself must build
+        pytest.fail(f"{name}: the tiny config does not build ({exc})")
+    with pytest.raises(Unsupported) as info:
+        discover(model)
+    message = str(info.value)
+    assert "\n" not in message and ta.ARCHS[name].refused in message, message
+
+
+DECODERS = [n for n in ta.SUPPORTED if ta.ARCHS[n].kind == "decoder"]
+
+
+@pytest.mark.parametrize("name", DECODERS)
+def test_faithfulness_runs_on_every_decoder(name):
+    """The removal handler's clean pass is the model itself (its own logits), and removing the
+    top half of keys by contribution changes them: faithfulness runs on this decoder."""
+    import torch
+
+    from attngeom.extract.interventions import Intervener, Removal, forward_logits
+
+    model, inputs = _model(name), ta.inputs(name)
+    real = inputs["attention_mask"].bool()
+    with torch.no_grad():
+        want = model(**inputs, use_cache=False).logits[real]
+    clean = forward_logits(model, inputs, Intervener(model))[real]
+    scale = float(want.abs().max())
+    assert float((clean - want).abs().max()) < 1e-4 * max(1.0, scale), name
+    removed = forward_logits(model, inputs, Intervener(
+        model, Removal("contribution", "comprehensiveness", 0.5)))[real]
+    assert float((removed - want).abs().max()) > 1e-3 * max(1.0, scale), name
+
+
+def coverage_rows() -> list[tuple[str, str, str]]:
+    """(architecture, status, notes or reason) of every sweep entry, from the sweep's models."""
+    rows = []
+    for name, arch in ta.ARCHS.items():
+        if arch.refused is None:
+            found = discover(_model(name))
+            kind = {"decoder": "exact, dense and compact; faithfulness", "encoder":
+                    "exact, dense and compact", "vision": "exact, dense and compact"}[arch.kind]
+            rows.append((name, kind, ", ".join(found.notes)))
+        else:
+            try:
+                discover(ta.build(name))
+                reason = "?"
+            except Unsupported as exc:
+                reason = str(exc)
+            rows.append((name, "refused", reason))
+    return rows
+
+
+def coverage_table(rows) -> str:
+    """The README's table (markdown) of :func:`coverage_rows`."""
+    cell = lambda s: s.replace("|", "\\|")                              # noqa: E731
+    lines = ["| architecture | status | notes |", "|---|---|---|"]
+    lines += [f"| `{a}` | {cell(s)} | {cell(n)} |" for a, s, n in rows]
+    return "\n".join(lines)
+
+
+BEGIN, END = "<!-- architectures:begin -->", "<!-- architectures:end -->"
+
+
+def test_readme_table_is_the_sweep():
+    """README.md's "Supported architectures" table is generated from this sweep; rewrite it
+    with ``python tests/extract/test_archs_sweep.py --write``."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    found = re.search(re.escape(BEGIN) + r"\n(.*?)" + re.escape(END), text, re.S)
+    assert found, "README.md lacks the architectures table markers"
+    assert found.group(1) == coverage_table(coverage_rows()) + "\n", (
+        "README.md's architecture table is stale: run python tests/extract/test_archs_sweep.py "
+        "--write")
+
+
+if __name__ == "__main__":                    # rewrite README.md's table from the sweep
+    readme = ROOT / "README.md"
+    text = readme.read_text(encoding="utf-8")
+    table = coverage_table(coverage_rows())
+    new = re.sub(re.escape(BEGIN) + r"\n.*?" + re.escape(END),
+                 lambda m: f"{BEGIN}\n{table}\n{END}", text, flags=re.S)
+    if "--write" in sys.argv:
+        readme.write_text(new, encoding="utf-8")
+    print(table)
