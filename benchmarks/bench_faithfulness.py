@@ -1,12 +1,14 @@
-"""Faithfulness sweep cost per (metric, fraction); one JSON object per line.
+"""Faithfulness sweep cost: one pass per (metric, mode) against a plain eager forward, before/after.
 
-One forward pass of a random-init SmolLM2-135M-shaped Llama per condition, through
+One forward pass of a random-init SmolLM2-135M-shaped Llama per case, through
 ``attngeom.extract.interventions.Intervener`` (the handler the sweep uses), interleaved and
-repeated against a plain SDPA and eager forward and the clean and sink-zeroed (drift) passes.
-A sweep costs, per batch, one clean pass, one drift pass and one pass per (metric, rank, mode,
-fraction), so ``ratio_paired`` to eager is the price of each condition.
+repeated against a plain eager and SDPA forward of the same batch, at each length. ``after`` is
+the current code; ``before`` (``--before``) the code until 2026-12 kept here as
+:class:`SortedFloat64`: attention, scores and head outputs in float64 and a full stable sort of
+every ranking row at every layer. A sweep costs, per batch, one clean pass, one drift pass and
+one pass per (metric, rank, mode, fraction), so ``ratio_paired`` to eager is the price of each.
 
-    python benchmarks/bench_faithfulness.py --fractions 0.1,0.5 --length 256
+    python benchmarks/bench_faithfulness.py --lengths 128,512 --batches 8,8 --before 128
 """
 
 from __future__ import annotations
@@ -19,40 +21,98 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import (SMOLLM2, emit, interleaved, log, machine, random_llama,  # noqa: E402
                      random_tokens, summarize)
 
+MODES = ("comprehensiveness", "sufficiency")
+
 
 def available() -> str | None:
     try:
         from attngeom.extract.interventions import (METRICS, Intervener,  # noqa: F401
                                                     Removal, forward_logits)  # noqa: F401
+        from attngeom.extract.selection import Workspace  # noqa: F401
     except ImportError as exc:
         return f"attngeom.extract.interventions is not available yet ({exc})"
     return None
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--layers", type=int, default=30)
-    p.add_argument("--length", type=int, default=256)
-    p.add_argument("--batch", type=int, default=2)
-    p.add_argument("--fractions", default="0.1,0.5")
-    p.add_argument("--metrics", default=None, help="default: every metric")
-    p.add_argument("--mode", default="comprehensiveness")
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--threads", type=int, default=None)
-    a = p.parse_args(argv)
-    emit({"bench": "faithfulness", "section": "machine", **machine()})
-    why = available()
-    if why:
-        emit({"bench": "faithfulness", "skipped": why})
-        return 0
+def sorted_float64():
+    """The handler as it was before the fast path (main at the merge into wip-f: git babccdb plus
+    learned sinks, extract/interventions.py)."""
     import torch
 
-    from attngeom.extract.interventions import METRICS, Intervener, Removal, forward_logits
+    from attngeom.extract.geometry import attention_probs, norm_from_gram, repeat_kv
+    from attngeom.extract.interventions import Intervener, eligible_keys
+    from attngeom.extract.selection import n_remove, stable_select
 
-    if a.threads:
-        torch.set_num_threads(a.threads)
-    model = random_llama(SMOLLM2, layers=a.layers)
-    batch = random_tokens(a.batch, a.length, SMOLLM2["vocab_size"])
+    def finite(x):
+        big = torch.finfo(x.dtype).max
+        return torch.nan_to_num(x, nan=0.0, posinf=big, neginf=-big)
+
+    def scores(metric, alpha, vf, z, proj):
+        if metric == "attention":
+            return alpha
+        if metric in ("value_weighted", "value_weighted_normalized"):
+            s = alpha * norm_from_gram(vf, proj.gram)[1][:, :, None, :]
+            if metric == "value_weighted_normalized":
+                s = s / norm_from_gram(z, proj.gram)[1][..., None]
+            return finite(s)
+        if metric == "contribution":
+            zg, on = norm_from_gram(z, proj.gram)
+            return finite(alpha * (zg @ vf.transpose(-1, -2)) / on.square()[..., None])
+        B, H, T, dh = z.shape
+        o = z.transpose(1, 2).reshape(B, T, H * dh) @ proj.weight
+        u = (o @ proj.weight.T).view(B, T, H, dh).transpose(1, 2)
+        return finite(alpha * (u @ vf.transpose(-1, -2)) / o.square().sum(-1)[:, None, :, None])
+
+    def last(s, e, fraction, mode):
+        return stable_select(s, e, n_remove(e.sum(-1), fraction), mode)
+
+    def select(score, eligible, fraction, mode, rank, granularity):
+        B, H, T, Tk = score.shape
+        e = eligible.expand(B, H, T, Tk)
+        if granularity == "token":
+            s = score.masked_fill(~e, 0.0).sum(1)
+            s = s.abs() if rank == "magnitude" else s
+            return last(s, e.any(1), fraction, mode)[:, None] & e
+        s = score.abs() if rank == "magnitude" else score
+        if granularity == "head":
+            return last(s, e, fraction, mode)
+        flat = lambda x: x.permute(0, 2, 3, 1).reshape(B, T, Tk * H)    # noqa: E731
+        return last(flat(s), flat(e), fraction, mode).view(B, T, Tk, H).permute(0, 3, 1, 2)
+
+    class SortedFloat64(Intervener):
+        def attend(self, call):
+            layer, query, key, value = call.index, call.query, call.key, call.value
+            B, H, T, _ = query.shape
+            proj = self.projection(layer)
+            mask = self.token_mask
+            mask = (torch.ones(B, T, dtype=torch.bool) if mask is None else mask)
+            allowed = call.allowed & mask[:, None, None, :]
+            alpha, _ = attention_probs(query, repeat_kv(key, H), call.scaling, allowed,
+                                       call.softcap, call.sinks, dtype=torch.float64)
+            vf = repeat_kv(value, H).double()
+            weights, r = alpha, self.removal
+            if r is not None and (r.layers is None or layer in r.layers):
+                score = scores(r.metric, alpha, vf, alpha @ vf, proj)
+                remove = select(score, eligible_keys(allowed, mask), r.fraction, r.mode,
+                                r.rank, r.granularity)
+                weights = alpha.masked_fill(remove, 0.0)
+            v_used = vf
+            if self.sink_k is not None:
+                v_used = vf.clone()
+                v_used[:, :, : self.sink_k] = 0.0
+            return (weights @ v_used).to(query.dtype)
+
+    return SortedFloat64
+
+
+def cases_for(model, batch, metrics, fractions, before: bool) -> dict:
+    import torch
+
+    from attngeom.extract.interventions import Intervener, Removal, forward_logits
+    from attngeom.extract.selection import Workspace
+
+    shared, work = {}, Workspace()          # as compute_block shares them between passes
+    old = sorted_float64() if before else None
 
     def plain(impl):
         def run():
@@ -61,24 +121,84 @@ def main(argv=None) -> int:
                 model(**batch, use_cache=False)
         return run
 
-    def through(**kw):
-        return lambda: forward_logits(model, batch, Intervener(model, **kw))
+    def through(cls=Intervener, **kw):
+        extra = {"workspace": work} if cls is Intervener else {}
+        return lambda: forward_logits(model, batch, cls(model, projections=shared, **extra, **kw))
 
-    cases = {"sdpa": plain("sdpa"), "eager": plain("eager"), "clean": through(),
-             "drift": through(sink_k=1)}
-    metrics = a.metrics.split(",") if a.metrics else list(METRICS)
+    cases = {"eager": plain("eager"), "sdpa": plain("sdpa"), "clean/after": through(),
+             "drift/after": through(sink_k=1)}
+    if before:
+        cases.update({"clean/before": through(old), "drift/before": through(old, sink_k=1)})
     for metric in metrics:
-        for fraction in (float(x) for x in a.fractions.split(",")):
-            cases[f"{metric}@{fraction:g}"] = through(
-                removal=Removal(metric, a.mode, fraction))
-    times = interleaved(cases, a.repeats, warmup=1, log=log)
-    stats = summarize(times, "eager", a.length * a.batch)
-    for name, rec in stats.items():
-        metric, _, fraction = name.partition("@")
-        emit({"bench": "faithfulness", "case": name, "metric": metric if fraction else None,
-              "fraction": float(fraction) if fraction else None, "mode": a.mode,
-              "layers": a.layers, "length": a.length, "batch": a.batch,
-              "threads": torch.get_num_threads(), "baseline": "eager", **rec})
+        for mode in MODES:
+            for p in fractions:
+                removal = Removal(metric, mode, p)
+                cases[f"{metric}@{p:g}/{mode}/after"] = through(removal=removal)
+                if before:
+                    cases[f"{metric}@{p:g}/{mode}/before"] = through(old, removal=removal)
+    return cases
+
+
+def table(stats: dict, length: int, batch: int) -> list[str]:
+    """Markdown rows: case, after and before median CPU s and paired CPU ratio to eager."""
+    rows = [f"\n### T = {length}, batch {batch} (CPU time; ratio = paired median vs eager)\n",
+            "| case | after s | after / eager | before s | before / eager |",
+            "|---|---|---|---|---|"]
+    names = sorted({n.rsplit("/", 1)[0] for n in stats if "/" in n},
+                   key=lambda n: (n not in ("clean", "drift"), n))
+    for base in ("eager", "sdpa"):
+        r = stats[base]
+        rows.append(f"| {base} | {r['cpu_median_s']:.2f} | {r.get('cpu_ratio_paired', 1):.2f} | | |")
+    for n in names:
+        cells = []
+        for which in ("after", "before"):
+            r = stats.get(f"{n}/{which}")
+            cells += ["", ""] if r is None else [f"{r['cpu_median_s']:.2f}",
+                                                 f"**{r['cpu_ratio_paired']:.2f}**"]
+        rows.append(f"| {n} | " + " | ".join(cells) + " |")
+    return rows
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--layers", type=int, default=30)
+    p.add_argument("--lengths", default="128,512")
+    p.add_argument("--batches", default="8,8", help="batch size per length")
+    p.add_argument("--fractions", default="0.1")
+    p.add_argument("--metrics", default=None, help="default: every metric")
+    p.add_argument("--before", default="", help="lengths at which to time the code before the "
+                   "fast path too (comma list, or 'all')")
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--threads", type=int, default=1)
+    a = p.parse_args(argv)
+    emit({"bench": "faithfulness", "section": "machine", **machine()})
+    why = available()
+    if why:
+        emit({"bench": "faithfulness", "skipped": why})
+        return 0
+    import torch
+
+    from attngeom.extract.interventions import METRICS
+
+    torch.set_num_threads(a.threads)
+    model = random_llama(SMOLLM2, layers=a.layers)
+    metrics = a.metrics.split(",") if a.metrics else list(METRICS)
+    fractions = [float(x) for x in a.fractions.split(",")]
+    lengths = [int(x) for x in a.lengths.split(",")]
+    batches = [int(x) for x in a.batches.split(",")]
+    out = []
+    for length, size in zip(lengths, batches):
+        batch = random_tokens(size, length, SMOLLM2["vocab_size"])
+        before = a.before == "all" or str(length) in a.before.split(",")
+        cases = cases_for(model, batch, metrics, fractions, before)
+        times = interleaved(cases, a.repeats, warmup=a.warmup, log=log)
+        stats = summarize(times, "eager", length * size)
+        for name, rec in stats.items():
+            emit({"bench": "faithfulness", "case": name, "layers": a.layers, "length": length,
+                  "batch": size, "threads": torch.get_num_threads(), "baseline": "eager", **rec})
+        out += table(stats, length, size)
+    print("\n".join(out), flush=True)
     return 0
 
 

@@ -29,6 +29,7 @@ from .interventions import DriftProbe, Intervener, Removal, forward_logits
 from .run import BatchSize
 from .scoring import (Prepared, items_sha256, prepare_answers, prepare_choices, prepare_texts,
                       span_logprobs)
+from .selection import Workspace
 
 
 # ------------------------------------------------------------------------------------ plan
@@ -138,6 +139,7 @@ def compute_block(model, prepared: Prepared, cfg: FaithConfig, removals: list[Re
     out = {"clean": np.zeros(S), "drift": np.zeros(S), "removal": np.zeros((len(removals), S))}
     probe_rows: dict[str, dict[str, np.ndarray]] = {}
     shared: dict = {}                                  # Gram matrices, once per model
+    work = Workspace()                                 # scratch tensors, reused by every pass
     for index, inputs in _batches(prepared, cfg.batch_size, pad_id, device):
         where = {int(r): b for b, r in enumerate(index)}
         spans = np.flatnonzero(np.isin(prepared.span_row, index))
@@ -151,11 +153,12 @@ def compute_block(model, prepared: Prepared, cfg: FaithConfig, removals: list[Re
             return span_logprobs(logits, local, prepared.span_start[spans], tokens)
 
         probe = DriftProbe(cfg.sink_k, cfg.drift_low_fraction) if cfg.drift else None
-        out["clean"][spans] = score(Intervener(model, probe=probe, projections=shared))
+        out["clean"][spans] = score(Intervener(model, probe=probe, projections=shared,
+                                                 workspace=work))
         if cfg.drift:
             probe.phase = "after"
             out["drift"][spans] = score(Intervener(model, sink_k=cfg.sink_k, probe=probe,
-                                                       projections=shared))
+                                                       projections=shared, workspace=work))
             for phase in ("before", "after"):
                 for name, x in probe.collect(phase).items():
                     arr = probe_rows.setdefault(phase, {}).setdefault(
@@ -163,7 +166,7 @@ def compute_block(model, prepared: Prepared, cfg: FaithConfig, removals: list[Re
                     arr[index] = x.numpy()
         for c, removal in enumerate(removals):
             out["removal"][c, spans] = score(Intervener(model, removal=removal,
-                                                         projections=shared))
+                                                         projections=shared, workspace=work))
     out["probe"] = probe_rows
     return out
 

@@ -12,8 +12,7 @@ already changed), every eligible key j of every query i gets a score (see :data:
 ``contribution_layer``         C_ij^h = alpha <o_i, v~_j^h> / ||o_i||^2       signed
 =============================  =====================================  ====================
 
-all from head-space Gram identities (:mod:`.geometry`), in float64 whatever the model's dtype
-(so that float32 roundoff does not decide near-ties of the ranking). Eligible keys: those the model's mask
+all from head-space Gram identities (:mod:`.geometry`). Eligible keys: those the model's mask
 allows (causal, sliding window) that are real tokens, for real queries. ``n_remove =
 floor(p * n_eligible + 0.5)``; ranking puts higher scores first, ties to the lower position
 (``rank="magnitude"`` ranks by |score|). Comprehensiveness removes the ``n_remove`` top-ranked
@@ -22,6 +21,26 @@ keys, sufficiency the ``n_remove`` bottom-ranked. Granularity: ``head`` ranks th
 lower head); ``token`` ranks keys by the head-summed score (magnitude: |sum|) and removes the key
 from every head. Removing key j deletes alpha_ij v~_j^h from o_i^h: alpha set to zero, no
 renormalisation.
+
+Precision and near-ties. Every pass (clean, sink-zeroed, removal) computes attention densely
+in float32 (or the model's dtype if wider), like the model's own eager attention, in scratch
+tensors reused from layer to layer. The ranking is that of the float64 scores of the layer's
+inputs (:func:`~.removal_scores.metric_scores`, the code's arithmetic before 2026-12): the
+scores are computed in float32 (:func:`~.removal_scores.fast_scores`) with a bound on their
+relative rounding error, the cut is read from one sort of the values (:mod:`.selection`), and
+a ranking row is re-ranked from float64 scores recomputed for it alone
+(:class:`~.removal_scores.ExactScores`) when the two keys at its cut are closer than the bound
+(a tie at the cut included). Ties, in float32 and in float64, go to the lower position. The
+removal sets can differ from ranking every row in float64 only (1) where a float32 error
+exceeds its bound, fitted at ten times the largest seen (:data:`~.removal_scores.ERROR_UNITS`),
+or (2) for the signed metrics, between keys whose scores lie within float32 rounding of
+*zero* (keys almost orthogonal to the output: their error is not relative to the score; this
+matters for rank=magnitude sufficiency and for head sums at token granularity). On
+SmolLM2-135M prose (8 texts, 4 layers, T = 512) case (2) left 8 of some 4.7 million ranking
+rows (magnitude sufficiency) ranked as float32 ranks them; at T = 128 none. Across layers,
+the inputs of a layer carry the float32 rounding of the layers before it, as in any float32
+forward pass; the code before 2026-12 ran attention in float64, so against it keys whose
+scores differ by about 1e-6 relative can swap, and perplexities differ by float32 rounding.
 
 Sink zeroing (semantic drift). v_j = 0 for the sink keys j < k, alpha kept.
 """
@@ -36,7 +55,10 @@ from torch import nn
 from attngeom.store.vocab import GRANULARITIES, METRICS, RANKS, REMOVAL_MODES
 
 from .archs import attention_layers
-from .geometry import Projection, attention_probs, norm_from_gram, repeat_kv
+from .geometry import Projection, norm_from_gram, repeat_kv
+from .removal_scores import (ExactScores, attention_weights, exact_alpha, fast_scores,
+                             logit_scale, metric_scores, weighted_values)
+from .selection import Workspace, n_remove, select  # noqa: F401  (n_remove, metric_scores: API)
 
 Tensor = torch.Tensor
 MODES = REMOVAL_MODES                    # the name tests and scripts import
@@ -63,87 +85,6 @@ class Removal:
             raise ValueError(f"fraction {self.fraction} is outside [0, 1]")
 
 
-# ------------------------------------------------------------------------------------ scores
-def _finite(x: Tensor) -> Tensor:
-    """0/0 (a zero head output) scores 0; +-inf clipped to the largest finite float."""
-    big = torch.finfo(x.dtype).max
-    return torch.nan_to_num(x, nan=0.0, posinf=big, neginf=-big)
-
-
-def metric_scores(metric: str, alpha: Tensor, vf: Tensor, z: Tensor, proj: Projection) -> Tensor:
-    """Score of every (head, query, key): (B, H, T, T), in the inputs' dtype.
-
-    Parameters
-    ----------
-    alpha : (B, H, T, T) clean attention; vf : (B, H, T, dh) values per query head;
-    z : (B, H, T, dh) clean head outputs before W_O (``alpha @ vf``).
-    """
-    if metric == "attention":
-        return alpha
-    if metric in ("value_weighted", "value_weighted_normalized"):
-        _, value_norm = norm_from_gram(vf, proj.gram)                  # (B, H, T)
-        s = alpha * value_norm[:, :, None, :]
-        if metric == "value_weighted_normalized":
-            _, output_norm = norm_from_gram(z, proj.gram)
-            s = s / output_norm[..., None]
-        return _finite(s)
-    if metric == "contribution":
-        zg, output_norm = norm_from_gram(z, proj.gram)                 # z_i G_h, ||o_i^h||
-        return _finite(alpha * (zg @ vf.transpose(-1, -2)) / output_norm.square()[..., None])
-    if metric == "contribution_layer":
-        B, H, T, dh = z.shape
-        o = z.transpose(1, 2).reshape(B, T, H * dh) @ proj.weight      # (B, T, d) layer output
-        u = (o @ proj.weight.T).view(B, T, H, dh).transpose(1, 2)      # o_i (W_O^h)^T
-        layer_sq = o.square().sum(-1)[:, None, :, None]                 # ||o_i||^2
-        return _finite(alpha * (u @ vf.transpose(-1, -2)) / layer_sq)
-    raise ValueError(f"unknown metric '{metric}'; use one of {', '.join(METRICS)}")
-
-
-# ------------------------------------------------------------------------------------ selection
-def n_remove(n_eligible: Tensor, fraction: float) -> Tensor:
-    """floor(p * n + 0.5) in float64, as an integer tensor of the shape of ``n_eligible``."""
-    return torch.floor(n_eligible.double() * fraction + 0.5).long()
-
-
-def _select_last(s: Tensor, eligible: Tensor, fraction: float, mode: str) -> Tensor:
-    """Removed entries along the last axis: top (comprehensiveness) or bottom n_remove."""
-    n = eligible.sum(-1)                                               # (...)
-    k = n_remove(n, fraction)
-    key = s.masked_fill(~eligible, float("-inf"))                      # ineligible rank last
-    order = torch.sort(key, dim=-1, descending=True, stable=True).indices   # ties: lower first
-    r = torch.arange(s.shape[-1], device=s.device)
-    if mode == "comprehensiveness":
-        chosen = r < k[..., None]
-    else:
-        chosen = (r >= (n - k)[..., None]) & (r < n[..., None])
-    return torch.zeros_like(eligible).scatter(-1, order, chosen)
-
-
-def select(score: Tensor, eligible: Tensor, fraction: float, mode: str, rank: str = "signed",
-           granularity: str = "head") -> Tensor:
-    """Which (head, query, key) terms to remove: (B, H, T, T) bool.
-
-    Parameters
-    ----------
-    score : (B, H, T, T) metric scores; eligible : (B, 1 or H, T, T) bool.
-    """
-    B, H, T, Tk = score.shape
-    e = eligible.expand(B, H, T, Tk)
-    if granularity == "token":
-        s = score.masked_fill(~e, 0.0).sum(1)                          # (B, T, Tk)
-        s = s.abs() if rank == "magnitude" else s
-        e_tok = e.any(1)
-        return _select_last(s, e_tok, fraction, mode)[:, None] & e
-    s = score.abs() if rank == "magnitude" else score
-    if granularity == "head":
-        return _select_last(s, e, fraction, mode)
-    if granularity == "query":                                         # (B, T, Tk*H), key-major
-        flat = lambda x: x.permute(0, 2, 3, 1).reshape(B, T, Tk * H)    # noqa: E731
-        chosen = _select_last(flat(s), flat(e), fraction, mode)
-        return chosen.view(B, T, Tk, H).permute(0, 3, 1, 2)
-    raise ValueError(f"unknown granularity '{granularity}'; use one of {', '.join(GRANULARITIES)}")
-
-
 def eligible_keys(allowed: Tensor, token_mask: Tensor) -> Tensor:
     """(B, 1|H, T, T) bool: allowed by the model's mask, real key, real query."""
     return allowed & token_mask[:, None, None, :] & token_mask[:, None, :, None]
@@ -154,13 +95,15 @@ class Intervener:
     """Attention handler that runs each layer densely and applies one intervention.
 
     With ``removal=None`` and ``sink_k=None`` it is the clean model (dense attention). A
-    ``probe`` (:class:`~.faithfulness_drift.DriftProbe`-like, with ``observe``) sees every
-    layer's head outputs; ``trace`` (a list) receives per-layer tensors for tests.
+    ``probe`` (:class:`DriftProbe`-like, with ``observe``) sees every layer's head outputs;
+    ``trace`` (a list) receives per-layer tensors for tests (alpha and v there are the exact
+    float64 values the ranking follows). ``projections`` and ``workspace`` may be shared by
+    the handlers of several passes (W_O's Gram matrices; scratch tensors).
     """
 
     def __init__(self, model: nn.Module, removal: Removal | None = None,
                  sink_k: int | None = None, probe=None, trace: list | None = None,
-                 projections: dict | None = None):
+                 projections: dict | None = None, workspace: Workspace | None = None):
         found = attention_layers(model)
         self.found = found
         self.n_layers = len(found)
@@ -170,56 +113,76 @@ class Intervener:
         self.probe = probe
         self.trace = trace
         self.token_mask: Tensor | None = None
+        self.work = Workspace() if workspace is None else workspace
 
-    def projection(self, layer: int) -> Projection:
-        """W_O and its per-head Gram matrices in float64 (built once per layer)."""
-        if layer not in self.projections:
+    def projection(self, layer: int, dtype: torch.dtype = torch.float64) -> Projection:
+        """W_O and its per-head Gram matrices in ``dtype`` (built once per layer and dtype)."""
+        cached = layer if dtype == torch.float64 else (layer, dtype)
+        if cached not in self.projections:
+            if dtype != torch.float64:
+                exact = self.projection(layer)
+                self.projections[cached] = Projection(
+                    weight=exact.weight.to(dtype), gram=exact.gram.to(dtype),
+                    full=exact.full.to(dtype))
+                return self.projections[cached]
             found = self.found[layer]
             w = found.weight.detach().double()                            # (H*dv, d)
             full = w @ w.T
             H, dv = found.n_heads, w.shape[0] // found.n_heads
             blocks = full.view(H, dv, H, dv)
             gram = torch.stack([blocks[h, :, h] for h in range(H)])
-            self.projections[layer] = Projection(weight=w, gram=gram, full=full)
-        return self.projections[layer]
+            self.projections[cached] = Projection(weight=w, gram=gram, full=full)
+        return self.projections[cached]
 
     def attend(self, call) -> Tensor:
         """Head outputs z (B, H, T, dv) of one attention call (:class:`~.hooks.Call`).
 
         alpha comes from the call's own logits (scale, soft-cap, learned sink logits) in
-        float64; a learned sink keeps its weight (removal zeroes real keys only)."""
+        float32 (the model's dtype if wider), the ranking from float64 where it is near (see
+        the module docstring); a learned sink keeps its weight (removal zeroes real keys only)."""
         layer = call.index
         if layer >= self.n_layers or self.found[layer].module is not call.module:
             raise RuntimeError(f"attention call {layer} ({type(call.module).__name__}) is not "
                                "the layer the probe found there")
         query, key, value = call.query, call.key, call.value
         B, H, T, _ = query.shape
+        dtype = torch.promote_types(query.dtype, torch.float32)          # computed in
         proj = self.projection(layer)
         mask = self.token_mask
         mask = (torch.ones(B, T, dtype=torch.bool, device=query.device) if mask is None
                 else mask.to(query.device))
         allowed = call.allowed & mask[:, None, None, :]
-        alpha, _ = attention_probs(query, repeat_kv(key, H), call.scaling, allowed,
-                                   call.softcap, call.sinks, dtype=torch.float64)
-        vf = repeat_kv(value, H).double()                                # (B, H, T, dv)
+        scaling, softcap, sinks = call.scaling, call.softcap, call.sinks
+        shape = (B, H, T, key.shape[2])
+        alpha = attention_weights(query, key, allowed, scaling, softcap, dtype, sinks,
+                                  out=self.work.get("alpha", shape, dtype, query.device))
         weights, remove = alpha, None
         r = self.removal
         if r is not None and (r.layers is None or layer in r.layers):
             eligible = eligible_keys(allowed, mask)
-            score = metric_scores(r.metric, alpha, vf, alpha @ vf, proj)
-            remove = select(score, eligible, r.fraction, r.mode, r.rank, r.granularity)
-            weights = alpha.masked_fill(remove, 0.0)
-        v_used = vf
+            score, error = fast_scores(r.metric, alpha, value, self.projection(layer, dtype),
+                                       logit_scale(query, key, scaling, sinks),
+                                       out=self.work.get("score", shape, dtype, query.device))
+            exact = ExactScores(r.metric, query, key, value, allowed, scaling, softcap, proj,
+                                sinks)
+            remove = select(score, eligible, r.fraction, r.mode, r.rank, r.granularity,
+                            error, exact, self.work, inplace=score is not alpha)
+            weights = alpha.masked_fill_(remove, 0.0)
+        v_used = value
         if self.sink_k is not None:
-            v_used = vf.clone()
+            v_used = value.clone()
             v_used[:, :, : self.sink_k] = 0.0
-        z = weights @ v_used                                             # (B, H, T, dh)
+        z = weighted_values(weights, v_used)                             # (B, H, T, dv)
         if self.probe is not None:
-            self.probe.observe(layer, z, vf, eligible_keys(allowed, mask), mask, proj)
-        if self.trace is not None:
-            self.trace.append({"layer": layer, "alpha": alpha, "v": vf, "z": z,
-                               "allowed": allowed, "token_mask": mask, "remove": remove,
-                               "gram": proj.gram, "weight": proj.weight})
+            self.probe.observe(layer, z, value, eligible_keys(allowed, mask), mask, proj)
+        if self.trace is not None:                 # the exact (float64) layer, for tests
+            self.trace.append({
+                "layer": layer, "v": repeat_kv(value, H).double(), "z": z,
+                "alpha": exact_alpha(query, repeat_kv(key, H), allowed, scaling, softcap,
+                                     sinks),
+                "allowed": allowed, "token_mask": mask,
+                "remove": None if remove is None else remove.clone(),
+                "gram": proj.gram, "weight": proj.weight})
         return z.to(query.dtype)
 
 
@@ -241,14 +204,17 @@ class DriftProbe:
         self.low: dict[int, Tensor] = {}
         self.sums: dict[str, dict[int, dict[str, Tensor]]] = {"before": {}, "after": {}}
 
-    def observe(self, layer: int, z: Tensor, vf: Tensor, eligible: Tensor, mask: Tensor,
+    def observe(self, layer: int, z: Tensor, value: Tensor, eligible: Tensor, mask: Tensor,
                 proj: Projection) -> None:
+        """One layer: z (B, H, T, dh) head outputs, value (B, G, T, dh) per kv head."""
         B, H, T, _ = z.shape
         semantic = eligible.clone()
         semantic[..., : self.sink_k] = False
-        semantic = semantic.to(vf.dtype)                                 # (B, 1|H, T, T)
+        semantic = semantic.double()                                     # (B, 1|H, T, T)
         n = semantic.sum(-1)
-        m = (semantic @ vf) / n[..., None]                               # (B, H, T, dh)
+        v = value.double() if semantic.shape[1] == 1 else repeat_kv(value, H).double()
+        m = repeat_kv((semantic @ v) / n[..., None], H)                  # (B, H, T, dh)
+        z = z.double()
         zg, output_norm = norm_from_gram(z, proj.gram)
         _, m_norm = norm_from_gram(m, proj.gram)
         cos = (zg * m).sum(-1) / (output_norm * m_norm)                  # (B, H, T)

@@ -25,14 +25,21 @@ import build  # noqa: E402
 
 # GOLDEN_EXACT=1: bitwise (same machine and thread count as the golden files)
 RTOL, ATOL = (0.0, 0.0) if os.environ.get("GOLDEN_EXACT") == "1" else (1e-6, 1e-7)
-# per artifact: variables whose values are allowed to move by more.
+# per artifact: variables whose values are allowed to move by more, as (rtol, atol), in both modes.
+# faithfulness (issue 18, deliberate): attention runs in float32 (it ran in float64), so the
+# perplexities move by float32 rounding (4e-7 relative at most here; a different removal set
+# would move them by far more); their differences (delta_ppl, aopc) by up to 7e-5 absolute.
 # analysis mixed_se / mixed_p_value (issue 17): the golden files hold statsmodels MixedLM's BFGS
 # answer, which stops within its gradient tolerance of the REML optimum (rel. error up to ~2e-5
 # measured); the balanced fit now gives the exact optimum (tests/analysis/test_analysis_mixed.py
 # checks it against MixedLM run to gtol=1e-12), so these move by up to 1e-4 relative.
-MIXED_RTOL = 1e-4
-LOOSER: dict[str, dict[str, float]] = {
-    "analysis": {f"anti_alignment.{p}mixed_{v}": MIXED_RTOL
+_PPL, _DELTA, _PROBE, _MIXED = (1e-6, 0.0), (1e-6, 1e-4), (1e-6, 1e-7), (1e-4, 0.0)
+LOOSER: dict[str, dict[str, tuple[float, float]]] = {
+    "faithfulness": {
+        "ppl": _PPL, "clean_ppl": _PPL, "drift_ppl": _PPL, "delta_ppl": _DELTA, "aopc": _DELTA,
+        "drift_delta_ppl": _DELTA, **{f"drift_{v}_{phase}": _PROBE for phase in ("before", "after")
+                                      for v in ("cosine_low", "cosine_all", "output_norm_low")}},
+    "analysis": {f"anti_alignment.{p}mixed_{v}": _MIXED
                  for p in ("", "residual_") for v in ("se", "p_value")}}
 
 
@@ -66,9 +73,9 @@ def compare(name: str, got, want) -> list[str]:
             if not np.array_equal(np.isnan(x), np.isnan(y)):
                 problems.append(f"{name}.{var}: NaN pattern differs")
                 continue
-            rtol = LOOSER.get(name, {}).get(var, RTOL)
+            rtol, atol = LOOSER.get(name, {}).get(var, (RTOL, ATOL))
             ok = ~np.isnan(y)
-            if not np.allclose(x[ok], y[ok], rtol=rtol, atol=ATOL, equal_nan=False):
+            if not np.allclose(x[ok], y[ok], rtol=rtol, atol=atol, equal_nan=False):
                 worst = np.max(np.abs(x[ok] - y[ok]))
                 problems.append(f"{name}.{var}: values differ (max abs {worst:.3g})")
         elif not np.array_equal(x, y):

@@ -1,0 +1,323 @@
+"""The scores a removal ranks keys by: fast float32 scores with an error bound, exact float64 rows.
+
+:func:`fast_scores` computes every (head, query, key) score of a layer in float32 (the dtype of
+the layer's attention) and bounds its rounding error (:class:`~.selection.ErrorBound`);
+:func:`metric_scores` is the definition in float64, and :class:`ExactScores` evaluates it for the
+few ranking rows whose order the bound leaves open (see :mod:`.selection`).
+
+The float64 scores are computed query row by query row (each contraction over a query's vector
+is one matrix-vector product, :func:`rowmm`), so a row's float64 scores have the same bits
+whether it is computed alone or with every other row: a float64 tie (e.g. c = 1 at every head of
+a query that sees one key) is then broken by position the same way in the fast path, in the
+tests and whatever the batch.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from .geometry import Projection, repeat_kv, softmax_masked, vecdot
+from .selection import ErrorBound
+
+Tensor = torch.Tensor
+# The float32 rounding error of each metric's fast scores, in units of u * Lambda * |score|
+# (attention, value_weighted), u * Lambda * (1 + kappa) * |score| (value_weighted_normalized) and
+# u * Lambda * (1 + kappa) * alpha ||v~|| / ||o|| (signed metrics; u the unit roundoff, Lambda =
+# logit_scale, kappa = sum_j alpha ||v~|| / ||o||): ten times the largest ratio measured on
+# SmolLM2-135M prose (8 texts, every layer at T = 128, 7 layers at T = 512): 3.2, 3.2, 1.5,
+# 1.0, 0.6. At the cut the signed metrics use it relative to |score| (see fast_scores).
+ERROR_UNITS = {"attention": 32.0, "value_weighted": 32.0, "value_weighted_normalized": 16.0,
+               "contribution": 10.0, "contribution_layer": 6.0}
+
+
+def _finite(x: Tensor) -> Tensor:
+    """0/0 (a zero head output) scores 0; +-inf clipped to the largest finite float."""
+    big = torch.finfo(x.dtype).max
+    return torch.nan_to_num(x, nan=0.0, posinf=big, neginf=-big)
+
+
+def _unknown(metric: str) -> ValueError:
+    return ValueError(f"unknown metric '{metric}'; use one of {', '.join(ERROR_UNITS)}")
+
+
+# ------------------------------------------------------------------------------------ exact
+def rowmm(a: Tensor, b: Tensor) -> Tensor:
+    """``a @ b`` for a (..., M, K), b (..., K, N), one matrix-vector product per row of a.
+
+    A row's result does not depend on M or on the other rows (a blocked matrix product's
+    does, in the last bits).
+    """
+    lead = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    a, b = a.expand(*lead, *a.shape[-2:]), b.expand(*lead, *b.shape[-2:])
+    M, (K, N) = a.shape[-2], b.shape[-2:]
+    if M == 1:                                       # one product per lead index: one batch
+        return torch.bmm(a.reshape(-1, 1, K), b.reshape(-1, K, N)).view(*lead, 1, N)
+    out = a.new_empty(*lead, M, N)
+    for i in np.ndindex(*lead):
+        out[i] = torch.bmm(a[i][:, None, :], b[i].expand(M, K, N))[:, 0]
+    return out
+
+
+def gram_norm(x: Tensor, gram: Tensor) -> tuple[Tensor, Tensor]:
+    """``x G`` (B, H, T, dh) and ``sqrt(x G x)`` (B, H, T), row by row (see :func:`rowmm`)."""
+    xg = rowmm(x, gram[None])
+    return xg, vecdot(xg, x).clamp_min(0).sqrt()
+
+
+def logits64(q: Tensor, k: Tensor, scale: float, softcap: float | None) -> Tensor:
+    """Attention logits (..., Tq, Tk) in float64, row by row."""
+    s = rowmm(q.double(), k.double().transpose(-1, -2)) * scale
+    return s if softcap is None else torch.tanh(s / softcap) * softcap
+
+
+def value_norms(vf: Tensor, gram: Tensor) -> Tensor:
+    """||v~_j^h|| (B, H, Tk) for values per query head vf (B, H, Tk, dh), one (b, h) at a time."""
+    B, H = vf.shape[:2]
+    return torch.stack([torch.stack([key_norms(vf[b, h], gram[h]) for h in range(H)])
+                        for b in range(B)])
+
+
+def key_norms(v: Tensor, gram: Tensor) -> Tensor:
+    """sqrt(v G v) (Tk,) for one head's keys v (Tk, dh) (the same bits however it is called)."""
+    return vecdot(v.contiguous() @ gram, v).clamp_min(0).sqrt()
+
+
+def metric_scores(metric: str, alpha: Tensor, vf: Tensor, z: Tensor, proj: Projection) -> Tensor:
+    """Score of every (head, query, key): (B, H, T, Tk), in the inputs' dtype (the definition).
+
+    Parameters
+    ----------
+    alpha : (B, H, T, Tk) clean attention; vf : (B, H, Tk, dh) values per query head;
+    z : (B, H, T, dh) clean head outputs before W_O (``alpha @ vf``).
+    """
+    if metric == "attention":
+        return alpha
+    if metric in ("value_weighted", "value_weighted_normalized"):
+        s = alpha * value_norms(vf, proj.gram)[:, :, None, :]
+        if metric == "value_weighted_normalized":
+            _, output_norm = gram_norm(z, proj.gram)
+            s = s / output_norm[..., None]
+        return _finite(s)
+    if metric == "contribution":
+        zg, output_norm = gram_norm(z, proj.gram)                      # z_i G_h, ||o_i^h||
+        return _finite(alpha * rowmm(zg, vf.transpose(-1, -2)) / output_norm.square()[..., None])
+    if metric == "contribution_layer":
+        B, H, T, dh = z.shape
+        o = rowmm(z.transpose(1, 2).reshape(B, T, H * dh), proj.weight)   # (B, T, d)
+        u = rowmm(o, proj.weight.T).view(B, T, H, dh).transpose(1, 2)     # o_i (W_O^h)^T
+        layer_sq = o.square().sum(-1)[:, None, :, None]                    # ||o_i||^2
+        return _finite(alpha * rowmm(u, vf.transpose(-1, -2)) / layer_sq)
+    raise _unknown(metric)
+
+
+def exact_alpha(q: Tensor, k: Tensor, allowed: Tensor, scale: float, softcap: float | None,
+                sinks: Tensor | None = None) -> Tensor:
+    """Float64 attention (..., Tq, Tk) of query rows q over keys k (per query head).
+
+    ``sinks``: learned sink logits broadcastable to (..., Tq), or None; the sink joins the
+    softmax as a virtual key with no value (its weight is left out of alpha).
+    """
+    logits = logits64(q, k, scale, softcap)
+    if sinks is None:
+        return softmax_masked(logits, allowed)
+    logits = logits.masked_fill(~allowed, float("-inf"))
+    column = sinks.double().expand(logits.shape[:-1])[..., None]            # (..., Tq, 1)
+    return torch.softmax(torch.cat([logits, column], -1), dim=-1)[..., :-1]
+
+
+class ExactScores:
+    """Float64 scores of chosen rows of one layer, from its inputs (see :data:`.selection.Exact`).
+
+    The same bits as :func:`metric_scores` of the whole layer (row by row arithmetic), for a
+    few rows at a time (their keys and values gathered, ``CHUNK`` at most). Head-local metrics
+    compute only the rows asked for; contribution_layer needs every head's output at a query,
+    so it computes whole queries.
+    """
+
+    CHUNK = 65536                   # rows x keys gathered at a time (x dh float64, x2)
+
+    def __init__(self, metric: str, query: Tensor, key: Tensor, value: Tensor, allowed: Tensor,
+                 scale: float, softcap: float | None, proj: Projection,
+                 sinks: Tensor | None = None):
+        self.metric, self.q, self.k, self.v, self.allowed = metric, query, key, value, allowed
+        self.scale, self.softcap, self.proj = scale, softcap, proj
+        self.sinks = None if sinks is None else sinks.expand(query.shape[:-1])   # (B, H, T)
+        self.rep = query.shape[1] // key.shape[1]
+        self.norms: dict[tuple[int, int], Tensor] = {}
+
+    def _key_norms(self, b: Tensor, h: Tensor) -> Tensor:
+        """(n, Tk) ||v~|| of head h's keys in sequence b, per row (each (b, h) computed once)."""
+        pairs = torch.stack([b, h], 1)
+        unique, where = pairs.unique(dim=0, return_inverse=True)
+        for bb, hh in unique.tolist():
+            if (bb, hh) not in self.norms:
+                v = self.v[bb, hh // self.rep].double()
+                self.norms[(bb, hh)] = key_norms(v, self.proj.gram[hh])
+        return torch.stack([self.norms[(bb, hh)] for bb, hh in unique.tolist()])[where]
+
+    def local(self, b: Tensor, h: Tensor, i: Tensor) -> Tensor:
+        """(n, Tk): a head-local metric's scores at rows (b, h, i)."""
+        g = h // self.rep
+        allowed = self.allowed[b, h if self.allowed.shape[1] > 1 else 0, i]
+        sinks = None if self.sinks is None else self.sinks[b, h, i][:, None]
+        alpha = exact_alpha(self.q[b, h, i][:, None], self.k[b, g], allowed[:, None],
+                            self.scale, self.softcap, sinks)            # (n, 1, Tk)
+        if self.metric == "attention":
+            return alpha[:, 0]
+        if self.metric == "value_weighted":
+            return _finite(alpha[:, 0] * self._key_norms(b, h))
+        v = self.v[b, g].double()                                       # (n, Tk, dh)
+        z = rowmm(alpha, v)                                             # (n, 1, dh)
+        zg = rowmm(z, self.proj.gram[h])                                # z_i G_h
+        output_norm = vecdot(zg, z)[:, 0].clamp_min(0).sqrt()
+        if self.metric == "value_weighted_normalized":
+            return _finite(alpha[:, 0] * self._key_norms(b, h) / output_norm[:, None])
+        return _finite(alpha * rowmm(zg, v.transpose(-1, -2))
+                       / output_norm.square()[:, None, None])[:, 0]
+
+    def queries(self, b: Tensor, i: Tensor) -> Tensor:
+        """(n, H, Tk): every head's scores at queries (b, i)."""
+        n, H = len(b), self.q.shape[1]
+        if self.metric != "contribution_layer":
+            return self.local(b.repeat_interleave(H), torch.arange(H, device=b.device).repeat(n),
+                              i.repeat_interleave(H)).view(n, H, -1)
+        kv = torch.arange(H, device=b.device) // self.rep
+        k, v = self.k[b][:, kv], self.v[b][:, kv].double()             # (n, H, Tk, dh)
+        sinks = None if self.sinks is None else self.sinks[b, :, i][:, :, None]
+        alpha = exact_alpha(self.q[b, :, i][:, :, None], k, self.allowed[b, :, i][:, :, None],
+                            self.scale, self.softcap, sinks)            # (n, H, 1, Tk)
+        z = rowmm(alpha, v).reshape(n, -1)                              # (n, H*dh)
+        o = rowmm(z, self.proj.weight)                                  # (n, d)
+        u = rowmm(o, self.proj.weight.T).view(n, H, 1, -1)              # o_i (W_O^h)^T
+        layer_sq = o.square().sum(-1)[:, None, None, None]
+        return _finite(alpha * rowmm(u, v.transpose(-1, -2)) / layer_sq)[:, :, 0]
+
+    def __call__(self, b: Tensor, i: Tensor, h: Tensor | None = None) -> Tensor:
+        H, Tk = self.q.shape[1], self.k.shape[2]
+        whole = h is None or self.metric == "contribution_layer"
+        step = max(1, self.CHUNK // Tk // (H if whole else 1))
+        parts = []
+        for lo in range(0, len(b), step):
+            rows = slice(lo, lo + step)
+            parts.append(self.queries(b[rows], i[rows]) if whole
+                         else self.local(b[rows], h[rows], i[rows]))
+        out = torch.cat(parts)
+        if h is not None and whole:
+            out = out[torch.arange(len(b), device=out.device), h]
+        return out
+
+
+# ------------------------------------------------------------------------------------ fast
+def _grouped(x: Tensor, groups: int) -> Tensor:
+    """(B, H, T, n) -> (B, G, (H/G) T, n): the query heads that read one kv head, stacked."""
+    B, H, T, n = x.shape
+    return x.reshape(B, groups, (H // groups) * T, n)
+
+
+def attention_weights(query: Tensor, key: Tensor, allowed: Tensor, scale: float,
+                      softcap: float | None, dtype, sinks: Tensor | None = None,
+                      out: Tensor | None = None) -> Tensor:
+    """Dense attention alpha (B, H, T, Tk) in ``dtype``, written in place into ``out``.
+
+    ``sinks``: learned sink logits broadcastable to (B, H, T), or None; the sink joins the
+    softmax as a virtual key with no value. A query with no allowed key (and no sink) gets
+    zeros (no NaN).
+    """
+    B, H, T, dh = query.shape
+    G, Tk = key.shape[1], key.shape[2]
+    q = _grouped((query * scale).to(dtype), G)                          # scale folded into q
+    s = out if out is not None else torch.empty(B, H, T, Tk, dtype=dtype, device=query.device)
+    torch.matmul(q, key.to(dtype).transpose(-1, -2), out=_grouped(s, G))
+    if softcap is not None:
+        s.div_(softcap).tanh_().mul_(softcap)
+    s.masked_fill_(~allowed, float("-inf"))
+    top = s.amax(-1, keepdim=True)                                       # (B, H, T, 1)
+    if sinks is None:
+        s.sub_(top.nan_to_num_(neginf=0.0)).exp_()
+        return s.div_(s.sum(-1, keepdim=True).clamp_min_(torch.finfo(dtype).tiny))
+    sink = sinks.to(dtype)[..., None]                                    # (1|B, H, 1|T, 1)
+    top = torch.maximum(top, sink)
+    s.sub_(top).exp_()
+    return s.div_(s.sum(-1, keepdim=True).add_((sink - top).exp()))
+
+
+def weighted_values(alpha: Tensor, value: Tensor) -> Tensor:
+    """``alpha @ v`` (B, H, T, dh) with v per kv head (B, G, Tk, dh), no repeated copy of v."""
+    B, H, T, _ = alpha.shape
+    G, dh = value.shape[1], value.shape[-1]
+    return (_grouped(alpha, G) @ value.to(alpha.dtype)).view(B, H, T, dh)
+
+
+def logit_scale(query: Tensor, key: Tensor, scale: float,
+                sinks: Tensor | None = None) -> Tensor:
+    """Lambda (B, H, T) = scale |q_i| max_j |k_j| (+ |sink_i|) + sqrt(Tk), the size of alpha's
+    rounding error.
+
+    A logit's rounding error grows with |q_i| |k_j| scale, the softmax's with the number of
+    keys (and with a learned sink logit, subtracted from every logit when it is the largest);
+    alpha's relative error is a few u * Lambda.
+    """
+    H, G = query.shape[1], key.shape[1]
+    k_max = key.float().norm(dim=-1).amax(-1).repeat_interleave(H // G, dim=1)     # (B, H)
+    lam = scale * query.float().norm(dim=-1) * k_max[..., None] + key.shape[2] ** 0.5
+    return lam if sinks is None else lam + sinks.float().abs()
+
+
+def fast_scores(metric: str, alpha: Tensor, value: Tensor, proj: Projection, lam: Tensor,
+                out: Tensor | None = None) -> tuple[Tensor, ErrorBound]:
+    """Scores (B, H, T, Tk) in alpha's dtype (into ``out``; ``alpha`` itself for attention)
+    and the relative size of their rounding error.
+
+    Parameters
+    ----------
+    alpha : (B, H, T, Tk) clean attention; value : (B, G, Tk, dh) values per kv head; proj : the
+    output projection in alpha's dtype; lam : (B, H, T) :func:`logit_scale`.
+
+    Error model (fitted, see :data:`ERROR_UNITS`): alpha's relative error is O(u Lambda); the
+    head output o = sum_j alpha v~ has an absolute error O(u Lambda sum_j alpha ||v~||),
+    relative kappa = sum_j alpha ||v~|| / ||o|| times that, which every score divided by or
+    projected on o inherits (layer level: the sums over heads and the largest Lambda). The
+    signed scores' error is relative to |score| except near 0 (a key almost orthogonal to o).
+    """
+    if metric not in ERROR_UNITS:
+        raise _unknown(metric)
+    unit = ERROR_UNITS[metric] * torch.finfo(alpha.dtype).eps / 2
+    if metric == "attention":
+        return alpha, ErrorBound(unit * lam)
+    B, H, T, Tk = alpha.shape
+    G, dh = value.shape[1], value.shape[-1]
+    vf = repeat_kv(value, H).to(alpha.dtype)                            # (B, H, Tk, dh)
+    value_norm = vecdot(vf @ proj.gram[None], vf).clamp_min(0).sqrt()   # ||v~_j|| (B, H, Tk)
+    out = torch.empty_like(alpha) if out is None else out
+    if metric == "value_weighted":
+        return torch.mul(alpha, value_norm[:, :, None, :], out=out), ErrorBound(unit * lam)
+    zs = alpha @ torch.cat([vf, value_norm[..., None]], -1)             # z and sum_j alpha||v~||
+    z, mass = zs[..., :dh], zs[..., dh]
+    zg = z @ proj.gram[None]
+    output_norm = vecdot(zg, z).clamp_min(0).sqrt()                     # ||o_i^h|| (B, H, T)
+    if metric == "value_weighted_normalized":
+        torch.mul(alpha, value_norm[:, :, None, :], out=out).div_(output_norm[..., None])
+        rel = unit * lam * (1 + mass / output_norm)
+        return _finite_(out, output_norm), ErrorBound(_finite(rel))
+    if metric == "contribution":
+        g = zg / output_norm.square()[..., None]                        # o_i^h / ||o_i^h||^2
+        rel = unit * lam * (1 + mass / output_norm)
+        norm = output_norm
+    else:
+        zf = z.transpose(1, 2).reshape(B, T, H * dh)
+        u = zf @ proj.full                                              # o_i W_O^T = z_i W_O W_O^T
+        layer_norm = vecdot(u, zf).clamp_min(0).sqrt()                  # ||o_i|| (B, T)
+        u = u.view(B, T, H, dh).transpose(1, 2)                         # o_i (W_O^h)^T per head
+        g = u / layer_norm.square()[:, None, :, None]
+        rel = (unit * lam.amax(1) * (1 + mass.sum(1) / layer_norm))[:, None].expand(B, H, T)
+        norm = layer_norm
+    torch.matmul(_grouped(g.contiguous(), G), value.to(alpha.dtype).transpose(-1, -2),
+                 out=_grouped(out, G))
+    return _finite_(out.mul_(alpha), norm), ErrorBound(_finite(rel))
+
+
+def _finite_(s: Tensor, norm: Tensor) -> Tensor:
+    """:func:`_finite` in place, only where an output norm of 0 can have made inf or NaN."""
+    return s.nan_to_num_(nan=0.0, posinf=torch.finfo(s.dtype).max,
+                         neginf=-torch.finfo(s.dtype).max) if (norm == 0).any() else s

@@ -1,0 +1,214 @@
+"""Which keys a removal takes: the n_remove top- or bottom-ranked candidates of each ranking row.
+
+The rule. A *ranking row* is one (head, query) at ``head`` granularity, and one query at
+``query`` (its (key, head) pairs, key-major) and ``token`` granularity (keys scored by the
+head-summed score, removed from every head). Its eligible candidates are ranked by score,
+higher first, ties to the lower position (key, then head); ``n_remove = floor(p * n + 0.5)``
+of the n eligible; comprehensiveness removes the first n_remove, sufficiency the last n_remove.
+:func:`stable_select` is that rule written as a stable sort: the reference, and what the code
+did for every row before the fast path.
+
+The fast path, :func:`threshold_select`, sorts score values only (numpy's SIMD sort on the
+CPU; no indices, no stability) to read each row's boundary: ``hi``, the m-th highest score,
+and ``lo``, the (m+1)-th, m being the number of candidates ranked above the cut (n_remove for
+comprehensiveness, n - n_remove for sufficiency). The candidates >= hi are the m above the
+cut: exactly the rule whenever hi > lo. A row is *near* when hi - lo <= rel (|hi| + |lo|), rel
+the scores' relative rounding error (:class:`ErrorBound`; 0 for exact scores, so that a tie at
+the cut is near): then a rounding error of that size could swap the two keys at the cut. Near
+rows alone are decided again by :func:`stable_select` on exact (float64) scores of those rows,
+which the caller supplies (``exact``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import torch
+
+Tensor = torch.Tensor
+# exact(b, i, h) -> float64 scores of the rows (b, h, i): (n, Tk); with h None every head: (n, H, Tk)
+Exact = Callable[[Tensor, Tensor, "Tensor | None"], Tensor]
+
+
+@dataclass(frozen=True)
+class ErrorBound:
+    """``relative`` (B, H, T): |score - exact score| <= relative * |score| per (head, query)."""
+
+    relative: Tensor
+
+
+class Workspace:
+    """Scratch tensors reused from layer to layer (and pass to pass), one per name.
+
+    A (B, H, T, Tk) float32 tensor is 75 MB at B = 8, T = 512: allocating it costs about as
+    much as several passes over it (fresh pages), so the removal path allocates none per layer.
+    """
+
+    def __init__(self) -> None:
+        self.storage: dict[str, Tensor] = {}
+
+    def get(self, name: str, shape, dtype, device) -> Tensor:
+        numel = int(np.prod(shape))
+        flat = self.storage.get(name)
+        if flat is None or flat.dtype != dtype or flat.device != torch.device(device) \
+                or flat.numel() < numel:
+            flat = torch.empty(numel, dtype=dtype, device=device)
+            self.storage[name] = flat
+        return flat[:numel].view(shape)
+
+
+def n_remove(n_eligible: Tensor, fraction: float) -> Tensor:
+    """floor(p * n + 0.5) in float64, as an integer tensor of the shape of ``n_eligible``."""
+    return torch.floor(n_eligible.double() * fraction + 0.5).long()
+
+
+# ------------------------------------------------------------------------------------ rows
+def stable_select(key: Tensor, eligible: Tensor, k: Tensor, mode: str) -> Tensor:
+    """The rule by a stable sort of each row (R, n): top (comprehensiveness) or bottom k."""
+    n = eligible.sum(-1)
+    key = key.masked_fill(~eligible, float("-inf"))                    # ineligible rank last
+    order = torch.sort(key, dim=-1, descending=True, stable=True).indices   # ties: lower first
+    r = torch.arange(key.shape[-1], device=key.device)
+    if mode == "comprehensiveness":
+        chosen = r < k[..., None]
+    else:
+        chosen = (r >= (n - k)[..., None]) & (r < n[..., None])
+    return torch.zeros_like(eligible).scatter(-1, order, chosen)
+
+
+def sorted_values(key: Tensor, out: Tensor | None = None) -> Tensor:
+    """Each row's values in ascending order (numpy's vectorised sort on the CPU)."""
+    if key.device.type == "cpu" and key.dtype in (torch.float32, torch.float64):
+        out = key.clone() if out is None else out.copy_(key)
+        out.numpy().sort(axis=-1)
+        return out
+    return torch.sort(key, dim=-1).values
+
+
+def threshold_select(key: Tensor, n: Tensor, k: Tensor, mode: str,
+                     relative: Tensor | None = None, work: Workspace | None = None
+                     ) -> tuple[Tensor, Tensor]:
+    """Chosen candidates (R, N) bool and near rows (R,) bool, from one sort of the values.
+
+    Parameters
+    ----------
+    key : (R, N) scores, ineligible candidates at -inf for comprehensiveness and at +inf for
+        sufficiency (eligible ones finite); n : (R,) eligible count; k : (R,) how many to
+        remove; relative : (R,) relative rounding error of the scores (None: exact).
+    """
+    R, N = key.shape
+    comp = mode == "comprehensiveness"
+    m = k if comp else n - k                                           # candidates above the cut
+    sv = sorted_values(key, None if work is None else work.get("sorted", key.shape, key.dtype,
+                                                                key.device))
+    top = N if comp else n                           # sorted index just past the highest eligible
+    hi = sv.gather(-1, (top - m).clamp(0, N - 1)[:, None])[:, 0]
+    lo = sv.gather(-1, (top - m - 1).clamp(0, N - 1)[:, None])[:, 0]
+    cut = (m > 0) & (m < n)
+    if comp:
+        hi = hi.masked_fill(m == 0, float("inf"))
+        chosen = torch.ge(key, hi[:, None], out=_bool(work, key))
+    else:                                            # below the cut: < hi; +inf never is
+        hi = hi.masked_fill(m == 0, float("inf")).masked_fill(m == n, float("-inf"))
+        chosen = torch.lt(key, hi[:, None], out=_bool(work, key))
+    rel = 0.0 if relative is None else relative
+    near = cut & (hi - lo <= rel * (hi.abs() + lo.abs()))
+    return chosen, near
+
+
+def _bool(work: Workspace | None, like: Tensor) -> Tensor | None:
+    return None if work is None else work.get("chosen", like.shape, torch.bool, like.device)
+
+
+# ------------------------------------------------------------------------------------ granularity
+def _flat(x: Tensor) -> Tensor:
+    """(B, H, T, Tk) -> (B, T, Tk*H), key-major (the query granularity's candidate order)."""
+    B, H, T, Tk = x.shape
+    return x.permute(0, 2, 3, 1).reshape(B, T, Tk * H)
+
+
+def _keys(score: Tensor, eligible: Tensor, rank: str, granularity: str, fill: float,
+          work: Workspace | None, inplace: bool) -> tuple[Tensor, Tensor]:
+    """Ranking keys (..., n) with ineligible candidates at ``fill``, and eligible counts."""
+    B, H, T, Tk = score.shape
+    count = torch.count_nonzero(eligible, -1)                          # (B, 1|H, T)
+    if granularity == "head":
+        key = score if inplace else (score.clone() if work is None else
+                                     work.get("key", score.shape, score.dtype,
+                                              score.device).copy_(score))
+        if rank == "magnitude":
+            key.abs_()
+        return key.masked_fill_(~eligible, fill), count.expand(B, H, T)
+    if granularity == "query":
+        key = _flat(score.abs() if rank == "magnitude" else score)
+        e = _flat(eligible.expand(B, H, T, Tk))
+        return key.masked_fill_(~e, fill), count.sum(1) if count.shape[1] > 1 else count[:, 0] * H
+    if granularity == "token":
+        key = score.masked_fill(~eligible, 0.0).sum(1)                 # (B, T, Tk)
+        key = key.abs_() if rank == "magnitude" else key
+        e = eligible.any(1)
+        return key.masked_fill_(~e, fill), torch.count_nonzero(e, -1)
+    raise ValueError(f"unknown granularity '{granularity}'; use head, query or token")
+
+
+def _exact_rows(exact: Exact, idx: Tensor, e: Tensor, rank: str, granularity: str):
+    """Exact keys (n, Tk or Tk*H) and eligibility of the near rows ``idx`` (row indices)."""
+    B, H, T, Tk = e.shape
+    if granularity == "head":
+        b, h, i = idx // (H * T), idx // T % H, idx % T
+        s = exact(b, i, h)                                              # (n, Tk)
+        return (s.abs() if rank == "magnitude" else s), e[b, h, i]
+    b, i = idx // T, idx % T
+    s, eb = exact(b, i, None), e[b, :, i]                               # (n, H, Tk)
+    if granularity == "query":
+        flat = lambda x: x.transpose(1, 2).reshape(len(idx), Tk * H)    # noqa: E731
+        s = flat(s)
+        return (s.abs() if rank == "magnitude" else s), flat(eb)
+    s = s.masked_fill(~eb, 0.0).sum(1)
+    return (s.abs() if rank == "magnitude" else s), eb.any(1)
+
+
+def select(score: Tensor, eligible: Tensor, fraction: float, mode: str, rank: str = "signed",
+           granularity: str = "head", error: ErrorBound | None = None,
+           exact: Exact | None = None, work: Workspace | None = None,
+           inplace: bool = False) -> Tensor:
+    """Which (head, query, key) terms to remove: (B, H, T, Tk) bool.
+
+    Parameters
+    ----------
+    score : (B, H, T, Tk) metric scores; eligible : (B, 1 or H, T, Tk) bool.
+    error : the scores' rounding error (None: exact); exact : exact scores of near rows
+        (None: ``score`` itself, so only ties at the cut are near).
+    work : scratch tensors (the result may live in it: use it before the next call);
+    inplace : ``score`` may be overwritten (only with ``exact`` given).
+    """
+    B, H, T, Tk = score.shape
+    if exact is None:
+        exact, inplace = _given(score), False
+    fill = float("-inf") if mode == "comprehensiveness" else float("inf")
+    key, n = _keys(score, eligible, rank, granularity, fill, work, inplace)
+    N = key.shape[-1]
+    rel = None if error is None else error.relative
+    if rel is not None and granularity != "head":
+        rel = rel.amax(1)                                  # rows mix heads: the largest bound
+    k = n_remove(n, fraction).reshape(-1)
+    chosen, near = threshold_select(key.reshape(-1, N), n.reshape(-1), k, mode,
+                                    None if rel is None else rel.reshape(-1), work)
+    idx = near.nonzero()[:, 0]
+    if len(idx):
+        s64, e64 = _exact_rows(exact, idx, eligible.expand(B, H, T, Tk), rank, granularity)
+        chosen[idx] = stable_select(s64, e64, k[idx], mode)
+    if granularity == "head":
+        return chosen.view(B, H, T, Tk)
+    if granularity == "query":
+        return chosen.view(B, T, Tk, H).permute(0, 3, 1, 2)
+    return chosen.view(B, 1, T, Tk) & eligible.expand(B, H, T, Tk)
+
+
+def _given(score: Tensor) -> Exact:
+    """``exact`` for scores taken as exact: the rows of ``score`` itself."""
+    def rows(b: Tensor, i: Tensor, h: Tensor | None) -> Tensor:
+        return score[b, :, i] if h is None else score[b, h, i]
+    return rows

@@ -1,0 +1,243 @@
+"""The fast selection (attngeom.extract.selection) against the rule written with numpy.
+
+- On exact scores (many exact ties, padding, per-head masks, every granularity, rank, mode and a
+  range of fractions) it equals a numpy stable argsort of every ranking row.
+- Near-ties at the float32 margin: float32 scores that order the two keys at the cut the wrong
+  way round are decided from the float64 scores (and without them the result is wrong, so the
+  test can fail).
+- The float64 rows recomputed for near rows have the same bits as the full computation; the
+  float32 scores stay within their error bound (the signed ones: relative to |score| plus the
+  size of the term, alpha ||v~|| / ||o||); shared scratch tensors change nothing.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import pytest
+import torch
+
+try:
+    from tests import tiny_models as tm
+except ImportError:
+    import tiny_models as tm
+
+from attngeom.extract.hooks import attention_handler
+from attngeom.extract.interventions import (GRANULARITIES, METRICS, MODES, RANKS, Intervener,
+                                            Removal, forward_logits)
+from attngeom.extract.removal_scores import (ExactScores, attention_weights, exact_alpha,
+                                             fast_scores, logit_scale, metric_scores, rowmm)
+from attngeom.extract.selection import ErrorBound, Workspace, select
+
+FRACTIONS = (0.0, 0.02, 0.1, 0.25, 0.5, 0.9, 1.0)
+
+
+def numpy_rule(score, eligible, p, mode, rank, granularity):
+    """Removed (B, H, T, Tk) from the definition: numpy's stable argsort of each ranking row."""
+    score = np.asarray(score, dtype=np.float64)
+    B, H, T, Tk = score.shape
+    e = np.broadcast_to(np.asarray(eligible), score.shape)
+    out = np.zeros(score.shape, dtype=bool)
+    mag = np.abs if rank == "magnitude" else (lambda x: x)
+
+    def pick(values, candidates):
+        idx = np.flatnonzero(candidates)
+        order = idx[np.argsort(-values[idx], kind="stable")]        # higher first, ties: lower
+        k = int(np.floor(p * len(idx) + 0.5))
+        return order[:k] if mode == "comprehensiveness" else order[len(order) - k:]
+
+    for b in range(B):
+        for i in range(T):
+            if granularity == "head":
+                for h in range(H):
+                    out[b, h, i, pick(mag(score[b, h, i]), e[b, h, i])] = True
+            elif granularity == "query":                             # candidate j * H + h
+                chosen = pick(mag(score[b, :, i].T.reshape(-1)), e[b, :, i].T.reshape(-1))
+                out[b, chosen % H, i, chosen // H] = True
+            else:
+                total = mag(np.where(e[b, :, i], score[b, :, i], 0.0).sum(0))
+                out[b, :, i, pick(total, e[b, :, i].any(0))] = True
+                out[b, :, i] &= e[b, :, i]
+    return out
+
+
+def _eligible(B, H, T, per_head=False, seed=0):
+    e = torch.ones(T, T, dtype=torch.bool).tril()[None, None].repeat(B, H if per_head else 1, 1, 1)
+    e[-1, :, :, T - 3:] = False                                      # a padded sequence
+    e[-1, :, T - 3:, :] = False
+    if per_head:                                                     # a sliding window per head
+        g = torch.Generator().manual_seed(seed)
+        e &= torch.rand(e.shape, generator=g) > 0.2
+    return e
+
+
+@pytest.mark.parametrize("granularity", GRANULARITIES)
+@pytest.mark.parametrize("per_head", [False, True])
+def test_exact_scores_follow_the_rule(granularity, per_head):
+    gen = torch.Generator().manual_seed(7)
+    B, H, T = 2, 3, 11
+    ties = torch.randint(-3, 4, (B, H, T, T), generator=gen).float()          # many exact ties
+    reals = torch.randn(B, H, T, T, generator=gen)
+    eligible = _eligible(B, H, T, per_head)
+    work = Workspace()                          # reused by every call, as in a forward pass
+    for score in (ties, reals, ties.double()):
+        for p in FRACTIONS:
+            for mode in MODES:
+                for rank in RANKS:
+                    want = numpy_rule(score, eligible, p, mode, rank, granularity)
+                    got = select(score, eligible, p, mode, rank, granularity, work=work)
+                    assert np.array_equal(got.numpy(), want), (p, mode, rank)
+
+
+def _near_tie_scores(B, H, T, positive, seed):
+    """float64 scores whose every ranking row holds pairs 1e-9 apart (below float32's
+    resolution), and float32 scores that order every pair the wrong way round."""
+    g = np.random.default_rng(seed)
+    s64 = np.zeros((B, H, T, T))
+    s32 = np.zeros((B, H, T, T), dtype=np.float32)
+    for row in np.ndindex(B, H, T):
+        k = np.arange(1, T // 2 + 1) * g.uniform(0.5, 2.0)          # pair values, row-specific
+        sign = np.ones(len(k)) if positive else np.where(g.random(len(k)) < 0.5, -1.0, 1.0)
+        small, large = sign * k, sign * k * (1 + 1e-9)
+        where = g.permutation(T)
+        s64[row][where[0::2]], s64[row][where[1::2]] = small, large
+        s32[row][where[0::2]] = np.nextafter(large.astype(np.float32),
+                                             np.float32(np.inf) * sign.astype(np.float32))
+        s32[row][where[1::2]] = large.astype(np.float32)
+    return torch.from_numpy(s64), torch.from_numpy(s32)
+
+
+@pytest.mark.parametrize("granularity", GRANULARITIES)
+def test_near_ties_at_the_float32_margin_are_decided_in_float64(granularity):
+    B, H, T = 2, 3, 12
+    eligible = _eligible(B, H, T)
+    s64, s32 = _near_tie_scores(B, H, T, positive=granularity == "token", seed=1)
+    if granularity == "token":                  # the head sum is then head 0's near-tied score
+        s64[:, 1:], s32[:, 1:] = 0.0, 0.0
+    error = ErrorBound(torch.full((B, H, T), 1e-6))                  # > float32 rounding here
+
+    def exact(b, i, h):
+        return s64[b, :, i] if h is None else s64[b, h, i]
+
+    wrong = 0
+    for p in (0.1, 0.25, 0.5):
+        for mode in MODES:
+            for rank in RANKS:
+                want = numpy_rule(s64, eligible, p, mode, rank, granularity)
+                got = select(s32.clone(), eligible, p, mode, rank, granularity, error, exact,
+                             Workspace(), inplace=True)
+                assert np.array_equal(got.numpy(), want), (p, mode, rank)
+                plain = select(s32, eligible, p, mode, rank, granularity)
+                wrong += not np.array_equal(plain.numpy(), want)
+    assert wrong > 0                          # float32 alone gets these rows wrong
+
+
+# ------------------------------------------------------------------------------ on a model
+@functools.lru_cache(maxsize=None)
+def _layers(arch: str = "llama"):
+    """Each attention layer's inputs in a clean pass of a tiny model, and its handler."""
+    model = tm.build(arch, seed=0)
+    inputs = tm.example_inputs(arch, model, batch=2, seq_len=12, seed=1)
+    seen, handler = [], Intervener(model)
+
+    class Recorder:
+        token_mask = inputs["attention_mask"].bool()
+
+        def attend(self, call):
+            allowed = call.allowed & self.token_mask[:, None, None, :]
+            seen.append((handler.projection(call.index), call.query, call.key, call.value,
+                         allowed, call.scaling, call.softcap))
+            handler.token_mask = self.token_mask
+            return handler.attend(call)
+
+    with torch.no_grad(), attention_handler(model, Recorder()):
+        model(**inputs, use_cache=False)
+    return model, inputs, seen
+
+
+@pytest.mark.parametrize("metric", METRICS)
+def test_recomputed_rows_have_the_bits_of_the_full_computation(metric):
+    _, _, seen = _layers()
+    for proj, q, k, v, allowed, scale, softcap in seen:
+        B, H, T, _ = q.shape
+        kf, vf = k.repeat_interleave(H // k.shape[1], 1), v.repeat_interleave(H // k.shape[1], 1)
+        alpha = exact_alpha(q, kf, allowed, scale, softcap)
+        full = metric_scores(metric, alpha, vf.double(), rowmm(alpha, vf.double()), proj)
+        rows = ExactScores(metric, q, k, v, allowed, scale, softcap, proj)
+        b, i = torch.tensor([1, 0, 1, 0]), torch.tensor([0, 5, 11, 7])
+        h = torch.tensor([3, 0, 1, 2])
+        assert torch.equal(rows(b, i, h), full[b, h, i])
+        assert torch.equal(rows(b, i, None), full[b, :, i])
+        rows.CHUNK = 2 * k.shape[2] * H                # gathered a few rows at a time
+        assert torch.equal(rows(b, i, h), full[b, h, i])
+        assert torch.equal(rows(b, i, None), full[b, :, i])
+
+
+@pytest.mark.parametrize("metric", METRICS)
+def test_fast_scores_stay_within_their_bound(metric):
+    _, _, seen = _layers()
+    for proj, q, k, v, allowed, scale, softcap in seen:
+        H = q.shape[1]
+        alpha64 = exact_alpha(q, k.repeat_interleave(H // k.shape[1], 1), allowed, scale,
+                              softcap)
+        vf = v.repeat_interleave(H // k.shape[1], 1).double()
+        want = metric_scores(metric, alpha64, vf, rowmm(alpha64, vf), proj)
+        alpha = attention_weights(q, k, allowed, scale, softcap, torch.float32)
+        p32 = type(proj)(weight=proj.weight.float(), gram=proj.gram.float(),
+                         full=proj.full.float())
+        got, error = fast_scores(metric, alpha.clone(), v, p32, logit_scale(q, k, scale))
+        err = (got.double() - want).abs()
+        size = got.double().abs()
+        if metric == "contribution":             # signed: relative to |score| + the term's size
+            size = size + metric_scores("value_weighted_normalized", alpha64, vf,
+                                        rowmm(alpha64, vf), proj)
+        elif metric == "contribution_layer":
+            B, _, T, dh = q.shape
+            o = rowmm(rowmm(alpha64, vf).transpose(1, 2).reshape(B, T, H * dh), proj.weight)
+            size = size + metric_scores("value_weighted", alpha64, vf, None, proj) / \
+                o.norm(dim=-1)[:, None, :, None]
+        bound = error.relative[..., None].double() * size
+        real = allowed.expand_as(err)
+        assert err[real].max() > 0                                   # float32 really differs
+        assert (err <= bound)[real].all(), float((err / bound)[real].max())
+
+
+def test_shared_scratch_tensors_change_nothing():
+    model, inputs, _ = _layers()
+    removals = [Removal(m, mode, 0.3, "magnitude", g) for m in ("attention", "contribution")
+                for mode in MODES for g in GRANULARITIES]
+    work, shared = Workspace(), {}
+    for r in removals:
+        together = forward_logits(model, inputs, Intervener(model, removal=r, workspace=work,
+                                                            projections=shared))
+        alone = forward_logits(model, inputs, Intervener(model, removal=r))
+        assert torch.equal(together, alone), r
+
+
+def test_learned_sinks_join_the_softmax():
+    """alpha with learned sink logits (gpt-oss) against numpy: the sink is a virtual key with no
+    value, so a row's alpha sums to 1 - sink weight; a query with no allowed key puts all its
+    weight on the sink. Float32 (fast), float64 (exact) and recomputed rows agree."""
+    gen = torch.Generator().manual_seed(3)
+    B, H, G, T, dh, scale = 2, 4, 2, 6, 8, 0.35
+    q, k = torch.randn(B, H, T, dh, generator=gen), torch.randn(B, G, T, dh, generator=gen)
+    sinks = 2 * torch.randn(1, H, 1, generator=gen)
+    allowed = torch.ones(T, T).tril().bool().expand(B, 1, T, T).clone()
+    allowed[1, 0, 2] = False                                   # a query with no allowed key
+    logits = np.einsum("bhid,bhjd->bhij", q.double().numpy(),
+                       np.repeat(k.double().numpy(), H // G, 1)) * scale
+    logits = np.where(allowed.numpy(), logits, -np.inf)
+    full = np.concatenate([logits, np.broadcast_to(sinks.double().numpy()[..., None],
+                                                   (B, H, T, 1))], -1)
+    p = np.exp(full - full.max(-1, keepdims=True))
+    want = (p / p.sum(-1, keepdims=True))[..., :-1]
+    assert np.allclose(want[1, :, 2], 0.0)
+    fast = attention_weights(q, k, allowed, scale, None, torch.float32, sinks)
+    np.testing.assert_allclose(fast.numpy(), want, atol=1e-6)
+    exact = exact_alpha(q, k.repeat_interleave(H // G, 1), allowed, scale, None, sinks)
+    np.testing.assert_allclose(exact.numpy(), want, atol=1e-12)
+    rows = ExactScores("attention", q, k, k, allowed, scale, None, None, sinks)
+    b, i, h = torch.tensor([1, 0, 1]), torch.tensor([2, 5, 3]), torch.tensor([3, 0, 1])
+    assert torch.equal(rows(b, i, h), exact[b, h, i])
+    assert torch.equal(rows(b, i, None), exact[b, :, i])
