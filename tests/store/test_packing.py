@@ -218,8 +218,8 @@ def test_shards_hold_int16_that_plain_xarray_decodes(pair, mode):
             q, attrs = raw[name]
             p = PACKED_VARIABLES[name]
             assert q.dtype == np.int16 and packing_problem("packed", name, q.dtype, attrs) is None
-            cf = np.where(q == FILL, np.nan, attrs["add_offset"][0] + attrs["scale_factor"][0]
-                          * q.astype(np.float64))                 # the CF formula by hand
+            offset, scale = (np.ravel(attrs[k])[0] for k in ("add_offset", "scale_factor"))
+            cf = np.where(q == FILL, np.nan, offset + scale * q.astype(np.float64))   # CF by hand
             want = plain[name].values.astype(np.float64)
             got = packed[name].values
             assert got.dtype == np.float32, name
