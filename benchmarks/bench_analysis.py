@@ -9,7 +9,12 @@ subprocess (peak RSS by ``os.wait4``), alternating:
   decompressed into memory, one shard at a time (the I/O floor);
 * ``analyze``: ``attngeom.analysis.run_all(open_store(...), out)``.
 
-Threads: BLAS/OpenMP threads (environment) and dask's workers (``synchronous`` at 1). The
+Threads: BLAS/OpenMP threads (environment) and dask's workers (``synchronous`` at 1). At 1 the
+whole analysis runs in one process; above 1 ``run_all`` uses what ``attngeom analyze`` uses by
+default: dask's threads for the reads and ``threads - 1`` (at most 4) processes fitting each
+layer's convexity models while the next layer is read (``fit_workers=None``). Peak RSS is the
+largest single process (``wait4``); ``analyze`` also reports its own and its largest worker's
+peak, whose sum bounds the total. The
 target (issue 17): ``analyze`` within 3x ``plain_read`` at the same threads, at 200 and 2,000
 sequences, and 2,000 sequences x 30 layers x 9 heads x 256 queries within 4 GiB.
 
@@ -73,11 +78,17 @@ def _child(case: str, store: str, out: str, threads: int, trace: bool) -> None:
     from attngeom.analysis import run_all
     from attngeom.store.reader import open_store
     t1 = time.perf_counter()
+    import resource
+
+    from attngeom.analysis.blocks import default_fit_workers
     sampler = PeakSampler() if trace else None
     ds = open_store(store)
     run_all(ds, out, progress=False)
     t2 = time.perf_counter()
-    rec = {"import_s": t1 - t0, "analysis_s": t2 - t1}
+    kib = 1024 / 2**20
+    rec = {"import_s": t1 - t0, "analysis_s": t2 - t1, "fit_workers": default_fit_workers(),
+           "self_peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * kib,
+           "worker_peak_rss_mib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * kib}
     if sampler:
         rec["rss_peak_at"] = sampler.stop()
     print(json.dumps(rec), flush=True)
@@ -204,6 +215,10 @@ def main(argv=None) -> int:
                       "target_ratio": 3.0,
                       "plain_read_peak_rss_mib": read["peak_rss_mib"],
                       "analyze_peak_rss_mib": run["peak_rss_mib"],
+                      "analyze_fit_workers": run.get("fit_workers"),
+                      "analyze_self_peak_rss_mib": run.get("self_peak_rss_mib"),
+                      "analyze_worker_peak_rss_mib": run.get("worker_peak_rss_mib"),
+                      "plain_read_cpu_s": read.get("cpu_s"), "analyze_cpu_s": run.get("cpu_s"),
                       "target_rss_gib": TARGET_GIB if n >= 2000 else None,
                       "load_avg_1m": os.getloadavg()[0],
                       "generate": {k: v for k, v in gen.items() if k != "store"}})
