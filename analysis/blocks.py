@@ -174,11 +174,6 @@ def default_fit_workers() -> int:
     return max(0, min(int(cores) - 1, MAX_FIT_WORKERS))
 
 
-def warm() -> None:
-    """Runs in a fresh fit worker: import the fitting code before the first layer is due."""
-    from . import convexity  # noqa: F401
-
-
 @contextmanager
 def fit_pool(workers: int | None = None):
     """A process pool of ``workers`` (None: :func:`default_fit_workers`) for per-layer fits
@@ -199,6 +194,6 @@ def fit_pool(workers: int | None = None):
 
     method = "fork" if sys.platform == "linux" else None
     with ProcessPoolExecutor(n, mp_context=multiprocessing.get_context(method)) as pool:
-        for _ in range(n):
-            pool.submit(warm)
+        for _ in range(n):                 # start the workers now, not when layer 0 is due
+            pool.submit(int)
         yield pool
