@@ -16,8 +16,8 @@ Threads: BLAS/OpenMP threads (environment) and dask's workers (``synchronous`` a
 whole analysis runs in one process; above 1 ``run_all`` uses what ``attngeom analyze`` uses by
 default: dask's threads for the reads and ``threads - 1`` (at most 4) processes fitting each
 layer's convexity models while the next layer is read (``fit_workers=None``). Peak RSS is the
-largest single process (``wait4``); ``analyze`` also reports its own and its largest child process's
-peak, whose sum bounds the total. The
+largest single process (``wait4``); ``analyze`` also reports its own peak and its largest
+child process's, whose sum bounds the total. The
 target (issue 17): ``analyze`` within 3x ``plain_read`` at the same threads, at 200 and 2,000
 sequences, and 2,000 sequences x 30 layers x 9 heads x 256 queries within 4 GiB.
 
