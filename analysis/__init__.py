@@ -22,7 +22,8 @@ from attngeom.store.writer import write_bytes, write_netcdf
 
 from ._common import with_provenance
 from .anti_alignment import AntiAlignmentAccumulator, anti_alignment
-from .blocks import DEFAULT_BLOCK_ELEMENTS, describe, require, run_pass
+from .blocks import (DEFAULT_BLOCK_ELEMENTS, default_fit_workers, describe, fit_pool,
+                     require, run_pass)
 from .convexity import ConvexityAccumulator, convexity
 from .decomposition import DecompositionAccumulator, decomposition, elementwise_groups
 from .sinks import SinkAccumulator, add_learned_sinks, sinks
@@ -41,7 +42,8 @@ NEEDED = [S.ALPHA, S.COSINE, S.VALUE_NORM, S.OUTPUT_NORM, S.SINK_VALUE_COSINE,
 def run_all(ds: xr.Dataset, out_dir: str | os.PathLike | None = None,
             options: AnalysisOptions | None = None, *, mixed: bool = True,
             progress: bool = True, block_elements: int = DEFAULT_BLOCK_ELEMENTS,
-            scheduler: str | None = None, **changes) -> dict:
+            scheduler: str | None = None, fit_workers: int | None = None,
+            **changes) -> dict:
     """Run the four analyses in one pass over the store; write them when ``out_dir`` is given.
 
     ``options`` (:class:`attngeom.store.options.AnalysisOptions`: sink_k, tail_w, epsilon,
@@ -51,6 +53,11 @@ def run_all(ds: xr.Dataset, out_dir: str | os.PathLike | None = None,
     ``scheduler``: None (dask's in-process scheduler), ``"local:N"`` (a dask.distributed
     ``LocalCluster`` of N worker processes, started and closed here) or ``"tcp://HOST:PORT"``
     (a running dask scheduler): the store is read and reduced there, with identical results.
+
+    ``fit_workers``: processes that fit each layer's convexity models (OLS, bootstrap, LOWESS)
+    while the next layer is read; None follows dask (0 under the synchronous scheduler, else
+    one fewer than dask's workers, at most 4: :func:`attngeom.analysis.blocks.fit_pool`); the
+    results are identical.
 
     Returns
     -------
@@ -64,19 +71,21 @@ def run_all(ds: xr.Dataset, out_dir: str | os.PathLike | None = None,
     info = describe(ds, opts.sink_k, opts.tail_w, layers)
     ds.attngeom.groups(info.k, info.w).require_groups()
     analytic = info.store_k == 1
-    accs = {"sinks": SinkAccumulator(info.heads, opts.epsilon),
-            "convexity": ConvexityAccumulator(info.heads, n_boot=opts.n_boot, seed=opts.seed,
-                                              level=opts.level, analytic=analytic),
-            "anti_alignment": AntiAlignmentAccumulator(info.heads, level=opts.level,
-                                                        mixed=mixed, seed=opts.seed),
-            "decomposition": DecompositionAccumulator(elementwise_groups(ds))}
     from attngeom.store.distributed import scheduler as dask_scheduler
 
-    with dask_scheduler(scheduler):
+    workers = default_fit_workers() if fit_workers is None else int(fit_workers)
+    with dask_scheduler(scheduler), fit_pool(workers) as pool:
+        accs = {"sinks": SinkAccumulator(info.heads, opts.epsilon),
+                "convexity": ConvexityAccumulator(
+                    info.heads, n_boot=opts.n_boot, seed=opts.seed, level=opts.level,
+                    analytic=analytic, executor=pool, max_pending=workers),
+                "anti_alignment": AntiAlignmentAccumulator(info.heads, level=opts.level,
+                                                            mixed=mixed, seed=opts.seed),
+                "decomposition": DecompositionAccumulator(elementwise_groups(ds))}
         run_pass(ds, info, list(accs.values()), elements=block_elements, progress=progress)
+        results = {name: acc.result() for name, acc in accs.items()}
     params = provenance(opts, sink_k=info.k, tail_w=info.w)
-    results = {name: with_provenance(acc.result(), ds.attrs, **params)
-               for name, acc in accs.items()}
+    results = {name: with_provenance(res, ds.attrs, **params) for name, res in results.items()}
     results["sinks"] = add_learned_sinks(results["sinks"], ds, info.k)
     results["summary"] = summary_table(results["sinks"], results["convexity"],
                                        results["anti_alignment"], results["decomposition"])

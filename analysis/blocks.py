@@ -9,7 +9,10 @@ the analyses' accumulators.
 
 from __future__ import annotations
 
+import os
+import sys
 import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -21,6 +24,8 @@ from attngeom.store.groups import KeyGroups
 from attngeom.store.vocab import GROUPS
 
 DEFAULT_BLOCK_ELEMENTS = 4_000_000  # float64 cells of one (sequence, head, query, key) block
+MAX_FIT_WORKERS = 4  # processes for the per-layer fits (each holds one layer's rows)
+SERIAL_SCHEDULERS = ("synchronous", "sync", "single-threaded")
 
 
 @dataclass(frozen=True)
@@ -155,3 +160,40 @@ def run_pass(ds: xr.Dataset, info: StoreInfo, accumulators: list[Accumulator], *
             block = None
             for acc in accumulators:
                 acc.end_layer(layer)
+
+
+def default_fit_workers() -> int:
+    """Worker processes for the per-layer model fits, following dask's configuration: 0 (fits
+    in this process) under the synchronous scheduler or with one worker, else one fewer than
+    dask's workers (default: every core), at most ``MAX_FIT_WORKERS``."""
+    import dask
+
+    if dask.config.get("scheduler", None) in SERIAL_SCHEDULERS:
+        return 0
+    cores = dask.config.get("num_workers", None) or os.cpu_count() or 1
+    return max(0, min(int(cores) - 1, MAX_FIT_WORKERS))
+
+
+@contextmanager
+def fit_pool(workers: int | None = None):
+    """A process pool of ``workers`` (None: :func:`default_fit_workers`) for per-layer fits
+    that run while the next layer is read; yields None (fit in this process) at 0.
+
+    Processes, not threads: statsmodels' LOWESS and OLS hold the GIL. On Linux the workers are
+    forked at the start of the pass (they only fit numpy arrays: no store file or dask state
+    is used there); elsewhere Python's default start method (spawn), which re-imports the
+    calling script, so a script there needs the ``if __name__ == "__main__":`` guard (or
+    ``fit_workers=0``).
+    """
+    n = default_fit_workers() if workers is None else int(workers)
+    if n <= 0:
+        yield None
+        return
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    method = "fork" if sys.platform == "linux" else None
+    with ProcessPoolExecutor(n, mp_context=multiprocessing.get_context(method)) as pool:
+        for _ in range(n):                 # start the workers now, not when layer 0 is due
+            pool.submit(int)
+        yield pool

@@ -24,6 +24,7 @@ of the vertex inside (0, 1); ``interior_minimum_boot`` the same with the bootstr
 from __future__ import annotations
 
 import warnings
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 
 import numpy as np
 import statsmodels.api as sm
@@ -131,6 +132,37 @@ def lowess_curve(x, y, grid=DEFAULT_GRID, max_points: int = 2000, rng=None,
     return np.where((grid >= x.min()) & (grid <= x.max()), curve, np.nan)
 
 
+def _fit_rows(rows, rng, n_boot, level, grid, lowess_points) -> tuple[dict, np.ndarray]:
+    """Quadratic fit, analytic-vertex quartiles and LOWESS curve of one head's (or the pooled)
+    rows (x, y, sequence, analytic vertex) gathered block by block."""
+    x, y, g, star = (np.concatenate(c) for c in zip(*rows))
+    fit = fit_quadratic(x, y, g, n_boot=n_boot, rng=rng, level=level)
+    star = star[np.isfinite(star)]
+    if star.size:
+        lo, med, hi = np.percentile(star, [25, 50, 75])
+        fit.update(analytic_vertex_median=med, analytic_vertex_iqr_low=lo,
+                   analytic_vertex_iqr_high=hi)
+    return fit, lowess_curve(x, y, grid, lowess_points, rng)
+
+
+def fit_layer(rows: list[list[tuple]], layer_pos: int, seed: int, n_boot: int, level: float,
+              grid: np.ndarray, lowess_points: int
+              ) -> tuple[list[dict], np.ndarray, dict, np.ndarray]:
+    """Fits of one layer: per head (``rows[h]``) and pooled over heads, each with its own
+    generator ``default_rng([seed, layer_pos, head_pos])`` (pooled: head_pos = H).
+
+    Returns (fits per head, curves (H, grid), pooled fit, pooled curve); a module-level
+    function so that a process pool can run it.
+    """
+    def rng(h):
+        return np.random.default_rng([seed, layer_pos, h])
+    fits, curves = zip(*(_fit_rows(r, rng(h), n_boot, level, grid, lowess_points)
+                         for h, r in enumerate(rows)))
+    pooled, curve = _fit_rows([r for head in rows for r in head], rng(len(rows)), n_boot,
+                              level, grid, lowess_points)
+    return list(fits), np.stack(curves), pooled, curve
+
+
 class ConvexityAccumulator:
     """Collects (sink rate, output norm, sequence, analytic vertex) rows per head of a layer."""
 
@@ -138,8 +170,10 @@ class ConvexityAccumulator:
     groups = (SINK,)
 
     def __init__(self, heads, *, n_boot=N_BOOT, seed=SEED, level=LEVEL, grid=DEFAULT_GRID,
-                 analytic=True, lowess_points=2000):
+                 analytic=True, lowess_points=2000, executor=None, max_pending: int = 1):
         self.heads, self.n_boot, self.seed, self.level = heads, n_boot, seed, level
+        self.executor, self.max_pending = executor, max(1, int(max_pending))
+        self._layer_fits: list[Future] = []  # per layer: fit_layer's result
         self.grid, self.analytic, self.lowess_points = np.asarray(grid), analytic, lowess_points
         self.layers: list = []
         self.fits: list[list[dict]] = []
@@ -163,31 +197,32 @@ class ConvexityAccumulator:
             ok = np.isfinite(x[:, h]) & np.isfinite(y[:, h])
             self._rows[h].append((x[:, h][ok], y[:, h][ok], seq[ok], star[:, h][ok]))
 
-    def _rng(self, layer_pos: int, head_pos: int):
-        return np.random.default_rng([self.seed, layer_pos, head_pos])
-
-    def _fit(self, rows, rng) -> tuple[dict, np.ndarray]:
-        x, y, g, star = (np.concatenate(c) for c in zip(*rows))
-        fit = fit_quadratic(x, y, g, n_boot=self.n_boot, rng=rng, level=self.level)
-        star = star[np.isfinite(star)]
-        if star.size:
-            lo, med, hi = np.percentile(star, [25, 50, 75])
-            fit.update(analytic_vertex_median=med, analytic_vertex_iqr_low=lo,
-                       analytic_vertex_iqr_high=hi)
-        return fit, lowess_curve(x, y, self.grid, self.lowess_points, rng)
-
     def end_layer(self, layer) -> None:
-        pos = len(self.layers)
-        fits, curves = zip(*(self._fit(rows, self._rng(pos, h))
-                             for h, rows in enumerate(self._rows)))
-        pooled, curve = self._fit([r for rows in self._rows for r in rows],
-                                  self._rng(pos, len(self.heads)))
-        self.fits.append(list(fits))
-        self.curves.append(np.stack(curves))
-        self.pooled.append(pooled)
-        self.pooled_curves.append(curve)
+        """Fit the layer's heads and pooled rows: here, or in ``executor``'s worker processes
+        while the next layer is read (at most ``max_pending`` layers' rows in flight)."""
+        args = (self._rows, len(self.layers), self.seed, self.n_boot, self.level, self.grid,
+                self.lowess_points)
+        if self.executor is None:
+            done = Future()
+            done.set_result(fit_layer(*args))
+            self._layer_fits.append(done)
+        else:
+            pending = [f for f in self._layer_fits if not f.done()]
+            while len(pending) >= self.max_pending:      # bound the rows held in flight
+                wait(pending, return_when=FIRST_COMPLETED)
+                pending = [f for f in pending if not f.done()]
+            self._layer_fits.append(self.executor.submit(fit_layer, *args))
         self.layers.append(layer)
         self._rows = [[] for _ in self.heads]
+
+    def _collect(self) -> None:
+        for fl in self._layer_fits:
+            fits, curves, pooled, curve = fl.result()
+            self.fits.append(fits)
+            self.curves.append(curves)
+            self.pooled.append(pooled)
+            self.pooled_curves.append(curve)
+        self._layer_fits = []
 
     def _flags(self, out: xr.Dataset, prefix: str) -> None:
         convex = (out[f"{prefix}beta2"] > 0) & (out[f"{prefix}q_value"] < self.level)
@@ -197,6 +232,7 @@ class ConvexityAccumulator:
                 convex & (out[f"{prefix}{ci}_low"] > 0) & (out[f"{prefix}{ci}_high"] < 1))
 
     def result(self) -> xr.Dataset:
+        self._collect()
         coords = {S.LAYER: self.layers, S.HEAD: self.heads, GRID: self.grid}
         data = {n: ((S.LAYER, S.HEAD), np.array([[f[n] for f in fl] for fl in self.fits]))
                 for n in FIT_NAMES}

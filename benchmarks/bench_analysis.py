@@ -9,7 +9,15 @@ subprocess (peak RSS by ``os.wait4``), alternating:
   decompressed into memory, one shard at a time (the I/O floor);
 * ``analyze``: ``attngeom.analysis.run_all(open_store(...), out)``.
 
-Threads: BLAS/OpenMP threads (environment) and dask's workers (``synchronous`` at 1). The
+The store's files are read once before the cases (``--no-warm-cache`` to skip), so that the
+first case does not also time the disk.
+
+Threads: BLAS/OpenMP threads (environment) and dask's workers (``synchronous`` at 1). At 1 the
+whole analysis runs in one process; above 1 ``run_all`` uses what ``attngeom analyze`` uses by
+default: dask's threads for the reads and ``threads - 1`` (at most 4) processes fitting each
+layer's convexity models while the next layer is read (``fit_workers=None``). Peak RSS is the
+largest single process (``wait4``); ``analyze`` also reports its own peak and its largest
+child process's, whose sum bounds the total. The
 target (issue 17): ``analyze`` within 3x ``plain_read`` at the same threads, at 200 and 2,000
 sequences, and 2,000 sequences x 30 layers x 9 heads x 256 queries within 4 GiB.
 
@@ -73,11 +81,17 @@ def _child(case: str, store: str, out: str, threads: int, trace: bool) -> None:
     from attngeom.analysis import run_all
     from attngeom.store.reader import open_store
     t1 = time.perf_counter()
+    import resource
+
+    from attngeom.analysis.blocks import default_fit_workers
     sampler = PeakSampler() if trace else None
     ds = open_store(store)
     run_all(ds, out, progress=False)
     t2 = time.perf_counter()
-    rec = {"import_s": t1 - t0, "analysis_s": t2 - t1}
+    kib = 1024 / 2**20
+    rec = {"import_s": t1 - t0, "analysis_s": t2 - t1, "fit_workers": default_fit_workers(),
+           "self_peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * kib,
+           "children_peak_rss_mib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * kib}
     if sampler:
         rec["rss_peak_at"] = sampler.stop()
     print(json.dumps(rec), flush=True)
@@ -129,6 +143,18 @@ def available() -> str | None:
     return None
 
 
+def warm_page_cache(store: Path) -> float:
+    """Read every file of the store once, so that both cases find it in the page cache (the
+    first case would otherwise also time the disk); seconds taken."""
+    t0 = time.perf_counter()
+    for f in sorted(store.rglob("*")):
+        if f.is_file():
+            with open(f, "rb") as fh:
+                while fh.read(1 << 24):
+                    pass
+    return time.perf_counter() - t0
+
+
 def _ratio(a, b):
     return a / b if a and b else None
 
@@ -165,6 +191,8 @@ def main(argv=None) -> int:
                    help="also report the call stack where the RSS peaked (sampled)")
     p.add_argument("--threads", default="1,all",
                    help="comma-separated thread counts (all: every core)")
+    p.add_argument("--no-warm-cache", dest="warm_cache", action="store_false",
+                   help="do not read the store's files once before the cases")
     p.add_argument("--child", nargs=4, metavar=("CASE", "STORE", "OUT", "THREADS"),
                    help=argparse.SUPPRESS)
     a = p.parse_args(argv)
@@ -193,6 +221,7 @@ def main(argv=None) -> int:
                 log(f"analysis: generating {store.name}")
                 gen = generate(store, n, a.layers, a.heads, a.length)
             nbytes = sum(f.stat().st_size for f in store.rglob("*") if f.is_file())
+            warm_s = warm_page_cache(store) if a.warm_cache else None
             for t in threads:
                 recs = {case: _run(case, store, t, a) for case in ("plain_read", "analyze")}
                 read, run = recs["plain_read"], recs["analyze"]
@@ -204,8 +233,12 @@ def main(argv=None) -> int:
                       "target_ratio": 3.0,
                       "plain_read_peak_rss_mib": read["peak_rss_mib"],
                       "analyze_peak_rss_mib": run["peak_rss_mib"],
+                      "analyze_fit_workers": run.get("fit_workers"),
+                      "analyze_self_peak_rss_mib": run.get("self_peak_rss_mib"),
+                      "analyze_children_peak_rss_mib": run.get("children_peak_rss_mib"),
+                      "plain_read_cpu_s": read.get("cpu_s"), "analyze_cpu_s": run.get("cpu_s"),
                       "target_rss_gib": TARGET_GIB if n >= 2000 else None,
-                      "load_avg_1m": os.getloadavg()[0],
+                      "load_avg_1m": os.getloadavg()[0], "page_cache_warm_s": warm_s,
                       "generate": {k: v for k, v in gen.items() if k != "store"}})
     finally:
         if not a.cache:

@@ -46,6 +46,7 @@ class StoreAccessor:
 
     def __init__(self, ds: xr.Dataset):
         self._ds = ds
+        self._mask_cache: dict = {}  # (names, dtype, sequences) -> mask variables (no layer)
 
     # ------------------------------------------------------------------ layout
     @property
@@ -198,7 +199,9 @@ class StoreAccessor:
         """Read the quantities ``names`` of one layer and a run of sequences into memory.
 
         Every variable (with ``length``, ``finite`` and ``special`` for the masks) is read in
-        one dask computation; float variables are cast to ``dtype``; dims are in the schema's
+        one dask computation; the masks, which have no layer dim, only with the first block of
+        a run of sequences (then kept on this accessor for the other layers' blocks); float
+        variables are cast to ``dtype``; dims are in the schema's
         order. A dense store's pair variables are read over all keys only when ``groups``
         goes beyond the sink (else keys < ``k``, default the store's k).
         """
@@ -206,7 +209,15 @@ class StoreAccessor:
 
         groups = tuple(groups)
         ds = self._ds
-        wanted = [n for n in self.sources(names, groups) + list(MASK_VARIABLES) if n in ds]
+        wanted = [n for n in self.sources(names, groups) if n in ds]
+        masks = [n for n in MASK_VARIABLES if n in ds and n not in wanted]
+        wanted += [n for n in masks if S.LAYER in ds[n].dims]   # per layer: read with it
+        masks = tuple(n for n in masks if n not in wanted)    # per sequence: read once
+        key = (masks, np.dtype(dtype).str, None if sequences is None else
+               (sequences.start, sequences.stop, sequences.step))
+        cached = self._mask_cache.get(key)
+        if cached is None:
+            wanted += masks
         sub = ds[list(dict.fromkeys(wanted))]
         if sequences is not None:
             sub = sub.isel({S.SEQUENCE: sequences})
@@ -231,6 +242,10 @@ class StoreAccessor:
             arr = np.asarray(arr)
             data[name] = var.copy(deep=False, data=arr.astype(dtype, copy=False)
                                   if arr.dtype.kind == "f" else arr)
+        if cached is None:      # kept for the blocks of the other layers
+            self._mask_cache[key] = {n: data[n] for n in masks}
+        else:
+            data.update(cached)
         attrs = {**ds.attrs, "mode": self.layout, "sink_k": self.sink_k}
         if self.tail_w is not None:
             attrs["tail_w"] = self.tail_w

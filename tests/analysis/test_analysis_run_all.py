@@ -151,3 +151,27 @@ def test_cli_rejects_bad_layers(tmp_path, capsys):
     with pytest.raises(SystemExit):
         cli.main(["analyze", "x", "--out", str(tmp_path), "--layers", "a-b"])
     assert "--layers" in capsys.readouterr().err
+
+
+def test_fits_in_worker_processes_equal_fits_in_process(store):
+    """The per-layer fits sent to a process pool (one layer in flight, so the pass waits on
+    it) give exactly what fitting in this process gives, layer by layer in order."""
+    ds = to_compact(store)
+    serial = run_all(ds, n_boot=20, progress=False, fit_workers=0)
+    pooled = run_all(ds, n_boot=20, progress=False, fit_workers=1)
+    for name in ("convexity", "sinks", "anti_alignment", "decomposition"):
+        xr.testing.assert_identical(serial[name], pooled[name])
+    assert list(pooled["convexity"]["layer"].values) == list(ds["layer"].values)
+    assert np.isfinite(pooled["convexity"]["lowess"].values).any()
+
+
+def test_fit_workers_follow_dask():
+    import dask
+
+    from attngeom.analysis.blocks import MAX_FIT_WORKERS, default_fit_workers
+    with dask.config.set(scheduler="synchronous"):
+        assert default_fit_workers() == 0
+    with dask.config.set(scheduler="threads", num_workers=3):
+        assert default_fit_workers() == 2
+    with dask.config.set(scheduler="threads", num_workers=64):
+        assert default_fit_workers() == MAX_FIT_WORKERS

@@ -234,3 +234,18 @@ def test_real_stores_dense_and_compact_agree(opened):
     with warnings.catch_warnings():
         warnings.simplefilter("error")                         # clean stores warn nothing
         assert bool(compact.sequence_ok.all())
+
+
+def test_load_block_reads_the_masks_once_per_run_of_sequences(geo):
+    """The masks (no layer dim) come with the first layer's block and are reused after."""
+    store = to_compact(geo[0]).chunk({"sequence": 3})
+    first = store.attngeom.load_block(["alpha"], layer=0, sequences=slice(2, 7))
+    with _Computes() as computes:
+        second = store.attngeom.load_block(["alpha"], layer=1, sequences=slice(2, 7))
+    assert computes.n == 1
+    for name in ("length", "finite"):
+        assert np.shares_memory(first[name].values, second[name].values)
+        np.testing.assert_array_equal(second[name].values,
+                                      store[name].isel(sequence=slice(2, 7)).values)
+    other = store.attngeom.load_block(["alpha"], layer=1, sequences=slice(0, 2))
+    np.testing.assert_array_equal(other["length"].values, store["length"].values[:2])
