@@ -3,9 +3,9 @@
 One forward pass per (metric, rank, mode, fraction) and batch, plus a clean pass and, with
 ``drift``, a sink-zeroed pass (:mod:`.interventions`). Units (texts or items) are processed in
 blocks; each finished block is written atomically to ``<out>/<name>.partial/`` so a killed run
-resumes where it stopped (:func:`attngeom.store.writer.open_partial`). The result,
+resumes where it stopped (:func:`attngeom.store.result_files.open_partial`). The result,
 ``<out>/<name>.nc``, is described in :mod:`.faithfulness_output`;
-:func:`attngeom.store.writer.record_result` writes it and records its file, checksum and config
+:func:`attngeom.store.result_files.record_result` writes it and records its file, checksum and config
 in the store manifest (a manifest is created when ``out`` is not yet a store).
 """
 
@@ -19,7 +19,7 @@ import torch
 from tqdm.auto import tqdm
 
 from attngeom.store.manifest import portable
-from attngeom.store.writer import open_partial, record_result, result_path
+from attngeom.store.result_files import open_partial, record_result, result_path
 from attngeom.store.options import FaithConfig
 from attngeom.store.ranges import parse_ranges
 from attngeom.store.vocab import METRICS, NONNEGATIVE, RANKS
