@@ -131,3 +131,37 @@ def test_lowess_is_nan_outside_the_data():
     curve = lowess_curve(x, x**2, grid=np.linspace(0, 1, 11), rng=rng)
     assert np.isnan(curve[[0, 1, 7, 10]]).all()
     np.testing.assert_allclose(curve[3:6], np.linspace(0, 1, 11)[3:6] ** 2, atol=0.01)
+
+
+def _skewed_rows(n=5000, seed=0):
+    """Sink rates crowded near 0 (as in real heads), a quadratic output norm, heavy-tailed noise."""
+    rng = np.random.default_rng(seed)
+    x = rng.beta(0.5, 2.0, n)
+    return x, 20 + 30 * (x - 0.4) ** 2 + rng.standard_t(3, n)
+
+
+def test_lowess_with_delta_zero_is_statsmodels_curve():
+    from statsmodels.nonparametric.smoothers_lowess import lowess
+
+    x, y = _skewed_rows(n=800)
+    grid = np.linspace(0, 1, 21)[::-1]             # unsorted grid: returned in its order
+    want = lowess(y, x, frac=0.3, it=1, xvals=grid)
+    got = lowess_curve(x, y, grid=grid, delta=0.0)
+    inside = (grid >= x.min()) & (grid <= x.max())
+    np.testing.assert_array_equal(got[inside], want[inside])
+
+
+def test_lowess_robustness_pass_with_delta_moves_the_curve_little(monkeypatch):
+    import sys
+
+    module = sys.modules[lowess_curve.__module__]
+    x, y = _skewed_rows()
+    exact = lowess_curve(x, y, rng=1, delta=0.0)
+    fast = lowess_curve(x, y, rng=1)
+    span = np.nanmax(exact) - np.nanmin(exact)
+    assert np.array_equal(np.isnan(fast), np.isnan(exact))
+    assert np.nanmax(np.abs(fast - exact)) < 0.005 * span      # the stated tolerance
+    other_subsample = lowess_curve(x, y, rng=2, delta=0.0)      # the subsample's own noise
+    assert np.nanmax(np.abs(fast - exact)) < 0.2 * np.nanmax(np.abs(other_subsample - exact))
+    monkeypatch.setattr(module, "_sm_lowess", None)             # statsmodels without the routine
+    np.testing.assert_array_equal(lowess_curve(x, y, rng=1), exact)

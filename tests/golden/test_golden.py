@@ -33,14 +33,19 @@ RTOL, ATOL = (0.0, 0.0) if os.environ.get("GOLDEN_EXACT") == "1" else (1e-6, 1e-
 # answer, which stops within its gradient tolerance of the REML optimum (rel. error up to ~2e-5
 # measured); the balanced fit now gives the exact optimum (tests/analysis/test_analysis_mixed.py
 # checks it against MixedLM run to gtol=1e-12), so these move by up to 1e-4 relative.
+# analysis lowess / pooled_lowess (issue 17): LOWESS's robustness pass interpolates within
+# 0.01 x range(x) (statsmodels' delta); stated tolerance 0.5 % of a curve's range (1.2e-3
+# absolute measured here, on curves spanning 0.56-2.18).
 _PPL, _DELTA, _PROBE, _MIXED = (1e-6, 0.0), (1e-6, 1e-4), (1e-6, 1e-7), (1e-4, 0.0)
+_LOWESS = (0.0, 0.005 * 1.6)
 LOOSER: dict[str, dict[str, tuple[float, float]]] = {
     "faithfulness": {
         "ppl": _PPL, "clean_ppl": _PPL, "drift_ppl": _PPL, "delta_ppl": _DELTA, "aopc": _DELTA,
         "drift_delta_ppl": _DELTA, **{f"drift_{v}_{phase}": _PROBE for phase in ("before", "after")
                                       for v in ("cosine_low", "cosine_all", "output_norm_low")}},
-    "analysis": {f"anti_alignment.{p}mixed_{v}": _MIXED
-                 for p in ("", "residual_") for v in ("se", "p_value")}}
+    "analysis": {**{f"anti_alignment.{p}mixed_{v}": _MIXED
+                    for p in ("", "residual_") for v in ("se", "p_value")},
+                 "convexity.lowess": _LOWESS, "convexity.pooled_lowess": _LOWESS}}
 
 
 @pytest.fixture(scope="module")
