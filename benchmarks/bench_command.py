@@ -14,7 +14,8 @@ Sections (``--sections``, default both):
              same code path, imports already paid). Per round the ratios (a)/(b) and (c)/(b);
              then the medians and spread.
 ``startup``  1 text of 8 tokens: the command in a fresh subprocess with a timer around each
-             phase (imports, load model: config / weights / tokenizer / discovery /
+             phase (imports; transformers' modeling modules, which the first model load
+             would import; load model: config / weights / tokenizer / discovery /
              fingerprint, load texts, store creation, first batch measured, write), and the
              bare ``import torch, transformers`` in another.
 
@@ -207,6 +208,13 @@ def _child_startup(args) -> None:
     import attngeom.extract.run  # noqa: F401
     import attngeom.extract.archs  # noqa: F401
     t_import = time.perf_counter() - t0
+    # transformers' own modules that the first model load imports (modeling_utils pulls in
+    # torch._dynamo, torch.distributed.tensor, the loss zoo; then the model's modeling file):
+    # imports, timed on their own, that a plain script loading the model pays too
+    from transformers import AutoConfig, AutoModelForCausalLM
+    import transformers.modeling_utils  # noqa: F401
+    AutoModelForCausalLM._model_mapping[type(AutoConfig.from_pretrained(args.model))]
+    t_modeling = time.perf_counter() - t0
     spent: dict[str, float] = {}
     first: dict[str, float] = {}
 
@@ -229,10 +237,13 @@ def _child_startup(args) -> None:
     import io
     with contextlib.redirect_stdout(io.StringIO()):
         rc = main(command_args(Path(args.model), 1, 8, Path(args.child_out)))
+    done = first.get("measure (all batches)")
     print(json.dumps({"rc": rc, "import_torch_transformers_s": t_torch, "import_s": t_import,
+                      "import_with_modeling_s": t_modeling,
                       "total_s": time.perf_counter() - t0, "phases_s": spent,
-                      "first_batch_done_at_s": first.get("measure (all batches)"),
-                      "ends_at_s": first}), flush=True)
+                      "first_batch_done_at_s": done,
+                      "first_batch_after_all_imports_s": None if done is None else
+                      done - t_modeling, "ends_at_s": first}), flush=True)
 
 
 def section_startup(args, model: Path, tmp: Path) -> None:

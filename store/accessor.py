@@ -27,6 +27,7 @@ import numpy as np
 import xarray as xr
 
 from . import schema as S
+from .blockread import ENCODING_KEY, local_scheduler
 from .groups import KeyGroups, check_group
 from .vocab import COMPACT, DENSE, GROUPS, LAYOUTS, MIDDLE, SINK, TAIL, TAIL_W
 
@@ -193,6 +194,20 @@ class StoreAccessor:
     def _reads_all_keys(self, groups: Iterable[str]) -> bool:
         return self.all_keys and any(g != SINK for g in groups)
 
+    def _direct_reads(self, names: list[str], layer, sequences: slice | None) -> dict:
+        """The variables of a compact block read straight from the shard files
+        (:mod:`attngeom.store.blockread`), as {name: Variable}; {} when they cannot be."""
+        reads = self._ds.encoding.get(ENCODING_KEY)
+        if reads is None or self.all_keys or layer is None or not local_scheduler():
+            return {}
+        seqs = sequences or slice(0, self._ds.sizes[S.SEQUENCE])
+        start, stop, step = seqs.indices(self._ds.sizes[S.SEQUENCE])
+        position = self._ds.indexes[S.LAYER].get_loc(layer)
+        if step != 1 or stop <= start or not isinstance(position, (int, np.integer)):
+            return {}
+        names = [n for n in names if reads.readable(self._ds, n)]
+        return reads.read(self._ds, names, int(position), slice(start, stop)) if names else {}
+
     def load_block(self, names: Iterable[str], *, layer=None, sequences: slice | None = None,
                    groups: Iterable[str] = GROUPS, k: int | None = None,
                    dtype=np.float64) -> xr.Dataset:
@@ -236,10 +251,13 @@ class StoreAccessor:
                     variables[name] = xr.Variable(
                         tuple(S.SINK if d == S.KEY else d for d in cut.dims), cut.data, cut.attrs)
             coords[S.SINK] = np.arange(first)
-        arrays = dask.compute(*[v.data for v in variables.values()])
+        direct = self._direct_reads(list(variables), layer, sequences)
+        lazy = [n for n in variables if n not in direct]
+        arrays = dict(zip(lazy, dask.compute(*[variables[n].data for n in lazy])))
+        arrays.update({n: v.transpose(*variables[n].dims).values for n, v in direct.items()})
         data = {}
-        for (name, var), arr in zip(variables.items(), arrays):
-            arr = np.asarray(arr)
+        for name, var in variables.items():
+            arr = np.asarray(arrays[name])
             data[name] = var.copy(deep=False, data=arr.astype(dtype, copy=False)
                                   if arr.dtype.kind == "f" else arr)
         if cached is None:      # kept for the blocks of the other layers

@@ -13,6 +13,7 @@ from pathlib import Path
 import xarray as xr
 
 from . import derive
+from .blockread import ENCODING_KEY, DirectReads
 from . import schema as S
 from .manifest import StoreError, config_hash, read_manifest
 from .packing import precision_of
@@ -79,6 +80,8 @@ def open_store(path: str | Path, partial: bool = False, derived: bool = True) ->
         raise StoreError(f"{path}: cannot read shards ({text}); run `attngeom store validate` "
                          "and re-extract the damaged shards") from None
     ds.attrs = attrs
+    sizes = [e["sequences"][1] - e["sequences"][0] for e in entries.values()]
+    ds.encoding[ENCODING_KEY] = DirectReads.record(ds, files, sizes)
     ds = per_head(ds)
     return add_derived(ds) if derived else ds
 

@@ -396,3 +396,20 @@ def test_sink_rates_of_a_packed_store_are_within_the_alpha_error(opened):
     np.testing.assert_array_equal(b["n_queries"].values, a["n_queries"].values)
     near = np.abs(a["sink_rate_mean"].values - a.attrs["epsilon"]) <= PROBABILITY.max_error
     np.testing.assert_array_equal(b["is_sink_head"].values[~near], a["is_sink_head"].values[~near])
+
+
+def test_packed_variables_are_read_through_dask(pair):
+    """Blocks of a packed store: CF-packed and per-layer variables decode through xarray
+    (store/blockread.py reads only what is stored as decoded), the rest from the files."""
+    from attngeom.store.blockread import ENCODING_KEY
+
+    ds = attngeom.store.open(pair["compact", "packed"])
+    reads = ds.encoding[ENCODING_KEY]
+    assert not reads.readable(ds, "alpha") and not reads.readable(ds, "middle_count")
+    assert reads.readable(ds, "value_norm")
+    names = [n for n, v in ds.data_vars.items() if "sequence" in v.dims and v.dtype.kind == "f"]
+    layer = ds["layer"].values[1]
+    got = ds.attngeom.load_block(names, layer=layer, sequences=slice(1, 5))
+    ds.encoding.pop(ENCODING_KEY)
+    ds.attngeom._mask_cache.clear()
+    assert got.identical(ds.attngeom.load_block(names, layer=layer, sequences=slice(1, 5)))
