@@ -16,6 +16,7 @@ scheduler (a dask.distributed cluster reads on its workers). Everything else goe
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import xarray as xr
@@ -60,7 +61,8 @@ class DirectReads:
         """The shard table of ``ds`` as ``open_mfdataset`` concatenated ``files`` (``sizes``
         sequences each), before any variable is derived or broadcast."""
         starts = np.concatenate([[0], np.cumsum(sizes)])
-        shards = tuple((str(f), int(a), int(b)) for f, a, b in zip(files, starts, starts[1:]))
+        shards = tuple((str(Path(f).resolve()), int(a), int(b))   # a later chdir is harmless
+                       for f, a, b in zip(files, starts, starts[1:]))
         tokens = {n: v.data.name for n, v in ds.data_vars.items()
                   if S.SEQUENCE in v.dims and hasattr(v.data, "dask") and _plain(v.variable)}
         return cls(shards, tokens)
