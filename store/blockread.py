@@ -23,11 +23,9 @@ import xarray as xr
 
 from . import derive
 from . import schema as S
+from .groups import DERIVED  # contribution(s) -> (cosine, norm, formula)
 
 ENCODING_KEY = "attngeom_direct_reads"   # ds.encoding entry set by open_store
-DERIVED = {S.CONTRIBUTION: (S.COSINE, S.OUTPUT_NORM, derive.contribution),
-           S.CONTRIBUTION_LAYER: (S.COSINE_LAYER, S.LAYER_OUTPUT_NORM,
-                                  derive.contribution_layer)}
 
 
 def local_scheduler() -> bool:
@@ -71,12 +69,9 @@ class DirectReads:
         """Whether ``name`` reads from the files as it would through dask."""
         if name in self.tokens:
             return getattr(ds.variables[name].data, "name", None) == self.tokens[name]
-        base, prefix = _split(name)
-        if base not in DERIVED or name not in ds:
+        if _split(name)[0] not in DERIVED or name not in ds:
             return False
-        cosine, norm, _ = DERIVED[base]
-        return all(self.readable(ds, n) for n in
-                   (prefix + S.ALPHA, prefix + cosine, S.VALUE_NORM, norm))
+        return all(self.readable(ds, n) for n in self._parts(name))
 
     def read(self, ds: xr.Dataset, names: list[str], layer: int, sequences: slice
              ) -> dict[str, xr.Variable]:
