@@ -12,6 +12,7 @@ Only the standard library: the study driver runs this before any model is loaded
 from __future__ import annotations
 
 import json
+import os
 from collections import OrderedDict
 from pathlib import Path
 
@@ -23,11 +24,17 @@ def read_jsonl(path: str | Path) -> list[dict]:
 
 
 def write_jsonl(records: list[dict], path: Path) -> Path:
+    """Write ``records`` atomically; a file already holding the same lines is left untouched.
+
+    The temporary name carries the process id, so two study steps started at once (each preparing
+    the same inputs) never rename each other's file away.
+    """
+    text = "".join(json.dumps(rec, ensure_ascii=False) + "\n" for rec in records)
+    if path.exists() and path.read_text(encoding="utf-8") == text:
+        return path
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".partial")
-    with open(tmp, "w", encoding="utf-8") as f:
-        for rec in records:
-            f.write(json.dumps(rec, ensure_ascii=False) + "\n")
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.partial")
+    tmp.write_text(text, encoding="utf-8")
     tmp.replace(path)
     return path
 

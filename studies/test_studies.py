@@ -295,3 +295,16 @@ def test_the_study_runs_end_to_end_on_a_tiny_model_and_skips_when_rerun(tmp_path
     assert again.returncode == 0, again.stderr[-3000:]
     assert again.stdout.count("already done") == 1 + 2 + 2 + 1   # gu, d1 x2, d2 x2, analyze
     assert "attngeom faithfulness" not in again.stdout
+
+
+def test_write_jsonl_leaves_identical_file_and_uses_private_temp(tmp_path):
+    path = tmp_path / "d.jsonl"
+    prepare.write_jsonl([{"text": "a"}], path)
+    before = path.stat().st_mtime_ns
+    (tmp_path / "d.partial").write_text("another step's temporary file")
+    prepare.write_jsonl([{"text": "a"}], path)
+    assert path.stat().st_mtime_ns == before  # same content: not rewritten
+    assert (tmp_path / "d.partial").exists()  # a concurrent writer's file is not touched
+    prepare.write_jsonl([{"text": "b"}], path)
+    assert prepare.read_jsonl(path) == [{"text": "b"}]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d.jsonl", "d.partial"]
