@@ -130,9 +130,10 @@ class ExactScores:
     """Float64 scores of chosen rows of one layer, from its inputs (see :data:`.selection.Exact`).
 
     The same bits as :func:`metric_scores` of the whole layer (row by row arithmetic), for a
-    few rows at a time (their keys and values gathered, ``CHUNK`` at most). Head-local metrics
-    compute only the rows asked for; contribution_layer needs every head's output at a query,
-    so it computes whole queries.
+    few rows at a time (``CHUNK`` rows x keys at most). Head-local metrics gather each row's
+    keys and values and compute only the rows asked for; contribution_layer needs every head's
+    output at a query, so it computes whole queries, each once, with the keys and values of a
+    sequence gathered once for all its queries.
     """
 
     CHUNK = 65536                   # rows x keys gathered at a time (x dh float64, x2)
@@ -146,35 +147,35 @@ class ExactScores:
         self.rep = query.shape[1] // key.shape[1]
         self.norms: dict[tuple[int, int], Tensor] = {}
 
-    def _key_norms(self, b: Tensor, h: Tensor) -> Tensor:
-        """(n, Tk) ||v~|| of head h's keys in sequence b, per row (each (b, h) computed once)."""
-        pairs = torch.stack([b, h], 1)
-        unique, where = pairs.unique(dim=0, return_inverse=True)
-        for bb, hh in unique.tolist():
-            if (bb, hh) not in self.norms:
-                v = self.v[bb, hh // self.rep].double()
-                self.norms[(bb, hh)] = key_norms(v, self.proj.gram[hh])
-        return torch.stack([self.norms[(bb, hh)] for bb, hh in unique.tolist()])[where]
-
     def local(self, b: Tensor, h: Tensor, i: Tensor) -> Tensor:
         """(n, Tk): a head-local metric's scores at rows (b, h, i)."""
+        out = self.q.new_empty(len(b), self.k.shape[2], dtype=torch.float64)
+        pairs, where = torch.stack([b, h], 1).unique(dim=0, return_inverse=True)
+        for p, (bb, hh) in enumerate(pairs.tolist()):   # one head's keys gathered once
+            rows = (where == p).nonzero()[:, 0]
+            out[rows] = self._head_rows(bb, hh, i[rows])
+        return out
+
+    def _head_rows(self, b: int, h: int, i: Tensor) -> Tensor:
+        """(m, Tk): a head-local metric at queries i (m,) of head h in sequence b."""
         g = h // self.rep
-        allowed = self.allowed[b, h if self.allowed.shape[1] > 1 else 0, i]
-        sinks = None if self.sinks is None else self.sinks[b, h, i][:, None]
-        alpha = exact_alpha(self.q[b, h, i][:, None], self.k[b, g], allowed[:, None],
-                            self.scale, self.softcap, sinks)            # (n, 1, Tk)
+        allowed = self.allowed[b, h if self.allowed.shape[1] > 1 else 0, i]     # (m, Tk)
+        sinks = None if self.sinks is None else self.sinks[b, h, i]             # (m,)
+        alpha = exact_alpha(self.q[b, h, i], self.k[b, g], allowed, self.scale, self.softcap,
+                            sinks)                                              # (m, Tk)
         if self.metric == "attention":
-            return alpha[:, 0]
+            return alpha
+        v = self.v[b, g].double()                                               # (Tk, dh)
+        if (b, h) not in self.norms:
+            self.norms[(b, h)] = key_norms(v, self.proj.gram[h])                # ||v~_j^h||
         if self.metric == "value_weighted":
-            return _finite(alpha[:, 0] * self._key_norms(b, h))
-        v = self.v[b, g].double()                                       # (n, Tk, dh)
-        z = rowmm(alpha, v)                                             # (n, 1, dh)
-        zg = rowmm(z, self.proj.gram[h])                                # z_i G_h
-        output_norm = vecdot(zg, z)[:, 0].clamp_min(0).sqrt()
+            return _finite(alpha * self.norms[(b, h)])
+        z = rowmm(alpha, v)                                                     # (m, dh)
+        zg = rowmm(z, self.proj.gram[h])                                        # z_i G_h
+        output_norm = vecdot(zg, z).clamp_min(0).sqrt()                         # ||o_i^h||
         if self.metric == "value_weighted_normalized":
-            return _finite(alpha[:, 0] * self._key_norms(b, h) / output_norm[:, None])
-        return _finite(alpha * rowmm(zg, v.transpose(-1, -2))
-                       / output_norm.square()[:, None, None])[:, 0]
+            return _finite(alpha * self.norms[(b, h)] / output_norm[:, None])
+        return _finite(alpha * rowmm(zg, v.T) / output_norm.square()[:, None])
 
     def queries(self, b: Tensor, i: Tensor) -> Tensor:
         """(n, H, Tk): every head's scores at queries (b, i)."""
@@ -182,30 +183,42 @@ class ExactScores:
         if self.metric != "contribution_layer":
             return self.local(b.repeat_interleave(H), torch.arange(H, device=b.device).repeat(n),
                               i.repeat_interleave(H)).view(n, H, -1)
-        kv = torch.arange(H, device=b.device) // self.rep
-        k, v = self.k[b][:, kv], self.v[b][:, kv].double()             # (n, H, Tk, dh)
-        sinks = None if self.sinks is None else self.sinks[b, :, i][:, :, None]
-        alpha = exact_alpha(self.q[b, :, i][:, :, None], k, self.allowed[b, :, i][:, :, None],
-                            self.scale, self.softcap, sinks)            # (n, H, 1, Tk)
-        z = rowmm(alpha, v).reshape(n, -1)                              # (n, H*dh)
-        o = rowmm(z, self.proj.weight)                                  # (n, d)
-        u = rowmm(o, self.proj.weight.T).view(n, H, 1, -1)              # o_i (W_O^h)^T
-        layer_sq = o.square().sum(-1)[:, None, None, None]
-        return _finite(alpha * rowmm(u, v.transpose(-1, -2)) / layer_sq)[:, :, 0]
+        out = self.q.new_empty(n, H, self.k.shape[2], dtype=torch.float64)
+        for bb in b.unique().tolist():                  # one sequence's keys gathered once
+            rows = (b == bb).nonzero()[:, 0]
+            out[rows] = self._layer_rows(bb, i[rows]).transpose(0, 1)
+        return out
+
+    def _layer_rows(self, b: int, i: Tensor) -> Tensor:
+        """(H, m, Tk): contribution_layer at queries i (m,) of sequence b (metric_scores' steps)."""
+        H = self.q.shape[1]
+        kv = torch.arange(H, device=i.device) // self.rep
+        k, v = self.k[b, kv], self.v[b, kv].double()                   # (H, Tk, dh)
+        allowed = self.allowed[b][:, i]                                 # (1|H, m, Tk)
+        sinks = None if self.sinks is None else self.sinks[b][:, i]     # (H, m)
+        alpha = exact_alpha(self.q[b][:, i], k, allowed, self.scale, self.softcap, sinks)
+        z = rowmm(alpha, v)                                             # (H, m, dh)
+        o = rowmm(z.transpose(0, 1).reshape(len(i), -1), self.proj.weight)   # (m, d)
+        u = rowmm(o, self.proj.weight.T).view(len(i), H, -1).transpose(0, 1)  # o_i (W_O^h)^T
+        layer_sq = o.square().sum(-1)[None, :, None]                    # ||o_i||^2
+        return _finite(alpha * rowmm(u, v.transpose(-1, -2)) / layer_sq)
 
     def __call__(self, b: Tensor, i: Tensor, h: Tensor | None = None) -> Tensor:
+        if h is None or self.metric != "contribution_layer":
+            return self._chunked(b, i, h)
+        # rows of one query share its whole-query scores: each query computed once
+        query, where = torch.stack([b, i], 1).unique(dim=0, return_inverse=True)
+        return self._chunked(query[:, 0], query[:, 1], None)[where, h]
+
+    def _chunked(self, b: Tensor, i: Tensor, h: Tensor | None) -> Tensor:
+        """Rows (b, h, i), or whole queries (b, i) with h None, ``CHUNK`` entries at a time."""
         H, Tk = self.q.shape[1], self.k.shape[2]
-        whole = h is None or self.metric == "contribution_layer"
-        step = max(1, self.CHUNK // Tk // (H if whole else 1))
-        parts = []
-        for lo in range(0, len(b), step):
-            rows = slice(lo, lo + step)
-            parts.append(self.queries(b[rows], i[rows]) if whole
-                         else self.local(b[rows], h[rows], i[rows]))
-        out = torch.cat(parts)
-        if h is not None and whole:
-            out = out[torch.arange(len(b), device=out.device), h]
-        return out
+        step = max(1, self.CHUNK // Tk // (H if h is None and self.metric != "contribution_layer"
+                                            else 1))
+        parts = [self.queries(b[lo:lo + step], i[lo:lo + step]) if h is None
+                 else self.local(b[lo:lo + step], h[lo:lo + step], i[lo:lo + step])
+                 for lo in range(0, len(b), step)]
+        return torch.cat(parts)
 
 
 # ------------------------------------------------------------------------------------ fast

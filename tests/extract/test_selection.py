@@ -172,6 +172,9 @@ def test_recomputed_rows_have_the_bits_of_the_full_computation(metric):
         rows.CHUNK = 2 * k.shape[2] * H                # gathered a few rows at a time
         assert torch.equal(rows(b, i, h), full[b, h, i])
         assert torch.equal(rows(b, i, None), full[b, :, i])
+        every = torch.arange(B * H * T)                 # many rows of each head and query
+        b, h, i = every // (H * T), every // T % H, every % T
+        assert torch.equal(rows(b, i, h), full[b, h, i])
 
 
 @pytest.mark.parametrize("metric", METRICS)
