@@ -136,7 +136,7 @@ class ExactScores:
     sequence gathered once for all its queries.
     """
 
-    CHUNK = 65536                   # rows x keys gathered at a time (x dh float64, x2)
+    CHUNK = 65536          # rows x keys computed at a time (temporaries: x dh float64 each)
 
     def __init__(self, metric: str, query: Tensor, key: Tensor, value: Tensor, allowed: Tensor,
                  scale: float, softcap: float | None, proj: Projection,
@@ -213,8 +213,8 @@ class ExactScores:
     def _chunked(self, b: Tensor, i: Tensor, h: Tensor | None) -> Tensor:
         """Rows (b, h, i), or whole queries (b, i) with h None, ``CHUNK`` entries at a time."""
         H, Tk = self.q.shape[1], self.k.shape[2]
-        step = max(1, self.CHUNK // Tk // (H if h is None and self.metric != "contribution_layer"
-                                            else 1))
+        per_entry = H if h is None and self.metric != "contribution_layer" else 1   # rows each
+        step = max(1, self.CHUNK // Tk // per_entry)
         parts = [self.queries(b[lo:lo + step], i[lo:lo + step]) if h is None
                  else self.local(b[lo:lo + step], h[lo:lo + step], i[lo:lo + step])
                  for lo in range(0, len(b), step)]
