@@ -47,6 +47,11 @@ class Partial:
     def _block(self, start: int, stop: int) -> Path:
         return self.path / f"block-{start:07d}-{stop:07d}.nc"
 
+    def finished(self) -> list[tuple[int, int]]:
+        """(start, stop) of the blocks written so far, in order."""
+        return sorted(tuple(int(x) for x in p.stem.split("-")[1:])
+                      for p in self.path.glob("block-*-*.nc"))
+
     def write_block(self, ds: xr.Dataset, start: int, stop: int) -> None:
         _write_result(ds, self._block(start, stop))
 
@@ -93,8 +98,9 @@ def open_partial(out: str | Path, name: str, config: dict, force: bool = False,
         except (OSError, UnicodeDecodeError, ValueError):
             old = None                             # damaged: start the partial run over
         if old is not None and canonical(old) == canonical(config) and not force:
-            done = len(list(partial.path.glob("block-*.nc")))
-            log(f"attngeom: resuming an interrupted run ({done} block(s) done)")
+            done = partial.finished()
+            log(f"attngeom: resuming an interrupted run ({len(done)} block(s) done, "
+                f"{sum(b - a for a, b in done)} unit(s))")
         elif old is None or force:
             partial.discard()
         else:

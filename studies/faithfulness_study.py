@@ -116,6 +116,13 @@ def recorded_options(nc: Path) -> dict | None:
         return None
 
 
+def units_done(partial: Path) -> int:
+    """Units in the finished blocks of an interrupted run (0 when none)."""
+    from attngeom.store.result_files import Partial
+
+    return sum(stop - start for start, stop in Partial(partial).finished())
+
+
 def same_options(recorded: dict | None, cfg) -> bool:
     """True when a result's options equal ``cfg``'s on every option in :data:`MATCH`."""
     if recorded is None:
@@ -276,7 +283,8 @@ class SecondStudy(study.Study):
         if nc.exists() and same_options(recorded_options(nc), cfg):
             print(f"[study] {step}: already done ({nc})", flush=True)
             return nc
-        resumed = (out / f"{name}.partial").exists()
+        partial = out / f"{name}.partial"
+        resumed, before = partial.exists(), units_done(partial)
         cmd = ["faithfulness", "--model", self.a.model, "--data", str(data), "--out", str(out),
                "--name", name, "--task", cfg.task, "--metrics", ",".join(cfg.metrics),
                "--modes", ",".join(cfg.modes), "--ranks", ",".join(cfg.ranks),
@@ -288,9 +296,11 @@ class SecondStudy(study.Study):
             cmd += ["--layers", ",".join(map(str, cfg.layers))]
         self.sh(step, *cmd)
         key = "design2" if step.startswith("design2") else "design1"
-        passes = plan.n_batches(cfg.limit, cfg.batch_size) * plan.passes_per_batch(cfg)
+        # the passes of this invocation: a resumed run skips the units of its finished blocks
+        passes = plan.n_batches(max(cfg.limit - before, 0), cfg.batch_size) \
+            * plan.passes_per_batch(cfg)
         timed, done = self.per_pass.get(key), self.timings[-1]
-        done.update(resumed=resumed, batch_passes=passes,
+        done.update(resumed=resumed, units_before=before, batch_passes=passes,
                     seconds_per_pass=round(done["seconds"] / passes, 3),
                     cpu_seconds_per_pass=round(done["cpu_seconds"] / passes, 3),
                     planned_cpu_seconds_per_pass=round(timed.cpu, 3) if timed else None)

@@ -203,6 +203,16 @@ def gu_details(root: Path, models: list[str]) -> str:
             f"{head}\n" + "\n".join(rows) + "\n")
 
 
+def _resumed(r) -> str:
+    """" (resumed ...)" for a step whose time is only the last invocation's part."""
+    resumed = getattr(r, "resumed", False)
+    if pd.isna(resumed) or not bool(resumed):
+        return ""
+    before = getattr(r, "units_before", float("nan"))
+    return " (resumed: that invocation only)" if pd.isna(before) else \
+        f" (resumed after {int(before)} units: that invocation only)"
+
+
 def runtime(root: Path, models: list[str]) -> str:
     lines = ["\n#### Plan and runtime (`plan.csv`: timed before the run; `timings.csv`: "
              "the run)\n"]
@@ -214,7 +224,7 @@ def runtime(root: Path, models: list[str]) -> str:
                          f"{f(total['cpu_hours'])} CPU-hours (timed {p['timed'].iloc[0]})")
         if t is not None:
             cpu = t["cpu_seconds"].fillna(t["seconds"]).sum() / 3600
-            lines.append(f"- {model}: ran " + ", ".join(f"{r.step} {r.seconds:.0f} s"
+            lines.append(f"- {model}: ran " + ", ".join(f"{r.step} {r.seconds:.0f} s{_resumed(r)}"
                                                        for r in t.itertuples())
                          + f"; {f(t['seconds'].sum() / 3600)} h wall, {f(cpu)} CPU-hours")
     return "\n".join(lines) + "\n"

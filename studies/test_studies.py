@@ -308,3 +308,17 @@ def test_write_jsonl_leaves_identical_file_and_uses_private_temp(tmp_path):
     prepare.write_jsonl([{"text": "b"}], path)
     assert prepare.read_jsonl(path) == [{"text": "b"}]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["d.jsonl", "d.partial"]
+
+
+def test_units_done_counts_the_units_of_finished_blocks(tmp_path):
+    import faithfulness_study
+    from attngeom.store.result_files import Partial
+
+    partial = Partial(tmp_path / "r.partial")
+    partial.path.mkdir()
+    for start, stop in ((16, 32), (0, 16), (32, 40)):
+        partial._block(start, stop).touch()
+    (partial.path / "config.json").write_text("{}")
+    assert partial.finished() == [(0, 16), (16, 32), (32, 40)]
+    assert faithfulness_study.units_done(partial.path) == 40
+    assert faithfulness_study.units_done(tmp_path / "none.partial") == 0
