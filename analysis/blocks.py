@@ -9,7 +9,6 @@ the analyses' accumulators.
 
 from __future__ import annotations
 
-import functools
 import os
 import sys
 import warnings
@@ -161,33 +160,6 @@ def run_pass(ds: xr.Dataset, info: StoreInfo, accumulators: list[Accumulator], *
             block = None
             for acc in accumulators:
                 acc.end_layer(layer)
-            release_memory()
-
-
-def release_memory() -> None:
-    """Give the heap's free pages back to the system (glibc ``malloc_trim``; elsewhere nothing).
-
-    A layer's blocks and rows are freed at its end, but glibc keeps most freed pages of
-    medium-sized arrays in its heaps, so without this the resident memory of a pass grows by
-    about 200 MB per layer at 2,000 sequences (with fits in a worker process), though nothing is
-    kept; dask's documentation gives the same remedy for its workers' "unmanaged memory".
-    """
-    trim = _malloc_trim()
-    if trim is not None:
-        trim(0)
-
-
-@functools.cache
-def _malloc_trim():
-    import ctypes
-    import ctypes.util
-
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
-    except (OSError, AttributeError):          # not glibc (e.g. musl)
-        return None
 
 
 def default_fit_workers() -> int:

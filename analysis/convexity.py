@@ -41,7 +41,7 @@ from attngeom.store import schema as S
 from attngeom.store.vocab import LEVEL, N_BOOT, SEED, SINK
 
 from ._common import bootstrap_rng, fdr, one_sided_from_two, with_provenance
-from .blocks import DEFAULT_BLOCK_ELEMENTS, Block, describe, release_memory, require, run_pass
+from .blocks import DEFAULT_BLOCK_ELEMENTS, Block, describe, require, run_pass
 
 FIT_NAMES = ("beta0", "beta1", "beta2", "beta2_se", "p_value", "vertex", "vertex_se",
              "vertex_ci_low", "vertex_ci_high", "vertex_boot_ci_low", "vertex_boot_ci_high",
@@ -185,7 +185,6 @@ def fit_layer(rows: list[list[tuple]], layer_pos: int, seed: int, n_boot: int, l
     Returns (fits per head, curves (H, grid), pooled fit, pooled curve); a module-level
     function so that a process pool can run it.
     """
-    release_memory()                   # in a worker process: what the last layer's fit freed
     def rng(h):
         return np.random.default_rng([seed, layer_pos, h])
     fits, curves = zip(*(_fit_rows(r, rng(h), n_boot, level, grid, lowess_points)
