@@ -26,6 +26,10 @@ from . import schema as S
 from .groups import DERIVED  # contribution(s) -> (cosine, norm, formula)
 
 ENCODING_KEY = "attngeom_direct_reads"   # ds.encoding entry set by open_store
+# No HDF5 chunk cache: a block reads each of its chunks once per layer. HDF5 shares a file opened
+# twice in one process, so a cache filled here lived on in the store's own open handle (xarray's)
+# and grew by each layer's chunks: about 90 MB per layer at 2,000 sequences.
+CHUNK_CACHE_BYTES = 0
 
 
 def local_scheduler() -> bool:
@@ -86,7 +90,7 @@ class DirectReads:
             lo, hi = max(sequences.start, first), min(sequences.stop, stop)
             if lo >= hi:
                 continue
-            with h5py.File(path, "r") as f:
+            with h5py.File(path, "r", rdcc_nbytes=CHUNK_CACHE_BYTES) as f:
                 for n in stored:
                     dims = ds.variables[n].dims
                     key = tuple(slice(lo - first, hi - first) if d == S.SEQUENCE
