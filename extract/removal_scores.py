@@ -23,12 +23,15 @@ from .selection import ErrorBound
 Tensor = torch.Tensor
 # The float32 rounding error of each metric's fast scores, in units of u * Lambda * |score|
 # (attention, value_weighted), u * Lambda * (1 + kappa) * |score| (value_weighted_normalized) and
-# u * Lambda * (1 + kappa) * alpha ||v~|| / ||o|| (signed metrics; u the unit roundoff, Lambda =
-# logit_scale, kappa = sum_j alpha ||v~|| / ||o||): ten times the largest ratio measured on
-# SmolLM2-135M prose (8 texts, every layer at T = 128, 7 layers at T = 512): 3.2, 3.2, 1.5,
-# 1.0, 0.6. At the cut the signed metrics use it relative to |score| (see fast_scores).
+# u * Lambda * (1 + kappa) * alpha ||v~|| / ||o|| (contribution; u the unit roundoff, Lambda =
+# logit_scale, kappa = sum_j alpha ||v~|| / ||o||), u * (Lambda_h + sqrt(sum_h' (Lambda_h'
+# s_h')^2) / ||o||) times the same size (contribution_layer, see fast_scores): ten times the
+# largest ratio measured on SmolLM2-135M prose (8 texts, every layer at T = 128, 7 layers at
+# T = 512): 3.2, 3.2, 1.5, 1.0; contribution_layer 1.0 (8 texts, every layer at T = 128 and 512;
+# 0.14 on the random model of benchmarks/bench_faithfulness.py). At the cut the signed metrics
+# use it relative to |score| (see fast_scores).
 ERROR_UNITS = {"attention": 32.0, "value_weighted": 32.0, "value_weighted_normalized": 16.0,
-               "contribution": 10.0, "contribution_layer": 6.0}
+               "contribution": 10.0, "contribution_layer": 10.0}
 
 
 def _finite(x: Tensor) -> Tensor:
@@ -290,8 +293,12 @@ def fast_scores(metric: str, alpha: Tensor, value: Tensor, proj: Projection, lam
     Error model (fitted, see :data:`ERROR_UNITS`): alpha's relative error is O(u Lambda); the
     head output o = sum_j alpha v~ has an absolute error O(u Lambda sum_j alpha ||v~||),
     relative kappa = sum_j alpha ||v~|| / ||o|| times that, which every score divided by or
-    projected on o inherits (layer level: the sums over heads and the largest Lambda). The
-    signed scores' error is relative to |score| except near 0 (a key almost orthogonal to o).
+    projected on o inherits. At the layer level (contribution_layer) the sum over keys and heads
+    is taken in quadrature, as the roundings of alpha's entries have independent signs: relative
+    u (Lambda_h + sqrt(sum_h' (Lambda_h' s_h')^2) / ||o||), s_h = sqrt(sum_j alpha^2 ||v~||^2);
+    the sum of |terms| overstated it by up to sqrt(Tk) where attention is diffuse, and with it
+    the rows recomputed in float64. The signed scores' error is relative to |score| except
+    near 0 (a key almost orthogonal to o).
     """
     if metric not in ERROR_UNITS:
         raise _unknown(metric)
@@ -323,7 +330,9 @@ def fast_scores(metric: str, alpha: Tensor, value: Tensor, proj: Projection, lam
         layer_norm = vecdot(u, zf).clamp_min(0).sqrt()                  # ||o_i|| (B, T)
         u = u.view(B, T, H, dh).transpose(1, 2)                         # o_i (W_O^h)^T per head
         g = u / layer_norm.square()[:, None, :, None]
-        rel = (unit * lam.amax(1) * (1 + mass.sum(1) / layer_norm))[:, None].expand(B, H, T)
+        spread = (torch.square(alpha, out=out) @ value_norm.square()[..., None])[..., 0].sqrt()
+        spread = (lam * spread).square().sum(1).sqrt()                  # (B, T)
+        rel = unit * (lam + (spread / layer_norm)[:, None])
         norm = layer_norm
     torch.matmul(_grouped(g.contiguous(), G), value.to(alpha.dtype).transpose(-1, -2),
                  out=_grouped(out, G))
