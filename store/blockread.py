@@ -26,9 +26,11 @@ from . import schema as S
 from .groups import DERIVED  # contribution(s) -> (cosine, norm, formula)
 
 ENCODING_KEY = "attngeom_direct_reads"   # ds.encoding entry set by open_store
-# No HDF5 chunk cache: a block reads each of its chunks once per layer. HDF5 shares a file opened
-# twice in one process, so a cache filled here lived on in the store's own open handle (xarray's)
-# and grew by each layer's chunks: about 90 MB per layer at 2,000 sequences.
+# No HDF5 chunk cache, here and in the store's own handles (store/reader.py): every read takes
+# whole stored chunks once per layer. HDF5 2.0's default, 8 MiB per open dataset, kept each
+# shard's last chunks of every variable: it grew by ~0.4 GiB per layer at 2,000 sequences and
+# scaled with the number of shards (20 shards x ~20 variables x 8 MiB). HDF5 shares a file opened
+# twice in one process, with the settings of the first open: the store's handle decides.
 CHUNK_CACHE_BYTES = 0
 
 

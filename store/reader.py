@@ -13,7 +13,7 @@ from pathlib import Path
 import xarray as xr
 
 from . import derive
-from .blockread import ENCODING_KEY, DirectReads
+from .blockread import CHUNK_CACHE_BYTES, ENCODING_KEY, DirectReads
 from . import schema as S
 from .manifest import StoreError, config_hash, read_manifest
 from .packing import precision_of
@@ -72,7 +72,9 @@ def open_store(path: str | Path, partial: bool = False, derived: bool = True) ->
             ds = xr.open_mfdataset(files, engine="h5netcdf", combine="nested",
                                    concat_dim=S.SEQUENCE, data_vars="minimal", coords="minimal",
                                    compat="override", join="override", chunks=DASK_CHUNKS,
-                                   parallel=False, preprocess=check)
+                                   parallel=False, preprocess=check,
+                                   # passed on to h5py.File by xarray and h5netcdf
+                                   driver_kwds={"rdcc_nbytes": CHUNK_CACHE_BYTES})
     except StoreError:
         raise
     except Exception as exc:  # noqa: BLE001 - h5py/h5netcdf/xarray reject damaged files
