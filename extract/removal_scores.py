@@ -331,8 +331,8 @@ def fast_scores(metric: str, alpha: Tensor, value: Tensor, proj: Projection, lam
         u = u.view(B, T, H, dh).transpose(1, 2)                         # o_i (W_O^h)^T per head
         g = u / layer_norm.square()[:, None, :, None]
         spread = (torch.square(alpha, out=out) @ value_norm.square()[..., None])[..., 0].sqrt()
-        spread = (lam * spread).square().sum(1).sqrt()                  # (B, T)
-        rel = unit * (lam + (spread / layer_norm)[:, None])
+        heads = (lam * spread).square().sum(1).sqrt()                   # (B, T) in quadrature
+        rel = unit * (lam + (heads / layer_norm)[:, None])
         norm = layer_norm
     torch.matmul(_grouped(g.contiguous(), G), value.to(alpha.dtype).transpose(-1, -2),
                  out=_grouped(out, G))
