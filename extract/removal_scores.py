@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from .geometry import Projection, repeat_kv, softmax_masked, vecdot
 from .selection import ErrorBound
 
 Tensor = torch.Tensor
+ALIGN = 8                # float64 entries per 64 bytes: rowmm's rows start 64-byte aligned
 # The float32 rounding error of each metric's fast scores, in units of u * Lambda * |score|
 # (attention, value_weighted), u * Lambda * (1 + kappa) * |score| (value_weighted_normalized) and
 # u * Lambda * (1 + kappa) * alpha ||v~|| / ||o|| (contribution; u the unit roundoff, Lambda =
@@ -48,9 +50,19 @@ def _unknown(metric: str) -> ValueError:
 def rowmm(a: Tensor, b: Tensor) -> Tensor:
     """``a @ b`` for a (..., M, K), b (..., K, N), one matrix-vector product per row of a.
 
-    A row's result does not depend on M or on the other rows (a blocked matrix product's
-    does, in the last bits).
+    A row's result does not depend on M, on the other rows or on where the row lies in memory
+    (a blocked matrix product's does, in the last bits; so does a vector product whose input or
+    output is not 64-byte aligned: K and N are zero-padded to a multiple of :data:`ALIGN`).
     """
+    K, N = b.shape[-2:]
+    if K % ALIGN or N % ALIGN or (a.data_ptr() | b.data_ptr()) % (8 * ALIGN):
+        a = F.pad(a, (0, -K % ALIGN))                               # fresh, aligned copies
+        b = F.pad(b, (0, -N % ALIGN, 0, -K % ALIGN))
+        return _rowmm(a, b)[..., :N]
+    return _rowmm(a, b)
+
+
+def _rowmm(a: Tensor, b: Tensor) -> Tensor:
     lead = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
     a, b = a.expand(*lead, *a.shape[-2:]), b.expand(*lead, *b.shape[-2:])
     M, (K, N) = a.shape[-2], b.shape[-2:]

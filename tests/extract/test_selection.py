@@ -177,6 +177,21 @@ def test_recomputed_rows_have_the_bits_of_the_full_computation(metric):
         assert torch.equal(rows(b, i, h), full[b, h, i])
 
 
+@pytest.mark.parametrize("K,N", [(64, 64), (65, 17), (127, 64), (64, 129), (200, 5)])
+def test_a_row_product_has_the_same_bits_wherever_the_row_lies(K, N):
+    g = torch.Generator().manual_seed(K * N)
+    a = torch.randn(2, 33, K, dtype=torch.float64, generator=g)
+    b = torch.randn(2, K, N, dtype=torch.float64, generator=g)
+    full = rowmm(a, b)                                           # (2, 33, N)
+    for r in (0, 3, 7):
+        for offset in (1, 3):                                    # not 64-byte aligned
+            flat = torch.zeros(2 * K + offset, dtype=torch.float64)
+            alone = flat[offset:].view(2, 1, K).copy_(a[:, r:r + 1])
+            assert torch.equal(rowmm(alone, b), full[:, r:r + 1])
+            strided = torch.zeros(2, 1, K + offset, dtype=torch.float64)[..., offset:]
+            assert torch.equal(rowmm(strided.copy_(a[:, r:r + 1]), b), full[:, r:r + 1])
+
+
 @pytest.mark.parametrize("metric", METRICS)
 def test_fast_scores_stay_within_their_bound(metric):
     _, _, seen = _layers()
