@@ -55,7 +55,7 @@ from torch import nn
 from attngeom.store.vocab import GRANULARITIES, METRICS, RANKS, REMOVAL_MODES
 
 from .archs import attention_layers
-from .geometry import Projection, norm_from_gram, repeat_kv
+from .geometry import Projection, norm_from_gram, repeat_kv, zero_where_
 from .removal_scores import (ExactScores, attention_weights, exact_alpha, fast_scores,
                              logit_scale, metric_scores, weighted_values)
 from .selection import Workspace, n_remove, select  # noqa: F401  (n_remove, metric_scores: API)
@@ -154,20 +154,21 @@ class Intervener:
         allowed = call.allowed & mask[:, None, None, :]
         scaling, softcap, sinks = call.scaling, call.softcap, call.sinks
         shape = (B, H, T, key.shape[2])
+        scores = self.work.get("score", shape, dtype, query.device)   # the logits first
         alpha = attention_weights(query, key, allowed, scaling, softcap, dtype, sinks,
-                                  out=self.work.get("alpha", shape, dtype, query.device))
+                                  out=self.work.get("alpha", shape, dtype, query.device),
+                                  logits=scores)
         weights, remove = alpha, None
         r = self.removal
         if r is not None and (r.layers is None or layer in r.layers):
             eligible = eligible_keys(allowed, mask)
             score, error = fast_scores(r.metric, alpha, value, self.projection(layer, dtype),
-                                       logit_scale(query, key, scaling, sinks),
-                                       out=self.work.get("score", shape, dtype, query.device))
+                                       logit_scale(query, key, scaling, sinks), out=scores)
             exact = ExactScores(r.metric, query, key, value, allowed, scaling, softcap, proj,
                                 sinks)
             remove = select(score, eligible, r.fraction, r.mode, r.rank, r.granularity,
                             error, exact, self.work, inplace=score is not alpha)
-            weights = alpha.masked_fill_(remove, 0.0)
+            weights = zero_where_(alpha, remove)
         v_used = value
         if self.sink_k is not None:
             v_used = value.clone()

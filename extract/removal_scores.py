@@ -18,7 +18,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .geometry import Projection, repeat_kv, softmax_masked, vecdot
+from .geometry import Projection, fill_disallowed_, repeat_kv, softmax_masked, vecdot
 from .selection import ErrorBound
 
 Tensor = torch.Tensor
@@ -120,10 +120,16 @@ def metric_scores(metric: str, alpha: Tensor, vf: Tensor, z: Tensor, proj: Proje
     if metric == "contribution_layer":
         B, H, T, dh = z.shape
         o = rowmm(z.transpose(1, 2).reshape(B, T, H * dh), proj.weight)   # (B, T, d)
-        u = rowmm(o, proj.weight.T).view(B, T, H, dh).transpose(1, 2)     # o_i (W_O^h)^T
+        u = rowmm(o[:, None], head_weights(proj)[None])                    # o_i (W_O^h)^T
         layer_sq = o.square().sum(-1)[:, None, :, None]                    # ||o_i||^2
         return _finite(alpha * rowmm(u, vf.transpose(-1, -2)) / layer_sq)
     raise _unknown(metric)
+
+
+def head_weights(proj: Projection) -> Tensor:
+    """(W_O^h)^T per head: (H, d, dh), contiguous."""
+    H, dh = proj.gram.shape[:2]
+    return proj.weight.view(H, dh, -1).transpose(1, 2).contiguous()
 
 
 def exact_alpha(q: Tensor, k: Tensor, allowed: Tensor, scale: float, softcap: float | None,
@@ -147,8 +153,8 @@ class ExactScores:
     The same bits as :func:`metric_scores` of the whole layer (row by row arithmetic), for a
     few rows at a time (``CHUNK`` rows x keys at most). Head-local metrics gather each row's
     keys and values and compute only the rows asked for; contribution_layer needs every head's
-    output at a query, so it computes whole queries, each once, with the keys and values of a
-    sequence gathered once for all its queries.
+    output at a query, so it computes those once per query and the scores of the heads asked
+    for, with the keys and values of a sequence gathered once for all its queries.
     """
 
     CHUNK = 65536          # rows x keys computed at a time (temporaries: x dh float64 each)
@@ -161,6 +167,7 @@ class ExactScores:
         self.sinks = None if sinks is None else sinks.expand(query.shape[:-1])   # (B, H, T)
         self.rep = query.shape[1] // key.shape[1]
         self.norms: dict[tuple[int, int], Tensor] = {}
+        self.weights: Tensor | None = None             # (W_O^h)^T, for contribution_layer
 
     def local(self, b: Tensor, h: Tensor, i: Tensor) -> Tensor:
         """(n, Tk): a head-local metric's scores at rows (b, h, i)."""
@@ -204,26 +211,44 @@ class ExactScores:
             out[rows] = self._layer_rows(bb, i[rows]).transpose(0, 1)
         return out
 
-    def _layer_rows(self, b: int, i: Tensor) -> Tensor:
-        """(H, m, Tk): contribution_layer at queries i (m,) of sequence b (metric_scores' steps)."""
+    def _layer_rows(self, b: int, i: Tensor, h: Tensor | None = None) -> Tensor:
+        """contribution_layer in sequence b (metric_scores' steps): every head at queries i (m,),
+        (H, m, Tk); or the rows (i, h), (m, Tk), each query's heads' outputs computed once."""
         H = self.q.shape[1]
+        query, where = (i, None) if h is None else i.unique(return_inverse=True)
         kv = torch.arange(H, device=i.device) // self.rep
         k, v = self.k[b, kv], self.v[b, kv].double()                   # (H, Tk, dh)
-        allowed = self.allowed[b][:, i]                                 # (1|H, m, Tk)
-        sinks = None if self.sinks is None else self.sinks[b][:, i]     # (H, m)
-        alpha = exact_alpha(self.q[b][:, i], k, allowed, self.scale, self.softcap, sinks)
-        z = rowmm(alpha, v)                                             # (H, m, dh)
-        o = rowmm(z.transpose(0, 1).reshape(len(i), -1), self.proj.weight)   # (m, d)
-        u = rowmm(o, self.proj.weight.T).view(len(i), H, -1).transpose(0, 1)  # o_i (W_O^h)^T
-        layer_sq = o.square().sum(-1)[None, :, None]                    # ||o_i||^2
-        return _finite(alpha * rowmm(u, v.transpose(-1, -2)) / layer_sq)
+        allowed = self.allowed[b][:, query]                             # (1|H, mq, Tk)
+        sinks = None if self.sinks is None else self.sinks[b][:, query]     # (H, mq)
+        alpha = exact_alpha(self.q[b][:, query], k, allowed, self.scale, self.softcap, sinks)
+        z = rowmm(alpha, v)                                             # (H, mq, dh)
+        o = rowmm(z.transpose(0, 1).reshape(len(query), -1), self.proj.weight)   # (mq, d)
+        layer_sq = o.square().sum(-1)                                   # ||o_i||^2 (mq,)
+        if self.weights is None:
+            self.weights = head_weights(self.proj)                      # (H, d, dh)
+        if h is None:
+            u = rowmm(o, self.weights)                                  # o_i (W_O^h)^T
+            return _finite(alpha * rowmm(u, v.transpose(-1, -2)) / layer_sq[None, :, None])
+        out = alpha.new_empty(len(i), alpha.shape[-1])
+        for hh in h.unique().tolist():                  # only the heads asked for
+            rows = (h == hh).nonzero()[:, 0]
+            at = where[rows]
+            u = rowmm(o[at], self.weights[hh])                          # (r, dh)
+            out[rows] = _finite(alpha[hh, at] * rowmm(u, v[hh].T) / layer_sq[at, None])
+        return out
 
     def __call__(self, b: Tensor, i: Tensor, h: Tensor | None = None) -> Tensor:
         if h is None or self.metric != "contribution_layer":
             return self._chunked(b, i, h)
-        # rows of one query share its whole-query scores: each query computed once
-        query, where = torch.stack([b, i], 1).unique(dim=0, return_inverse=True)
-        return self._chunked(query[:, 0], query[:, 1], None)[where, h]
+        order = torch.argsort(b * self.q.shape[2] + i, stable=True)    # a query's rows together
+        out = self.q.new_empty(len(b), self.k.shape[2], dtype=torch.float64)
+        step = max(1, self.CHUNK // self.k.shape[2])
+        for lo in range(0, len(b), step):
+            rows = order[lo:lo + step]
+            for bb in b[rows].unique().tolist():        # one sequence's keys gathered once
+                these = rows[b[rows] == bb]
+                out[these] = self._layer_rows(bb, i[these], h[these])
+        return out
 
     def _chunked(self, b: Tensor, i: Tensor, h: Tensor | None) -> Tensor:
         """Rows (b, h, i), or whole queries (b, i) with h None, ``CHUNK`` entries at a time."""
@@ -245,29 +270,30 @@ def _grouped(x: Tensor, groups: int) -> Tensor:
 
 def attention_weights(query: Tensor, key: Tensor, allowed: Tensor, scale: float,
                       softcap: float | None, dtype, sinks: Tensor | None = None,
-                      out: Tensor | None = None) -> Tensor:
-    """Dense attention alpha (B, H, T, Tk) in ``dtype``, written in place into ``out``.
+                      out: Tensor | None = None, logits: Tensor | None = None) -> Tensor:
+    """Dense attention alpha (B, H, T, Tk) in ``dtype``, written into ``out``.
 
-    ``sinks``: learned sink logits broadcastable to (B, H, T), or None; the sink joins the
-    softmax as a virtual key with no value. A query with no allowed key (and no sink) gets
-    zeros (no NaN).
+    ``logits``: scratch (B, H, T, Tk) for the logits (dead once alpha is made). ``sinks``:
+    learned sink logits broadcastable to (B, H, T), or None; the sink joins the softmax as a
+    virtual key with no value. Without sinks it is ``torch.softmax`` (the eager attention's).
+    A query with no allowed key (and no sink) gets zeros (no NaN).
     """
     B, H, T, dh = query.shape
     G, Tk = key.shape[1], key.shape[2]
     q = _grouped((query * scale).to(dtype), G)                          # scale folded into q
-    s = out if out is not None else torch.empty(B, H, T, Tk, dtype=dtype, device=query.device)
+    new = lambda: torch.empty(B, H, T, Tk, dtype=dtype, device=query.device)   # noqa: E731
+    s, out = (new() if logits is None else logits), (new() if out is None else out)
     torch.matmul(q, key.to(dtype).transpose(-1, -2), out=_grouped(s, G))
     if softcap is not None:
         s.div_(softcap).tanh_().mul_(softcap)
-    s.masked_fill_(~allowed, float("-inf"))
-    top = s.amax(-1, keepdim=True)                                       # (B, H, T, 1)
+    fill_disallowed_(s, allowed, float("-inf"))
     if sinks is None:
-        s.sub_(top.nan_to_num_(neginf=0.0)).exp_()
-        return s.div_(s.sum(-1, keepdim=True).clamp_min_(torch.finfo(dtype).tiny))
+        torch.softmax(s, -1, out=out)
+        return out.nan_to_num_(nan=0.0) if not allowed.any(-1).all() else out
     sink = sinks.to(dtype)[..., None]                                    # (1|B, H, 1|T, 1)
-    top = torch.maximum(top, sink)
+    top = torch.maximum(s.amax(-1, keepdim=True), sink)                  # (B, H, T, 1)
     s.sub_(top).exp_()
-    return s.div_(s.sum(-1, keepdim=True).add_((sink - top).exp()))
+    return torch.div(s, s.sum(-1, keepdim=True).add_((sink - top).exp()), out=out)
 
 
 def weighted_values(alpha: Tensor, value: Tensor) -> Tensor:
@@ -317,13 +343,14 @@ def fast_scores(metric: str, alpha: Tensor, value: Tensor, proj: Projection, lam
     unit = ERROR_UNITS[metric] * torch.finfo(alpha.dtype).eps / 2
     if metric == "attention":
         return alpha, ErrorBound(unit * lam)
-    B, H, T, Tk = alpha.shape
-    G, dh = value.shape[1], value.shape[-1]
+    H, dh = alpha.shape[1], value.shape[-1]
     vf = repeat_kv(value, H).to(alpha.dtype)                            # (B, H, Tk, dh)
     value_norm = vecdot(vf @ proj.gram[None], vf).clamp_min(0).sqrt()   # ||v~_j|| (B, H, Tk)
     out = torch.empty_like(alpha) if out is None else out
     if metric == "value_weighted":
         return torch.mul(alpha, value_norm[:, :, None, :], out=out), ErrorBound(unit * lam)
+    if metric == "contribution_layer":
+        return _layer_scores(alpha, vf, value, value_norm, proj, lam, unit, out)
     zs = alpha @ torch.cat([vf, value_norm[..., None]], -1)             # z and sum_j alpha||v~||
     z, mass = zs[..., :dh], zs[..., dh]
     zg = z @ proj.gram[None]
@@ -332,23 +359,35 @@ def fast_scores(metric: str, alpha: Tensor, value: Tensor, proj: Projection, lam
         torch.mul(alpha, value_norm[:, :, None, :], out=out).div_(output_norm[..., None])
         rel = unit * lam * (1 + mass / output_norm)
         return _finite_(out, output_norm), ErrorBound(_finite(rel))
-    if metric == "contribution":
-        g = zg / output_norm.square()[..., None]                        # o_i^h / ||o_i^h||^2
-        rel = unit * lam * (1 + mass / output_norm)
-        norm = output_norm
-    else:
-        zf = z.transpose(1, 2).reshape(B, T, H * dh)
-        u = zf @ proj.full                                              # o_i W_O^T = z_i W_O W_O^T
-        layer_norm = vecdot(u, zf).clamp_min(0).sqrt()                  # ||o_i|| (B, T)
-        u = u.view(B, T, H, dh).transpose(1, 2)                         # o_i (W_O^h)^T per head
-        g = u / layer_norm.square()[:, None, :, None]
-        spread = (torch.square(alpha, out=out) @ value_norm.square()[..., None])[..., 0].sqrt()
-        heads = (lam * spread).square().sum(1).sqrt()                   # (B, T) in quadrature
-        rel = unit * (lam + (heads / layer_norm)[:, None])
-        norm = layer_norm
+    g = zg / output_norm.square()[..., None]                            # o_i^h / ||o_i^h||^2
+    rel = unit * lam * (1 + mass / output_norm)
+    return _project(alpha, g, value, output_norm, out), ErrorBound(_finite(rel))
+
+
+def _layer_scores(alpha: Tensor, vf: Tensor, value: Tensor, value_norm: Tensor,
+                  proj: Projection, lam: Tensor, unit: float, out: Tensor
+                  ) -> tuple[Tensor, ErrorBound]:
+    """contribution_layer's fast scores (see :func:`fast_scores`); vf (B, H, Tk, dh)."""
+    B, H, T, _ = alpha.shape
+    dh = vf.shape[-1]
+    zf = (alpha @ vf).transpose(1, 2).reshape(B, T, H * dh)             # z_i, heads side by side
+    u = zf @ proj.full                                                  # o_i W_O^T = z_i W_O W_O^T
+    layer_norm = vecdot(u, zf).clamp_min(0).sqrt()                      # ||o_i|| (B, T)
+    u = u.view(B, T, H, dh).transpose(1, 2)                             # o_i (W_O^h)^T per head
+    g = u / layer_norm.square()[:, None, :, None]
+    # s_h = sqrt(sum_j alpha^2 ||v~||^2): the norm of the value-weighted scores (B, H, T)
+    spread = torch.linalg.vector_norm(torch.mul(alpha, value_norm[:, :, None, :], out=out), dim=-1)
+    heads = (lam * spread).square().sum(1).sqrt()                       # (B, T) in quadrature
+    rel = unit * (lam + (heads / layer_norm)[:, None])
+    return _project(alpha, g, value, layer_norm, out), ErrorBound(_finite(rel))
+
+
+def _project(alpha: Tensor, g: Tensor, value: Tensor, norm: Tensor, out: Tensor) -> Tensor:
+    """alpha_ij (g_i . v_j) into ``out`` (B, H, T, Tk): g (B, H, T, dh), value (B, G, Tk, dh)."""
+    G = value.shape[1]
     torch.matmul(_grouped(g.contiguous(), G), value.to(alpha.dtype).transpose(-1, -2),
                  out=_grouped(out, G))
-    return _finite_(out.mul_(alpha), norm), ErrorBound(_finite(rel))
+    return _finite_(out.mul_(alpha), norm)
 
 
 def _finite_(s: Tensor, norm: Tensor) -> Tensor:

@@ -27,6 +27,8 @@ from typing import Callable
 import numpy as np
 import torch
 
+from .geometry import fill_disallowed_
+
 Tensor = torch.Tensor
 # exact(b, i, h) -> float64 scores of the rows (b, h, i): (n, Tk); with h None every head: (n, H, Tk)
 Exact = Callable[[Tensor, Tensor, "Tensor | None"], Tensor]
@@ -140,16 +142,16 @@ def _keys(score: Tensor, eligible: Tensor, rank: str, granularity: str, fill: fl
                                               score.device).copy_(score))
         if rank == "magnitude":
             key.abs_()
-        return key.masked_fill_(~eligible, fill), count.expand(B, H, T)
+        return fill_disallowed_(key, eligible, fill), count.expand(B, H, T)
     if granularity == "query":
-        key = _flat(score.abs() if rank == "magnitude" else score)
-        e = _flat(eligible.expand(B, H, T, Tk))
-        return key.masked_fill_(~e, fill), count.sum(1) if count.shape[1] > 1 else count[:, 0] * H
+        key = score.abs() if rank == "magnitude" else score.clone()
+        key = _flat(fill_disallowed_(key, eligible, fill))
+        return key, count.sum(1) if count.shape[1] > 1 else count[:, 0] * H
     if granularity == "token":
-        key = score.masked_fill(~eligible, 0.0).sum(1)                 # (B, T, Tk)
+        key = torch.mul(score, eligible).sum(1)                        # (B, T, Tk)
         key = key.abs_() if rank == "magnitude" else key
         e = eligible.any(1)
-        return key.masked_fill_(~e, fill), torch.count_nonzero(e, -1)
+        return fill_disallowed_(key, e, fill), torch.count_nonzero(e, -1)
     raise ValueError(f"unknown granularity '{granularity}'; use head, query or token")
 
 
