@@ -23,8 +23,9 @@ from every head. Removing key j deletes alpha_ij v~_j^h from o_i^h: alpha set to
 renormalisation.
 
 Precision and near-ties. Every pass (clean, sink-zeroed, removal) computes attention densely
-in float32 (or the model's dtype if wider), like the model's own eager attention, in scratch
-tensors reused from layer to layer. The ranking is that of the float64 scores of the layer's
+in float32 (or the model's dtype if wider), like the model's own eager attention (the same
+``torch.softmax``; masks applied as additive 0 / -inf biases and products, since torch's CPU
+``masked_fill`` is a scalar loop), in scratch tensors reused from layer to layer. The ranking is that of the float64 scores of the layer's
 inputs (:func:`~.removal_scores.metric_scores`, the code's arithmetic before 2026-12): the
 scores are computed in float32 (:func:`~.removal_scores.fast_scores`) with a bound on their
 relative rounding error, the cut is read from one sort of the values (:mod:`.selection`), and
