@@ -22,26 +22,27 @@ lower head); ``token`` ranks keys by the head-summed score (magnitude: |sum|) an
 from every head. Removing key j deletes alpha_ij v~_j^h from o_i^h: alpha set to zero, no
 renormalisation.
 
-Precision and near-ties. Every pass (clean, sink-zeroed, removal) computes attention densely
-in float32 (or the model's dtype if wider), like the model's own eager attention (the same
+Precision and near-ties. Every pass (clean, sink-zeroed, removal) computes attention densely in
+float32 (or the model's dtype if wider), like the model's own eager attention (the same
 ``torch.softmax``; masks applied as additive 0 / -inf biases and products, since torch's CPU
-``masked_fill`` is a scalar loop), in scratch tensors reused from layer to layer. The ranking is that of the float64 scores of the layer's
-inputs (:func:`~.removal_scores.metric_scores`, the code's arithmetic before 2026-12): the
-scores are computed in float32 (:func:`~.removal_scores.fast_scores`) with a bound on their
-relative rounding error, the cut is read from one sort of the values (:mod:`.selection`), and
-a ranking row is re-ranked from float64 scores recomputed for it alone
-(:class:`~.removal_scores.ExactScores`) when the two keys at its cut are closer than the bound
-(a tie at the cut included). Ties, in float32 and in float64, go to the lower position. The
-removal sets can differ from ranking every row in float64 only (1) where a float32 error
-exceeds its bound, fitted at ten times the largest seen (:data:`~.removal_scores.ERROR_UNITS`),
-or (2) for the signed metrics, between keys whose scores lie within float32 rounding of
-*zero* (keys almost orthogonal to the output: their error is not relative to the score; this
-matters for rank=magnitude sufficiency and for head sums at token granularity). On
-SmolLM2-135M prose (8 texts, 4 layers, T = 512) case (2) left 8 of some 4.7 million ranking
-rows (magnitude sufficiency) ranked as float32 ranks them; at T = 128 none. Across layers,
-the inputs of a layer carry the float32 rounding of the layers before it, as in any float32
-forward pass; the code before 2026-12 ran attention in float64, so against it keys whose
-scores differ by about 1e-6 relative can swap, and perplexities differ by float32 rounding.
+``masked_fill`` is a scalar loop), in scratch tensors reused from layer to layer. The ranking is
+that of the float64 scores of the layer's inputs (:func:`~.removal_scores.metric_scores`, the
+code's arithmetic before 2026-12): the scores are computed in float32
+(:func:`~.removal_scores.fast_scores`) with a bound on their relative rounding error, the cut is
+read from one sort of the values (:mod:`.selection`), and a ranking row is re-ranked from
+float64 scores recomputed for it alone (:class:`~.removal_scores.ExactScores`) when the two keys
+at its cut are closer than the bound (a tie at the cut included). Ties, in float32 and in
+float64, go to the lower position. The removal sets can differ from ranking every row in float64
+only (1) where a float32 error exceeds its bound, fitted at ten times the largest seen
+(:data:`~.removal_scores.ERROR_UNITS`), or (2) for the signed metrics, between keys whose scores
+lie within float32 rounding of *zero* (keys almost orthogonal to the output: their error is not
+relative to the score; this matters for rank=magnitude sufficiency and for head sums at token
+granularity). On SmolLM2-135M prose (8 texts, 4 layers, T = 512) case (2) left 8 of some 4.7
+million ranking rows (magnitude sufficiency) ranked as float32 ranks them; at T = 128 none.
+Across layers, the inputs of a layer carry the float32 rounding of the layers before it, as in
+any float32 forward pass; the code before 2026-12 ran attention in float64, so against it keys
+whose scores differ by about 1e-6 relative can swap, and perplexities differ by float32
+rounding.
 
 Sink zeroing (semantic drift). v_j = 0 for the sink keys j < k, alpha kept.
 """

@@ -281,8 +281,8 @@ def attention_weights(query: Tensor, key: Tensor, allowed: Tensor, scale: float,
     B, H, T, dh = query.shape
     G, Tk = key.shape[1], key.shape[2]
     q = _grouped((query * scale).to(dtype), G)                          # scale folded into q
-    new = lambda: torch.empty(B, H, T, Tk, dtype=dtype, device=query.device)   # noqa: E731
-    s, out = (new() if logits is None else logits), (new() if out is None else out)
+    s = logits if logits is not None else query.new_empty(B, H, T, Tk, dtype=dtype)
+    out = out if out is not None else query.new_empty(B, H, T, Tk, dtype=dtype)
     torch.matmul(q, key.to(dtype).transpose(-1, -2), out=_grouped(s, G))
     if softcap is not None:
         s.div_(softcap).tanh_().mul_(softcap)
@@ -376,7 +376,8 @@ def _layer_scores(alpha: Tensor, vf: Tensor, value: Tensor, value_norm: Tensor,
     u = u.view(B, T, H, dh).transpose(1, 2)                             # o_i (W_O^h)^T per head
     g = u / layer_norm.square()[:, None, :, None]
     # s_h = sqrt(sum_j alpha^2 ||v~||^2): the norm of the value-weighted scores (B, H, T)
-    spread = torch.linalg.vector_norm(torch.mul(alpha, value_norm[:, :, None, :], out=out), dim=-1)
+    weighted = torch.mul(alpha, value_norm[:, :, None, :], out=out)
+    spread = torch.linalg.vector_norm(weighted, dim=-1)
     heads = (lam * spread).square().sum(1).sqrt()                       # (B, T) in quadrature
     rel = unit * (lam + (heads / layer_norm)[:, None])
     return _project(alpha, g, value, layer_norm, out), ErrorBound(_finite(rel))
