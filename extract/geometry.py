@@ -102,14 +102,6 @@ def fill_disallowed_(x: Tensor, allowed: Tensor, fill: float) -> Tensor:
     return x.add_(bias.masked_fill_(~allowed, fill))
 
 
-def zero_where_(x: Tensor, drop: Tensor) -> Tensor:
-    """``x.masked_fill_(drop, 0)`` for finite x, as a multiply (see :func:`fill_disallowed_`).
-
-    The complement is read as uint8: a float-by-bool product takes a slow path on the CPU.
-    """
-    return x.mul_(torch.logical_not(drop).view(torch.uint8))
-
-
 def softmax_masked(logits: Tensor, allowed: Tensor) -> Tensor:
     """Softmax over keys; rows with no allowed key give zeros instead of NaN."""
     logits = logits.masked_fill(~allowed, float("-inf"))

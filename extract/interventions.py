@@ -57,7 +57,7 @@ from torch import nn
 from attngeom.store.vocab import GRANULARITIES, METRICS, RANKS, REMOVAL_MODES
 
 from .archs import attention_layers
-from .geometry import Projection, norm_from_gram, repeat_kv, zero_where_
+from .geometry import Projection, norm_from_gram, repeat_kv
 from .removal_scores import (ExactScores, attention_weights, exact_alpha, fast_scores,
                              logit_scale, metric_scores, weighted_values)
 from .selection import Workspace, n_remove, select  # noqa: F401  (n_remove, metric_scores: API)
@@ -133,7 +133,7 @@ class Intervener:
             H, dv = found.n_heads, w.shape[0] // found.n_heads
             blocks = full.view(H, dv, H, dv)
             gram = torch.stack([blocks[h, :, h] for h in range(H)])
-            self.projections[cached] = Projection(weight=w, gram=gram, full=full)
+            self.projections[cached] = Projection(weight=w.contiguous(), gram=gram, full=full)
         return self.projections[cached]
 
     def attend(self, call) -> Tensor:
@@ -160,7 +160,7 @@ class Intervener:
         alpha = attention_weights(query, key, allowed, scaling, softcap, dtype, sinks,
                                   out=self.work.get("alpha", shape, dtype, query.device),
                                   logits=scores)
-        weights, remove = alpha, None
+        weights, kept = alpha, None
         r = self.removal
         if r is not None and (r.layers is None or layer in r.layers):
             eligible = eligible_keys(allowed, mask)
@@ -168,9 +168,9 @@ class Intervener:
                                        logit_scale(query, key, scaling, sinks), out=scores)
             exact = ExactScores(r.metric, query, key, value, allowed, scaling, softcap, proj,
                                 sinks)
-            remove = select(score, eligible, r.fraction, r.mode, r.rank, r.granularity,
-                            error, exact, self.work, inplace=score is not alpha)
-            weights = zero_where_(alpha, remove)
+            kept = select(score, eligible, r.fraction, r.mode, r.rank, r.granularity,
+                          error, exact, self.work, inplace=score is not alpha, keep=True)
+            weights = alpha.mul_(kept)                                   # removed terms: 0
         v_used = value
         if self.sink_k is not None:
             v_used = value.clone()
@@ -184,7 +184,8 @@ class Intervener:
                 "alpha": exact_alpha(query, repeat_kv(key, H), allowed, scaling, softcap,
                                      sinks),
                 "allowed": allowed, "token_mask": mask,
-                "remove": None if remove is None else remove.clone(),
+                "remove": None if kept is None else
+                ((kept == 0) & eligible_keys(allowed, mask)).expand(shape),
                 "gram": proj.gram, "weight": proj.weight})
         return z.to(query.dtype)
 

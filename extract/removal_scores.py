@@ -14,7 +14,6 @@ tests and whatever the batch.
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -22,7 +21,7 @@ from .geometry import Projection, fill_disallowed_, repeat_kv, softmax_masked, v
 from .selection import ErrorBound
 
 Tensor = torch.Tensor
-ALIGN = 8                # float64 entries per 64 bytes: rowmm's rows start 64-byte aligned
+ALIGN = 8                # rowmm pads M, K and N to multiples of this (8 float64: 64 bytes)
 # The float32 rounding error of each metric's fast scores, in units of u * Lambda * |score|
 # (attention, value_weighted), u * Lambda * (1 + kappa) * |score| (value_weighted_normalized) and
 # u * Lambda * (1 + kappa) * alpha ||v~|| / ||o|| (contribution; u the unit roundoff, Lambda =
@@ -48,30 +47,35 @@ def _unknown(metric: str) -> ValueError:
 
 # ------------------------------------------------------------------------------------ exact
 def rowmm(a: Tensor, b: Tensor) -> Tensor:
-    """``a @ b`` for a (..., M, K), b (..., K, N), one matrix-vector product per row of a.
+    """``a @ b`` for a (..., M, K), b (..., K, N) whose rows have the same bits however many
+    rows are computed together and wherever they lie in memory.
 
-    A row's result does not depend on M, on the other rows or on where the row lies in memory
-    (a blocked matrix product's does, in the last bits; so does a vector product whose input or
-    output is not 64-byte aligned: K and N are zero-padded to a multiple of :data:`ALIGN`).
+    One batched matrix product of fresh (64-byte aligned) copies with M, K and N zero-padded to
+    multiples of :data:`ALIGN`: BLAS kernels (MKL's on x86) compute the last M mod 4 rows, and
+    operands that are not 64-byte aligned, with another summation order, so an unpadded row's
+    last bits depend on M and on its address; padded, a row's result is a function of the row
+    alone (``tests/extract/test_selection.py`` checks it against every M up to 600, with 1 and
+    2 threads). 2.5-3x faster than one matrix-vector product per row.
     """
-    K, N = b.shape[-2:]
-    if K % ALIGN or N % ALIGN or (a.data_ptr() | b.data_ptr()) % (8 * ALIGN):
-        a = F.pad(a, (0, -K % ALIGN))                               # fresh, aligned copies
-        b = F.pad(b, (0, -N % ALIGN, 0, -K % ALIGN))
-        return _rowmm(a, b)[..., :N]
-    return _rowmm(a, b)
-
-
-def _rowmm(a: Tensor, b: Tensor) -> Tensor:
+    (M, K), N = a.shape[-2:], b.shape[-1]
     lead = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
-    a, b = a.expand(*lead, *a.shape[-2:]), b.expand(*lead, *b.shape[-2:])
-    M, (K, N) = a.shape[-2], b.shape[-2:]
-    if M == 1:                                       # one product per lead index: one batch
-        return torch.bmm(a.reshape(-1, 1, K), b.reshape(-1, K, N)).view(*lead, 1, N)
-    out = a.new_empty(*lead, M, N)
-    for i in np.ndindex(*lead):
-        out[i] = torch.bmm(a[i][:, None, :], b[i].expand(M, K, N))[:, 0]
-    return out
+    a, b = _padded(a), _padded(b)
+    (Mp, Kp), Np = a.shape[-2:], b.shape[-1]
+    out = torch.bmm(a.expand(*lead, Mp, Kp).reshape(-1, Mp, Kp),
+                    b.expand(*lead, Kp, Np).reshape(-1, Kp, Np))
+    return out.view(*lead, Mp, Np)[..., :M, :N]
+
+
+def _padded(x: Tensor) -> Tensor:
+    """x (..., R, C) itself if contiguous, 64-byte aligned and R, C multiples of :data:`ALIGN`,
+    else a fresh (aligned) contiguous copy zero-padded to that (a transposed operand would
+    take another kernel, with other bits)."""
+    R, C = x.shape[-2:]
+    if R % ALIGN or C % ALIGN:
+        return F.pad(x.contiguous(), (0, -C % ALIGN, 0, -R % ALIGN))   # F.pad keeps strides
+    if not x.is_contiguous() or x.data_ptr() % (8 * ALIGN):
+        return x.clone(memory_format=torch.contiguous_format)
+    return x
 
 
 def gram_norm(x: Tensor, gram: Tensor) -> tuple[Tensor, Tensor]:
@@ -120,16 +124,10 @@ def metric_scores(metric: str, alpha: Tensor, vf: Tensor, z: Tensor, proj: Proje
     if metric == "contribution_layer":
         B, H, T, dh = z.shape
         o = rowmm(z.transpose(1, 2).reshape(B, T, H * dh), proj.weight)   # (B, T, d)
-        u = rowmm(o[:, None], head_weights(proj)[None])                    # o_i (W_O^h)^T
+        u = rowmm(o, proj.weight.mT).reshape(B, T, H, dh).transpose(1, 2)  # o_i (W_O^h)^T
         layer_sq = o.square().sum(-1)[:, None, :, None]                    # ||o_i||^2
         return _finite(alpha * rowmm(u, vf.transpose(-1, -2)) / layer_sq)
     raise _unknown(metric)
-
-
-def head_weights(proj: Projection) -> Tensor:
-    """(W_O^h)^T per head: (H, d, dh), contiguous."""
-    H, dh = proj.gram.shape[:2]
-    return proj.weight.view(H, dh, -1).transpose(1, 2).contiguous()
 
 
 def exact_alpha(q: Tensor, k: Tensor, allowed: Tensor, scale: float, softcap: float | None,
@@ -167,37 +165,82 @@ class ExactScores:
         self.sinks = None if sinks is None else sinks.expand(query.shape[:-1])   # (B, H, T)
         self.rep = query.shape[1] // key.shape[1]
         self.norms: dict[tuple[int, int], Tensor] = {}
-        self.weights: Tensor | None = None             # (W_O^h)^T, for contribution_layer
+        self.weight_t: Tensor | None = None            # W_O^T, for contribution_layer
+        self._kv: tuple[Tensor, Tensor, Tensor] | None = None
+
+    def kv(self) -> tuple[Tensor, Tensor, Tensor]:
+        """k^T (B, G, dh, Tk), v (B, G, Tk, dh) and v^T in float64, contiguous (made once):
+        gathered from these, the operands of :func:`rowmm` need no copy."""
+        if self._kv is None:
+            f64 = dict(dtype=torch.float64, memory_format=torch.contiguous_format)
+            v = self.v.to(**f64)
+            self._kv = (self.k.transpose(-1, -2).to(**f64), v, v.transpose(-1, -2).contiguous())
+        return self._kv
+
+    def take(self, x: Tensor, b: Tensor, g: Tensor) -> Tensor:
+        """``x[b, g]`` for x (B, G, ...) contiguous and b, g (P,): whole blocks copied (advanced
+        indexing gathers element by element, ~5x slower)."""
+        return x.flatten(0, 1).index_select(0, b * x.shape[1] + g)
 
     def local(self, b: Tensor, h: Tensor, i: Tensor) -> Tensor:
-        """(n, Tk): a head-local metric's scores at rows (b, h, i)."""
+        """(n, Tk): a head-local metric's scores at rows (b, h, i).
+
+        The rows of each (sequence, head) pair are stacked, padded to the largest pair's count
+        with repeats of its first row, and all pairs computed in one batch (see :meth:`_heads`).
+        """
         out = self.q.new_empty(len(b), self.k.shape[2], dtype=torch.float64)
-        pairs, where = torch.stack([b, h], 1).unique(dim=0, return_inverse=True)
-        for p, (bb, hh) in enumerate(pairs.tolist()):   # one head's keys gathered once
-            rows = (where == p).nonzero()[:, 0]
-            out[rows] = self._head_rows(bb, hh, i[rows])
+        H = self.q.shape[1]
+        pairs, where = torch.unique(b * H + h, return_inverse=True)       # (P,) b * H + h
+        order = torch.argsort(where, stable=True)                # rows grouped by pair
+        count = torch.bincount(where, minlength=len(pairs))      # (P,)
+        start = torch.cumsum(count, 0) - count
+        slot = torch.arange(len(b), device=b.device) - start[where[order]]
+        for batch in self._batches(count):                       # pairs of similar count
+            at = torch.isin(where[order], batch)
+            rows, pos = order[at], slot[at]
+            index = i[order[start[batch]]][:, None].repeat(1, int(count[batch].max()))
+            place = torch.searchsorted(batch, where[rows])       # (r,) pair within the batch
+            index[place, pos] = i[rows]                          # (Pb, M) query positions
+            out[rows] = self._heads(pairs[batch] // H, pairs[batch] % H, index)[place, pos]
         return out
 
-    def _head_rows(self, b: int, h: int, i: Tensor) -> Tensor:
-        """(m, Tk): a head-local metric at queries i (m,) of head h in sequence b."""
+    def _batches(self, count: Tensor) -> list[Tensor]:
+        """Pair indices in batches of at most ``CHUNK`` padded rows x keys (at least one pair)."""
+        step, batches, batch = max(1, self.CHUNK // self.k.shape[2]), [], []
+        for p in torch.argsort(count, descending=True, stable=True).tolist():
+            if batch and (len(batch) + 1) * int(count[batch[0]]) > step:
+                batches.append(torch.tensor(sorted(batch)))
+                batch = []
+            batch.append(p)
+        return batches + [torch.tensor(sorted(batch))]
+
+    def _heads(self, b: Tensor, h: Tensor, i: Tensor) -> Tensor:
+        """(P, M, Tk): a head-local metric at queries i (P, M) of heads h (P,) in sequences b."""
         g = h // self.rep
-        allowed = self.allowed[b, h if self.allowed.shape[1] > 1 else 0, i]     # (m, Tk)
-        sinks = None if self.sinks is None else self.sinks[b, h, i]             # (m,)
-        alpha = exact_alpha(self.q[b, h, i], self.k[b, g], allowed, self.scale, self.softcap,
-                            sinks)                                              # (m, Tk)
+        head = h if self.allowed.shape[1] > 1 else torch.zeros_like(h)
+        allowed = self.allowed[b[:, None], head[:, None], i]                    # (P, M, Tk)
+        sinks = None if self.sinks is None else self.sinks[b[:, None], h[:, None], i]
+        kt, v, vt = self.kv()
+        alpha = exact_alpha(self.q[b[:, None], h[:, None], i], self.take(kt, b, g).mT, allowed,
+                            self.scale, self.softcap, sinks)                    # (P, M, Tk)
         if self.metric == "attention":
             return alpha
-        v = self.v[b, g].double()                                               # (Tk, dh)
-        if (b, h) not in self.norms:
-            self.norms[(b, h)] = key_norms(v, self.proj.gram[h])                # ||v~_j^h||
+        v, vt = self.take(v, b, g), self.take(vt, b, g)                         # (P, Tk, dh)
         if self.metric == "value_weighted":
-            return _finite(alpha * self.norms[(b, h)])
-        z = rowmm(alpha, v)                                                     # (m, dh)
+            return _finite(alpha * self._norms(b, h, v)[:, None])
+        z = rowmm(alpha, v)                                                     # (P, M, dh)
         zg = rowmm(z, self.proj.gram[h])                                        # z_i G_h
         output_norm = vecdot(zg, z).clamp_min(0).sqrt()                         # ||o_i^h||
         if self.metric == "value_weighted_normalized":
-            return _finite(alpha * self.norms[(b, h)] / output_norm[:, None])
-        return _finite(alpha * rowmm(zg, v.T) / output_norm.square()[:, None])
+            return _finite(alpha * self._norms(b, h, v)[:, None] / output_norm[..., None])
+        return _finite(alpha * rowmm(zg, vt) / output_norm.square()[..., None])
+
+    def _norms(self, b: Tensor, h: Tensor, v: Tensor) -> Tensor:
+        """||v~_j^h|| (P, Tk) of the pairs (b, h), one pair at a time (as :func:`value_norms`)."""
+        for p, key in enumerate(zip(b.tolist(), h.tolist())):
+            if key not in self.norms:
+                self.norms[key] = key_norms(v[p], self.proj.gram[key[1]])
+        return torch.stack([self.norms[key] for key in zip(b.tolist(), h.tolist())])
 
     def queries(self, b: Tensor, i: Tensor) -> Tensor:
         """(n, H, Tk): every head's scores at queries (b, i)."""
@@ -213,28 +256,35 @@ class ExactScores:
 
     def _layer_rows(self, b: int, i: Tensor, h: Tensor | None = None) -> Tensor:
         """contribution_layer in sequence b (metric_scores' steps): every head at queries i (m,),
-        (H, m, Tk); or the rows (i, h), (m, Tk), each query's heads' outputs computed once."""
-        H = self.q.shape[1]
+        (H, m, Tk); or the rows (i, h), (m, Tk), each query's heads' outputs computed once.
+
+        The query heads that read one kv head are stacked ((G, rep * mq, ...)), as in
+        :func:`_grouped`, so that keys and values are never repeated per head."""
+        H, G = self.q.shape[1], self.k.shape[1]
         query, where = (i, None) if h is None else i.unique(return_inverse=True)
-        kv = torch.arange(H, device=i.device) // self.rep
-        k, v = self.k[b, kv], self.v[b, kv].double()                   # (H, Tk, dh)
-        allowed = self.allowed[b][:, query]                             # (1|H, mq, Tk)
-        sinks = None if self.sinks is None else self.sinks[b][:, query]     # (H, mq)
-        alpha = exact_alpha(self.q[b][:, query], k, allowed, self.scale, self.softcap, sinks)
-        z = rowmm(alpha, v)                                             # (H, mq, dh)
-        o = rowmm(z.transpose(0, 1).reshape(len(query), -1), self.proj.weight)   # (mq, d)
+        mq = len(query)
+        kt, v, vt = (x[b] for x in self.kv())                          # (G, dh, Tk), (G, Tk, dh)
+        by_kv = lambda x: x.expand(H, *x.shape[1:]).reshape(G, -1, *x.shape[2:])  # noqa: E731
+        allowed = by_kv(self.allowed[b][:, query])                      # (G, rep * mq, Tk)
+        sinks = None if self.sinks is None else by_kv(self.sinks[b][:, query])
+        alpha = exact_alpha(by_kv(self.q[b][:, query]), kt.mT, allowed, self.scale,
+                            self.softcap, sinks)                        # (G, rep * mq, Tk)
+        z = rowmm(alpha, v).reshape(H, mq, -1)                            # (H, mq, dh)
+        o = rowmm(z.transpose(0, 1).reshape(mq, -1), self.proj.weight)  # (mq, d)
         layer_sq = o.square().sum(-1)                                   # ||o_i||^2 (mq,)
-        if self.weights is None:
-            self.weights = head_weights(self.proj)                      # (H, d, dh)
+        if self.weight_t is None:
+            self.weight_t = self.proj.weight.mT.contiguous()            # (d, H * dh)
+        u = rowmm(o, self.weight_t).reshape(mq, H, -1).transpose(0, 1)  # o_i (W_O^h)^T
+        alpha = alpha.reshape(H, mq, -1)
         if h is None:
-            u = rowmm(o, self.weights)                                  # o_i (W_O^h)^T
-            return _finite(alpha * rowmm(u, v.transpose(-1, -2)) / layer_sq[None, :, None])
+            c = rowmm(u.reshape(G, -1, u.shape[-1]), vt).reshape(H, mq, -1)  # <o_i, v~_j^h>
+            return _finite(alpha * c / layer_sq[None, :, None])
         out = alpha.new_empty(len(i), alpha.shape[-1])
-        for hh in h.unique().tolist():                  # only the heads asked for
-            rows = (h == hh).nonzero()[:, 0]
-            at = where[rows]
-            u = rowmm(o[at], self.weights[hh])                          # (r, dh)
-            out[rows] = _finite(alpha[hh, at] * rowmm(u, v[hh].T) / layer_sq[at, None])
+        for g in (h // self.rep).unique().tolist():     # only the rows asked for, by kv head
+            rows = (h // self.rep == g).nonzero()[:, 0]
+            hh, at = h[rows], where[rows]
+            c = rowmm(u[hh, at], vt[g])                                 # (r, Tk)
+            out[rows] = _finite(alpha[hh, at] * c / layer_sq[at, None])
         return out
 
     def __call__(self, b: Tensor, i: Tensor, h: Tensor | None = None) -> Tensor:

@@ -88,6 +88,11 @@ def test_exact_scores_follow_the_rule(granularity, per_head):
                     want = numpy_rule(score, eligible, p, mode, rank, granularity)
                     got = select(score, eligible, p, mode, rank, granularity, work=work)
                     assert np.array_equal(got.numpy(), want), (p, mode, rank)
+                    kept = select(score, eligible, p, mode, rank, granularity, work=work,
+                                  keep=True)                     # alpha's factor: 0 removed
+                    assert kept.dtype == score.dtype
+                    removed = (kept == 0) & eligible
+                    assert np.array_equal(removed.expand(want.shape).numpy(), want)
 
 
 def _near_tie_scores(B, H, T, positive, seed):
@@ -128,6 +133,10 @@ def test_near_ties_at_the_float32_margin_are_decided_in_float64(granularity):
                 got = select(s32.clone(), eligible, p, mode, rank, granularity, error, exact,
                              Workspace(), inplace=True)
                 assert np.array_equal(got.numpy(), want), (p, mode, rank)
+                kept = select(s32.clone(), eligible, p, mode, rank, granularity, error, exact,
+                              Workspace(), inplace=True, keep=True)
+                removed = ((kept == 0) & eligible).expand(want.shape)
+                assert np.array_equal(removed.numpy(), want), (p, mode, rank)
                 plain = select(s32, eligible, p, mode, rank, granularity)
                 wrong += not np.array_equal(plain.numpy(), want)
     assert wrong > 0                          # float32 alone gets these rows wrong
@@ -180,9 +189,9 @@ def test_recomputed_rows_have_the_bits_of_the_full_computation(metric):
 @pytest.mark.parametrize("K,N", [(64, 64), (65, 17), (127, 64), (64, 129), (200, 5)])
 def test_a_row_product_has_the_same_bits_wherever_the_row_lies(K, N):
     g = torch.Generator().manual_seed(K * N)
-    a = torch.randn(2, 33, K, dtype=torch.float64, generator=g)
+    a = torch.randn(2, 600, K, dtype=torch.float64, generator=g)
     b = torch.randn(2, K, N, dtype=torch.float64, generator=g)
-    full = rowmm(a, b)                                           # (2, 33, N)
+    full = rowmm(a, b)                                           # (2, 600, N)
     for r in (0, 3, 7):
         for offset in (1, 3):                                    # not 64-byte aligned
             flat = torch.zeros(2 * K + offset, dtype=torch.float64)
@@ -190,6 +199,18 @@ def test_a_row_product_has_the_same_bits_wherever_the_row_lies(K, N):
             assert torch.equal(rowmm(alone, b), full[:, r:r + 1])
             strided = torch.zeros(2, 1, K + offset, dtype=torch.float64)[..., offset:]
             assert torch.equal(rowmm(strided.copy_(a[:, r:r + 1]), b), full[:, r:r + 1])
+    threads = torch.get_num_threads()
+    try:
+        for n in (1, 2):                                         # and however many threads
+            torch.set_num_threads(n)
+            for M in [*range(1, 20), 31, 100, 257, 599]:          # and rows computed together
+                for start in (0, 1):
+                    got = rowmm(a[:, start:start + M], b)
+                    assert torch.equal(got, full[:, start:start + M]), (n, M, start)
+            assert torch.equal(rowmm(a[1, 5:9], b[1]), full[1, 5:9])        # no lead dims
+            assert torch.equal(rowmm(a, b.mT.contiguous().mT), full)         # b transposed
+    finally:
+        torch.set_num_threads(threads)
 
 
 @pytest.mark.parametrize("metric", METRICS)
