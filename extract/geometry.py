@@ -17,7 +17,7 @@ attention costs. All reductions run in float32.
 from __future__ import annotations
 
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -41,10 +41,17 @@ class Projection:
     weight: Tensor
     gram: Tensor
     full: Tensor | None = None
+    _transposed: Tensor | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.full is None:                           # built from weight and gram only
             object.__setattr__(self, "full", self.weight @ self.weight.T)
+
+    def transposed(self) -> Tensor:
+        """``weight.T`` (d, H*dh), contiguous (made on first use, then kept)."""
+        if self._transposed is None:
+            object.__setattr__(self, "_transposed", self.weight.T.contiguous())
+        return self._transposed
 
     @classmethod
     def from_weight(cls, weight: Tensor, n_heads: int) -> "Projection":

@@ -124,7 +124,7 @@ def metric_scores(metric: str, alpha: Tensor, vf: Tensor, z: Tensor, proj: Proje
     if metric == "contribution_layer":
         B, H, T, dh = z.shape
         o = rowmm(z.transpose(1, 2).reshape(B, T, H * dh), proj.weight)   # (B, T, d)
-        u = rowmm(o, proj.weight.mT).reshape(B, T, H, dh).transpose(1, 2)  # o_i (W_O^h)^T
+        u = rowmm(o, proj.transposed()).reshape(B, T, H, dh).transpose(1, 2)  # o_i (W_O^h)^T
         layer_sq = o.square().sum(-1)[:, None, :, None]                    # ||o_i||^2
         return _finite(alpha * rowmm(u, vf.transpose(-1, -2)) / layer_sq)
     raise _unknown(metric)
@@ -165,7 +165,6 @@ class ExactScores:
         self.sinks = None if sinks is None else sinks.expand(query.shape[:-1])   # (B, H, T)
         self.rep = query.shape[1] // key.shape[1]
         self.norms: dict[tuple[int, int], Tensor] = {}
-        self.weight_t: Tensor | None = None            # W_O^T, for contribution_layer
         self._kv: tuple[Tensor, Tensor, Tensor] | None = None
 
     def kv(self) -> tuple[Tensor, Tensor, Tensor]:
@@ -272,9 +271,7 @@ class ExactScores:
         z = rowmm(alpha, v).reshape(H, mq, -1)                            # (H, mq, dh)
         o = rowmm(z.transpose(0, 1).reshape(mq, -1), self.proj.weight)  # (mq, d)
         layer_sq = o.square().sum(-1)                                   # ||o_i||^2 (mq,)
-        if self.weight_t is None:
-            self.weight_t = self.proj.weight.mT.contiguous()            # (d, H * dh)
-        u = rowmm(o, self.weight_t).reshape(mq, H, -1).transpose(0, 1)  # o_i (W_O^h)^T
+        u = rowmm(o, self.proj.transposed()).reshape(mq, H, -1).transpose(0, 1)  # o_i W_O^T
         alpha = alpha.reshape(H, mq, -1)
         if h is None:
             c = rowmm(u.reshape(G, -1, u.shape[-1]), vt).reshape(H, mq, -1)  # <o_i, v~_j^h>

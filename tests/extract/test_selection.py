@@ -28,7 +28,8 @@ from attngeom.extract.interventions import (GRANULARITIES, METRICS, MODES, RANKS
                                             Removal, forward_logits)
 from attngeom.extract.removal_scores import (ExactScores, attention_weights, exact_alpha,
                                              fast_scores, logit_scale, metric_scores, rowmm)
-from attngeom.extract.selection import ErrorBound, Workspace, select
+from attngeom.extract.selection import (ErrorBound, Workspace, n_remove, select,
+                                        threshold_select, width_groups)
 
 FRACTIONS = (0.0, 0.02, 0.1, 0.25, 0.5, 0.9, 1.0)
 
@@ -93,6 +94,27 @@ def test_exact_scores_follow_the_rule(granularity, per_head):
                     assert kept.dtype == score.dtype
                     removed = (kept == 0) & eligible
                     assert np.array_equal(removed.expand(want.shape).numpy(), want)
+
+
+def test_sorting_only_the_leading_columns_changes_nothing():
+    """Rows whose eligible candidates lie in their first ``width`` columns (causal rows, padded
+    keys) are sorted over those columns only: the same cut as sorting every column."""
+    g = torch.Generator().manual_seed(3)
+    R, N = 400, 300
+    width = torch.randint(0, N + 1, (R,), generator=g)
+    eligible = (torch.arange(N) < width[:, None]) & (torch.rand(R, N, generator=g) < 0.8)
+    scores = torch.randint(-20, 20, (R, N), generator=g).float()            # with ties
+    assert len(width_groups(width, N)) > 4
+    n = eligible.sum(-1)
+    for mode, fill in (("comprehensiveness", float("-inf")), ("sufficiency", float("inf"))):
+        key = scores.masked_fill(~eligible, fill)
+        for p in (0.02, 0.1, 0.5, 1.0):
+            k = n_remove(n, p)
+            for keep in (False, True):
+                want = threshold_select(key, n, k, mode, keep=keep)
+                got = threshold_select(key, n, k, mode, keep=keep, width=width,
+                                       work=Workspace())
+                assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), (mode, p)
 
 
 def _near_tie_scores(B, H, T, positive, seed):
