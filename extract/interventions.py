@@ -26,11 +26,11 @@ Precision and near-ties. Every pass (clean, sink-zeroed, removal) computes atten
 float32 (or the model's dtype if wider), like the model's own eager attention (the same
 ``torch.softmax``; masks applied as additive 0 / -inf biases and products, since torch's CPU
 ``masked_fill`` is a scalar loop), in scratch tensors reused from layer to layer. The ranking is
-that of the float64 scores of the layer's inputs (:func:`~.removal_scores.metric_scores`, the
+that of the float64 scores of the layer's inputs (:func:`~.exact_scores.metric_scores`, the
 code's arithmetic before 2026-12): the scores are computed in float32
 (:func:`~.removal_scores.fast_scores`) with a bound on their relative rounding error, the cut is
 read from one sort of the values (:mod:`.selection`), and a ranking row is re-ranked from
-float64 scores recomputed for it alone (:class:`~.removal_scores.ExactScores`) when the two keys
+float64 scores recomputed for it alone (:class:`~.exact_scores.ExactScores`) when the two keys
 at its cut are closer than the bound (a tie at the cut included). Ties, in float32 and in
 float64, go to the lower position. The removal sets can differ from ranking every row in float64
 only (1) where a float32 error exceeds its bound, fitted at ten times the largest seen
@@ -58,9 +58,10 @@ from attngeom.store.vocab import GRANULARITIES, METRICS, RANKS, REMOVAL_MODES
 
 from .archs import attention_layers
 from .geometry import Projection, norm_from_gram, repeat_kv
-from .removal_scores import (ExactScores, attention_weights, exact_alpha, fast_scores,
-                             logit_scale, metric_scores, weighted_values)
-from .selection import Workspace, n_remove, select  # noqa: F401  (n_remove, metric_scores: API)
+from .dense import attention_weights, weighted_values
+from .exact_scores import ExactScores, exact_alpha, metric_scores  # noqa: F401  (API)
+from .removal_scores import fast_scores, logit_scale
+from .selection import Workspace, n_remove, select  # noqa: F401  (n_remove: API)
 
 Tensor = torch.Tensor
 MODES = REMOVAL_MODES                    # the name tests and scripts import

@@ -26,8 +26,9 @@ except ImportError:
 from attngeom.extract.hooks import attention_handler
 from attngeom.extract.interventions import (GRANULARITIES, METRICS, MODES, RANKS, Intervener,
                                             Removal, forward_logits)
-from attngeom.extract.removal_scores import (ExactScores, attention_weights, exact_alpha,
-                                             fast_scores, logit_scale, metric_scores, rowmm)
+from attngeom.extract.dense import attention_weights
+from attngeom.extract.exact_scores import ExactScores, exact_alpha, metric_scores, rowmm
+from attngeom.extract.removal_scores import fast_scores, logit_scale
 from attngeom.extract.selection import (ErrorBound, Workspace, n_remove, select,
                                         threshold_select, width_groups)
 
