@@ -48,8 +48,39 @@ def attention_weights(query: Tensor, key: Tensor, allowed: Tensor, scale: float,
     return torch.div(s, s.sum(-1, keepdim=True).add_((sink - top).exp()), out=out)
 
 
-def weighted_values(alpha: Tensor, value: Tensor) -> Tensor:
-    """``alpha @ v`` (B, H, T, dh) with v per kv head (B, G, Tk, dh), no repeated copy of v."""
-    B, H, T, _ = alpha.shape
-    G, dh = value.shape[1], value.shape[-1]
-    return (grouped(alpha, G) @ value.to(alpha.dtype)).view(B, H, T, dh)
+def row_blocks(allowed: Tensor, parts: int = 4) -> tuple[tuple[int, int, int], ...]:
+    """(t0, t1, w): query rows t0 <= i < t1 attend to keys j < w only, in every sequence and
+    head of ``allowed`` (B, 1|H, T, Tk); one block (0, T, Tk) when no rows stop short.
+
+    Under a causal mask four blocks of T / 4 rows need 5/8 of the keys on average: a product
+    over the keys (alpha @ v) skips 3/8 of its terms, all of them 0.
+    """
+    T, Tk = allowed.shape[-2:]
+    seen = allowed.any(0).any(0)                                          # (T, Tk)
+    last = torch.mul(seen, torch.arange(1, Tk + 1, dtype=torch.int32, device=seen.device))
+    step = -(-T // parts)
+    ends = [(t0, min(t0 + step, T)) for t0 in range(0, T, step)]
+    widths = torch.stack([last[t0:t1].amax() for t0, t1 in ends]).tolist()
+    if min(widths) == Tk:
+        return ((0, T, Tk),)
+    return tuple((t0, t1, w) for (t0, t1), w in zip(ends, widths))
+
+
+def weighted_values(alpha: Tensor, value: Tensor,
+                    blocks: tuple[tuple[int, int, int], ...] | None = None) -> Tensor:
+    """``alpha @ v`` (B, H, T, n) with v per kv head (B, G, Tk, n), no repeated copy of v;
+    ``blocks`` (:func:`row_blocks`): each block of rows over its leading keys only."""
+    B, H, T, Tk = alpha.shape
+    G, n = value.shape[1], value.shape[-1]
+    value = value.to(alpha.dtype)
+    if blocks is None or len(blocks) == 1:
+        return (grouped(alpha, G) @ value).view(B, H, T, n)
+    a = alpha.reshape(B * H, T, Tk)
+    v = value[:, :, None].expand(B, G, H // G, Tk, n).reshape(B * H, Tk, n)
+    out = alpha.new_empty(B * H, T, n)
+    for t0, t1, w in blocks:
+        if w == 0:
+            out[:, t0:t1] = 0.0
+        else:
+            torch.bmm(a[:, t0:t1, :w], v[:, :w], out=out[:, t0:t1])
+    return out.view(B, H, T, n)

@@ -58,7 +58,7 @@ from attngeom.store.vocab import GRANULARITIES, METRICS, RANKS, REMOVAL_MODES
 
 from .archs import attention_layers
 from .geometry import Projection, norm_from_gram, repeat_kv
-from .dense import attention_weights, weighted_values
+from .dense import attention_weights, row_blocks, weighted_values
 from .exact_scores import ExactScores, exact_alpha, metric_scores  # noqa: F401  (API)
 from .removal_scores import fast_scores, logit_scale
 from .selection import Workspace, n_remove, select  # noqa: F401  (n_remove: API)
@@ -162,11 +162,12 @@ class Intervener:
                                   out=self.work.get("alpha", shape, dtype, query.device),
                                   logits=scores)
         weights, kept = alpha, None
+        blocks = row_blocks(allowed)                    # rows that stop short of the last key
         r = self.removal
         if r is not None and (r.layers is None or layer in r.layers):
             eligible = eligible_keys(allowed, mask)
             score, error = fast_scores(r.metric, alpha, value, self.projection(layer, dtype),
-                                       logit_scale(query, key, scaling, sinks), out=scores)
+                                       logit_scale(query, key, scaling, sinks), scores, blocks)
             exact = ExactScores(r.metric, query, key, value, allowed, scaling, softcap, proj,
                                 sinks)
             kept = select(score, eligible, r.fraction, r.mode, r.rank, r.granularity,
@@ -176,7 +177,7 @@ class Intervener:
         if self.sink_k is not None:
             v_used = value.clone()
             v_used[:, :, : self.sink_k] = 0.0
-        z = weighted_values(weights, v_used)                             # (B, H, T, dv)
+        z = weighted_values(weights, v_used, blocks)                     # (B, H, T, dv)
         if self.probe is not None:
             self.probe.observe(layer, z, value, eligible_keys(allowed, mask), mask, proj)
         if self.trace is not None:                 # the exact (float64) layer, for tests

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from .dense import grouped
+from .dense import grouped, weighted_values
 from .exact_scores import finite, unknown_metric
 from .geometry import Projection, repeat_kv, vecdot
 from .selection import ErrorBound
@@ -45,14 +45,15 @@ def logit_scale(query: Tensor, key: Tensor, scale: float,
 
 
 def fast_scores(metric: str, alpha: Tensor, value: Tensor, proj: Projection, lam: Tensor,
-                out: Tensor | None = None) -> tuple[Tensor, ErrorBound]:
+                out: Tensor | None = None, blocks=None) -> tuple[Tensor, ErrorBound]:
     """Scores (B, H, T, Tk) in alpha's dtype (into ``out``; ``alpha`` itself for attention)
     and the relative size of their rounding error.
 
     Parameters
     ----------
     alpha : (B, H, T, Tk) clean attention; value : (B, G, Tk, dh) values per kv head; proj : the
-    output projection in alpha's dtype; lam : (B, H, T) :func:`logit_scale`.
+    output projection in alpha's dtype; lam : (B, H, T) :func:`logit_scale`; blocks :
+    :func:`~.dense.row_blocks` of the layer's mask (None: every row over every key).
 
     Error model (fitted, see :data:`ERROR_UNITS`): alpha's relative error is O(u Lambda); the
     head output o = sum_j alpha v~ has an absolute error O(u Lambda sum_j alpha ||v~||),
@@ -76,8 +77,8 @@ def fast_scores(metric: str, alpha: Tensor, value: Tensor, proj: Projection, lam
     if metric == "value_weighted":
         return torch.mul(alpha, value_norm[:, :, None, :], out=out), ErrorBound(unit * lam)
     if metric == "contribution_layer":
-        return _layer_scores(alpha, vf, value, value_norm, proj, lam, unit, out)
-    zs = alpha @ torch.cat([vf, value_norm[..., None]], -1)             # z and sum_j alpha||v~||
+        return _layer_scores(alpha, value, value_norm, proj, lam, unit, out, blocks)
+    zs = weighted_values(alpha, torch.cat([vf, value_norm[..., None]], -1), blocks)   # z, mass
     z, mass = zs[..., :dh], zs[..., dh]
     zg = z @ proj.gram[None]
     output_norm = vecdot(zg, z).clamp_min(0).sqrt()                     # ||o_i^h|| (B, H, T)
@@ -90,13 +91,12 @@ def fast_scores(metric: str, alpha: Tensor, value: Tensor, proj: Projection, lam
     return _project(alpha, g, value, output_norm, out), ErrorBound(finite(rel))
 
 
-def _layer_scores(alpha: Tensor, vf: Tensor, value: Tensor, value_norm: Tensor,
-                  proj: Projection, lam: Tensor, unit: float, out: Tensor
-                  ) -> tuple[Tensor, ErrorBound]:
-    """contribution_layer's fast scores (see :func:`fast_scores`); vf (B, H, Tk, dh)."""
+def _layer_scores(alpha: Tensor, value: Tensor, value_norm: Tensor, proj: Projection,
+                  lam: Tensor, unit: float, out: Tensor, blocks) -> tuple[Tensor, ErrorBound]:
+    """contribution_layer's fast scores (see :func:`fast_scores`)."""
     B, H, T, _ = alpha.shape
-    dh = vf.shape[-1]
-    zf = (alpha @ vf).transpose(1, 2).reshape(B, T, H * dh)             # z_i, heads side by side
+    dh = value.shape[-1]
+    zf = weighted_values(alpha, value, blocks).transpose(1, 2).reshape(B, T, H * dh)   # z_i
     u = zf @ proj.full                                                  # o_i W_O^T = z_i W_O W_O^T
     layer_norm = vecdot(u, zf).clamp_min(0).sqrt()                      # ||o_i|| (B, T)
     u = u.view(B, T, H, dh).transpose(1, 2)                             # o_i (W_O^h)^T per head
