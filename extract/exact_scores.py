@@ -137,13 +137,13 @@ class ExactScores:
     """Float64 scores of chosen rows of one layer, from its inputs (see :data:`.selection.Exact`).
 
     The same bits as :func:`metric_scores` of the whole layer (row by row arithmetic), for a
-    few rows at a time (``CHUNK`` rows x keys at most). Head-local metrics gather each row's
-    keys and values and compute only the rows asked for; contribution_layer needs every head's
-    output at a query, so it computes those once per query and the scores of the heads asked
-    for, with the keys and values of a sequence gathered once for all its queries.
+    few rows at a time (``CHUNK`` rows x keys at most). Head-local metrics compute only the rows
+    asked for, every (sequence, head) pair's rows in one batch; contribution_layer needs every
+    head's output at a query, so it computes those once per query and the scores of the heads
+    asked for. Keys and values are converted to float64 once per layer and gathered as blocks.
     """
 
-    CHUNK = 65536          # rows x keys computed at a time (temporaries: x dh float64 each)
+    CHUNK = 65536          # rows x keys computed at a time (padded rows included)
 
     def __init__(self, metric: str, query: Tensor, key: Tensor, value: Tensor, allowed: Tensor,
                  scale: float, softcap: float | None, proj: Projection,

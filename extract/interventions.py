@@ -24,8 +24,10 @@ renormalisation.
 
 Precision and near-ties. Every pass (clean, sink-zeroed, removal) computes attention densely in
 float32 (or the model's dtype if wider), like the model's own eager attention (the same
-``torch.softmax``; masks applied as additive 0 / -inf biases and products, since torch's CPU
-``masked_fill`` is a scalar loop), in scratch tensors reused from layer to layer. The ranking is
+``torch.softmax``; masks applied as additive 0 / -inf biases, and the removal as a 0 / 1 factor
+of alpha, since torch's CPU ``masked_fill`` is a scalar loop; alpha @ v over blocks of query
+rows that stop at their last allowed key, :func:`~.dense.row_blocks`), in scratch tensors
+reused from layer to layer (:mod:`.dense`). The ranking is
 that of the float64 scores of the layer's inputs (:func:`~.exact_scores.metric_scores`, the
 code's arithmetic before 2026-12): the scores are computed in float32
 (:func:`~.removal_scores.fast_scores`) with a bound on their relative rounding error, the cut is
