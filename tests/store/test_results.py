@@ -104,8 +104,10 @@ def test_merge_joins_a_results_only_store_of_the_same_model(made, tmp_path, mode
     only = merge([made / "only", tmp_path / "r2"], tmp_path / "only2")
     assert only["kind"] == "faithfulness" and sorted(only["faithfulness"]) == \
         ["faithfulness", "second"]
-    # same name, different contents: refused, naming the result
-    rc = main(["store", "merge", str(made / "both"), str(made / "only"), "--out",
+    # same name, different contents (another fraction; "both" and "only" hold the same numbers
+    # and differ only by their creation time, which two runs in one second share): refused
+    run_faith(model_dirs["llama"], texts_file, tmp_path / "r3", fractions=(0.2,), drift=False)
+    rc = main(["store", "merge", str(made / "both"), str(tmp_path / "r3"), "--out",
                str(tmp_path / "no")])
     err = capsys.readouterr().err.strip()
     assert rc == 2 and "'faithfulness'" in err and "--name" in err
