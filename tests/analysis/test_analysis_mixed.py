@@ -39,8 +39,10 @@ def test_balanced_fit_is_the_reml_optimum(n_groups, n_per, sd_between):
     tight = mixedlm(y, g, gtol=1e-12, maxiter=500)
     default = mixedlm(y, g)
     np.testing.assert_allclose(est, tight[0], rtol=1e-10)
+    # BFGS stops within its gradient tolerance, not at the optimum: 7e-10 relative from it with
+    # statsmodels 0.14.0 / scipy 1.11.1 on an AMD EPYC (the exact se: the closed form below);
     # at the boundary MixedLM stops at a variance ratio of ~1e-9 instead of 0
-    np.testing.assert_allclose(se, tight[1], rtol=1e-10 if tight[2] > 1e-6 else 1e-6)
+    np.testing.assert_allclose(se, tight[1], rtol=1e-8 if tight[2] > 1e-6 else 1e-6)
     np.testing.assert_allclose([est, se], default[:2], rtol=OPTIMIZER_RTOL)
     # independent closed form: se^2 = MSB / N inside, SST / ((N - 1) N) at the boundary
     means = np.array([y[g == u].mean() for u in np.unique(g)])
