@@ -30,18 +30,13 @@ import numpy as np
 import statsmodels.api as sm
 import xarray as xr
 from scipy import stats
-from statsmodels.nonparametric.smoothers_lowess import lowess
-
-try:  # the routine behind statsmodels' lowess: it takes robustness weights and delta separately
-    from statsmodels.nonparametric._smoothers_lowess import lowess as _sm_lowess
-except ImportError:  # pragma: no cover - a statsmodels that moved it: the public, exact curve
-    _sm_lowess = None
 
 from attngeom.store import schema as S
 from attngeom.store.vocab import LEVEL, N_BOOT, SEED, SINK
 
 from ._common import bootstrap_rng, fdr, one_sided_from_two, with_provenance
 from .blocks import DEFAULT_BLOCK_ELEMENTS, Block, describe, require, run_pass
+from .lowess import lowess_at
 
 FIT_NAMES = ("beta0", "beta1", "beta2", "beta2_se", "p_value", "vertex", "vertex_se",
              "vertex_ci_low", "vertex_ci_high", "vertex_boot_ci_low", "vertex_boot_ci_high",
@@ -129,10 +124,11 @@ def lowess_curve(x, y, grid=DEFAULT_GRID, max_points: int = 2000, rng=None,
     """LOWESS of y on x (one robustness iteration) at ``grid``, NaN outside the observed x range.
 
     statsmodels' ``lowess(y, x, frac, it=1, xvals=grid)`` gets the robustness weights from a
-    local fit at every point (80 ms at 2,000 points, the analysis' largest fixed cost). Here that
+    local fit at every point (85 ms at 2,000 points, the analysis' largest fixed cost). Here that
     pass skips points within ``delta * range(x)`` of the last fitted one and interpolates them
     (statsmodels' ``delta``, which it advises at 0.01); the curve is then fitted at ``grid`` with
-    those weights, as statsmodels does. ``delta = 0`` gives statsmodels' curve exactly.
+    those weights, as statsmodels does (:func:`.lowess.lowess_at`). ``delta = 0`` gives
+    statsmodels' curve.
     """
     if len(x) < 10 or np.ptp(x) == 0:
         return np.full(len(grid), np.nan)
@@ -142,25 +138,8 @@ def lowess_curve(x, y, grid=DEFAULT_GRID, max_points: int = 2000, rng=None,
     grid = np.asarray(grid, float)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        curve = _lowess_at(np.asarray(x, float), np.asarray(y, float), grid, frac, delta)
+        curve = lowess_at(np.asarray(x, float), np.asarray(y, float), grid, frac, delta)
     return np.where((grid >= x.min()) & (grid <= x.max()), curve, np.nan)
-
-
-def _lowess_at(x, y, grid, frac: float, delta: float) -> np.ndarray:
-    """statsmodels' two LOWESS passes (weights at the points, then the fit at ``grid``), the
-    first with ``delta``; fed as its public ``lowess`` feeds them (sorted, contiguous)."""
-    if _sm_lowess is None:             # statsmodels moved its routine: its exact public curve
-        return lowess(y, x, frac=frac, it=1, xvals=grid)
-    order = np.argsort(x)
-    xs, ys = np.ascontiguousarray(x[order]), np.ascontiguousarray(y[order])
-    _, weights = _sm_lowess(ys, xs, xs, np.ones_like(xs), frac=frac, it=0,
-                            delta=delta * np.ptp(xs), given_xvals=False)
-    at = np.argsort(grid)
-    fit, _ = _sm_lowess(ys, xs, np.ascontiguousarray(grid[at]), weights, frac=frac, it=0,
-                        delta=0.0, given_xvals=True)
-    curve = np.empty(len(grid))
-    curve[at] = fit[:, 1]
-    return curve
 
 
 def _fit_rows(rows, rng, n_boot, level, grid, lowess_points) -> tuple[dict, np.ndarray]:
