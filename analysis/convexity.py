@@ -124,7 +124,7 @@ def lowess_curve(x, y, grid=DEFAULT_GRID, max_points: int = 2000, rng=None,
     """LOWESS of y on x (one robustness iteration) at ``grid``, NaN outside the observed x range.
 
     statsmodels' ``lowess(y, x, frac, it=1, xvals=grid)`` gets the robustness weights from a
-    local fit at every point (85 ms at 2,000 points, the analysis' largest fixed cost). Here that
+    local fit at every point (80 ms at 2,000 points, the analysis' largest fixed cost). Here that
     pass skips points within ``delta * range(x)`` of the last fitted one and interpolates them
     (statsmodels' ``delta``, which it advises at 0.01); the curve is then fitted at ``grid`` with
     those weights, as statsmodels does (:func:`.lowess.lowess_at`). ``delta = 0`` gives
