@@ -1,8 +1,8 @@
 """CPU statistics on an opened attngeom store, one module per question.
 
 Each function takes an ``xarray.Dataset`` (dense or compact store, see
-:mod:`attngeom.store.schema`) and returns an ``xarray.Dataset`` of labeled results with stable
-names (listed in each module's docstring). Reductions stream one layer and a bounded block of
+:mod:`attngeom.store.format.schema`) and returns an ``xarray.Dataset`` of labeled results with
+stable names (listed in each module's docstring). Reductions stream one layer and a bounded block of
 sequences at a time. :func:`run_all` runs all four in a single pass and writes
 ``sinks.nc``, ``convexity.nc``, ``anti_alignment.nc``, ``decomposition.nc`` and ``summary.csv``.
 """
@@ -15,10 +15,11 @@ from pathlib import Path
 
 import xarray as xr
 
-from attngeom.store import schema as S
-from attngeom.store.options import AnalysisOptions, provenance
-from attngeom.store.ranges import parse_ranges
-from attngeom.store.writer import write_bytes, write_netcdf
+from attngeom.store.format import schema as S
+from attngeom.store.options.stages import AnalysisOptions, provenance
+from attngeom.store.options.ranges import parse_ranges
+from attngeom.store.io.atomic import atomic_write_bytes
+from attngeom.store.io.writer import write_netcdf
 
 from ._common import with_provenance
 from .anti_alignment import AntiAlignmentAccumulator, anti_alignment
@@ -46,7 +47,7 @@ def run_all(ds: xr.Dataset, out_dir: str | os.PathLike | None = None,
             **changes) -> dict:
     """Run the four analyses in one pass over the store; write them when ``out_dir`` is given.
 
-    ``options`` (:class:`attngeom.store.options.AnalysisOptions`: sink_k, tail_w, epsilon,
+    ``options`` (:class:`attngeom.store.options.stages.AnalysisOptions`: sink_k, tail_w, epsilon,
     n_boot, seed, level, layers; default: all defaults), with ``changes`` to any of its fields
     by keyword (``run_all(ds, out, n_boot=20)``).
 
@@ -71,7 +72,7 @@ def run_all(ds: xr.Dataset, out_dir: str | os.PathLike | None = None,
     info = describe(ds, opts.sink_k, opts.tail_w, layers)
     ds.attngeom.groups(info.k, info.w).require_groups()
     analytic = info.store_k == 1
-    from attngeom.store.distributed import scheduler as dask_scheduler
+    from attngeom.store.dataset.distributed import scheduler as dask_scheduler
 
     workers = default_fit_workers() if fit_workers is None else int(fit_workers)
     with dask_scheduler(scheduler), fit_pool(workers) as pool:
@@ -93,5 +94,5 @@ def run_all(ds: xr.Dataset, out_dir: str | os.PathLike | None = None,
         out = Path(out_dir)
         for name, filename in RESULT_FILES.items():
             write_netcdf(results[name], out / filename)
-        write_bytes(out / SUMMARY_FILE, results["summary"].to_csv(index=False).encode())
+        atomic_write_bytes(out / SUMMARY_FILE, results["summary"].to_csv(index=False).encode())
     return results

@@ -32,8 +32,8 @@ import statsmodels.api as sm
 import xarray as xr
 from scipy import stats
 
-from attngeom.store import schema as S
-from attngeom.store.vocab import LEVEL, SEED
+from attngeom.store.format import schema as S
+from attngeom.store.format.vocab import LEVEL, SEED
 
 from ._common import fdr, with_provenance
 from .blocks import DEFAULT_BLOCK_ELEMENTS, Block, describe, require, run_pass

@@ -1,10 +1,10 @@
 """One pass over a store for the analyses: one layer and a bounded run of sequences at a time.
 
-The layouts are hidden by the store's accessor (:mod:`attngeom.store.accessor`): each block is
-read by ``ds.attngeom.load_block`` (every variable the analyses need, in one dask computation,
+The layouts are hidden by the store's accessor (:mod:`attngeom.store.dataset.accessor`): each block
+is read by ``ds.attngeom.load_block`` (every variable the analyses need, in one dask computation,
 as float64) and its masks and key groups come from ``block.attngeom.groups(k, w)``
-(:class:`attngeom.store.groups.KeyGroups`). This module only plans the blocks and feeds them to
-the analyses' accumulators.
+(:class:`attngeom.store.dataset.groups.KeyGroups`). This module only plans the blocks and feeds
+them to the analyses' accumulators.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from typing import Protocol
 import numpy as np
 import xarray as xr
 
-from attngeom.store import schema as S
-from attngeom.store.groups import KeyGroups
-from attngeom.store.vocab import GROUPS
+from attngeom.store.format import schema as S
+from attngeom.store.dataset.groups import KeyGroups
+from attngeom.store.format.vocab import GROUPS
 
 DEFAULT_BLOCK_ELEMENTS = 4_000_000  # float64 cells of one (sequence, head, query, key) block
 MAX_FIT_WORKERS = 4  # processes for the per-layer fits (each holds one layer's rows)

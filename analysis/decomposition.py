@@ -39,9 +39,9 @@ from math import factorial
 import numpy as np
 import xarray as xr
 
-from attngeom.store import schema as S
-from attngeom.store.accessor import RATIO
-from attngeom.store.vocab import GROUPS, MIDDLE, SINK, TAIL
+from attngeom.store.format import schema as S
+from attngeom.store.dataset.accessor import RATIO
+from attngeom.store.format.vocab import GROUPS, MIDDLE, SINK, TAIL
 
 from ._common import with_provenance
 from .blocks import DEFAULT_BLOCK_ELEMENTS, Block, describe, require, run_pass

@@ -6,9 +6,9 @@ removed keys mattered more. Units (sequences or items) are the replicates.
 
 AOPC (area over the perturbation curve) of a (metric, rank, mode) for one unit is the mean of the
 loss over the swept removal fractions P: AOPC = (1/|P|) sum_{p in P} loss(p)
-(:func:`attngeom.store.derive.aopc`). ERASER (DeYoung et al. 2020) writes 1/(|P|+1) and counts
-the trivial p = 0 term (loss 0); the two differ by the constant factor |P|/(|P|+1), which changes
-no comparison.
+(:func:`attngeom.store.format.derive.aopc`). ERASER (DeYoung et al. 2020) writes 1/(|P|+1) and
+counts the trivial p = 0 term (loss 0); the two differ by the constant factor |P|/(|P|+1), which
+changes no comparison.
 
 The paper's order attention < value_weighted < value_weighted_normalized < contribution is tested
 step by step, per (mode, rank), on paired per-unit AOPC differences oriented so that a positive
@@ -43,8 +43,8 @@ import xarray as xr
 from scipy import stats
 from statsmodels.stats.multitest import multipletests
 
-from attngeom.store import derive
-from attngeom.store.vocab import COMPREHENSIVENESS, LEVEL, PAPER_ORDER, SEED
+from attngeom.store.format import derive
+from attngeom.store.format.vocab import COMPREHENSIVENESS, LEVEL, PAPER_ORDER, SEED
 
 from ._common import bootstrap_rng
 

@@ -19,8 +19,8 @@ from __future__ import annotations
 import numpy as np
 import xarray as xr
 
-from attngeom.store import schema as S
-from attngeom.store.vocab import EPSILON, SINK
+from attngeom.store.format import schema as S
+from attngeom.store.format.vocab import EPSILON, SINK
 
 from ._common import with_provenance
 from .blocks import DEFAULT_BLOCK_ELEMENTS, Block, describe, require, run_pass

@@ -16,8 +16,8 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
-from attngeom.store import schema as S
-from attngeom.store.vocab import GROUPS
+from attngeom.store.format import schema as S
+from attngeom.store.format.vocab import GROUPS
 
 from .decomposition import GROUP, verdict
 

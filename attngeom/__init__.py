@@ -17,7 +17,7 @@ inline in Jupyter). Attributes load on first use, so that ``import attngeom`` st
 __version__ = "0.1.0"
 
 _LAZY = {"view": ("attngeom.reports.view", "view"),        # name -> (module, attribute)
-         "measure": ("attngeom.extract.inmemory", "measure")}
+         "measure": ("attngeom.extract.measurement.inmemory", "measure")}
 
 
 def __getattr__(name: str):

@@ -79,7 +79,7 @@ def _child(case: str, store: str, out: str, threads: int, trace: bool) -> None:
               flush=True)
         return
     from attngeom.analysis import run_all
-    from attngeom.store.reader import open_store
+    from attngeom.store.io.reader import open_store
     t1 = time.perf_counter()
     import resource
 

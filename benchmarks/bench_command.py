@@ -53,7 +53,7 @@ def model_dir(cache: Path) -> Path:
     from _common import random_llama
     from transformers import AutoTokenizer
 
-    from attngeom.extract.models import cache_dir
+    from attngeom.extract.loading.models import cache_dir
     found = sorted((cache_dir() / "models").glob("SmolLM2-135M-Instruct*/tokenizer.json"))
     if not found:
         raise SystemExit("no cached SmolLM2 tokenizer: run `attngeom extract --model "
@@ -84,8 +84,8 @@ def eager_forward(model_path: Path, limit: int, max_length: int):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from attngeom.extract.data import batches, load_texts, pad_token_id, tokenize_texts
-    from attngeom.store import vocab as V
+    from attngeom.extract.loading.data import batches, load_texts, pad_token_id, tokenize_texts
+    from attngeom.store.format import vocab as V
 
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32,
                                                  attn_implementation="eager").eval()
@@ -169,17 +169,17 @@ def section_rounds(args, model: Path, tmp: Path) -> None:
 # (module, attribute, label): wrapped with a timer in the startup child
 PHASES = [
     ("attngeom.commands.extract", "load_data", "load texts"),
-    ("attngeom.extract.models", "load", "load model (all)"),
-    ("attngeom.extract.models", "_load_hf", "  config + weights"),
-    ("attngeom.extract.models", "_processor", "  tokenizer"),
-    ("attngeom.extract.archs", "_discover", "  discovery probe pass"),
-    ("attngeom.extract.models", "weight_fingerprint", "  weight fingerprint"),
+    ("attngeom.extract.loading.models", "load", "load model (all)"),
+    ("attngeom.extract.loading.models", "_load_hf", "  config + weights"),
+    ("attngeom.extract.loading.models", "_processor", "  tokenizer"),
+    ("attngeom.extract.measurement.archs", "_discover", "  discovery probe pass"),
+    ("attngeom.extract.loading.models", "weight_fingerprint", "  weight fingerprint"),
     ("attngeom.extract.run", "versions", "versions"),
-    ("attngeom.store.writer.StoreWriter", "create", "store creation"),
+    ("attngeom.store.io.writer.StoreWriter", "create", "store creation"),
     ("attngeom.extract.run", "measure", "measure (all batches)"),
-    ("attngeom.store.writer.StoreWriter", "add_shard", "write shard"),
-    ("attngeom.store.writer.StoreWriter", "finish", "finish store"),
-    ("attngeom.store.info", "summary", "summary"),
+    ("attngeom.store.io.writer.StoreWriter", "add_shard", "write shard"),
+    ("attngeom.store.io.writer.StoreWriter", "finish", "finish store"),
+    ("attngeom.store.ops.info", "summary", "summary"),
 ]
 
 
@@ -206,7 +206,7 @@ def _child_startup(args) -> None:
     t_torch = time.perf_counter() - t0
     from attngeom.cli import main
     import attngeom.extract.run  # noqa: F401
-    import attngeom.extract.archs  # noqa: F401
+    import attngeom.extract.measurement.archs  # noqa: F401
     t_import = time.perf_counter() - t0
     # transformers' own modules that the first model load imports (modeling_utils pulls in
     # torch._dynamo, torch.distributed.tensor, the loss zoo; then the model's modeling file):

@@ -4,8 +4,8 @@ Sections (``--sections``, default all):
 
 ``time``      in-process, random-init SmolLM2-135M-shaped Llama (fp32), T x batch tokens:
               SDPA forward (also without the LM head's logits), eager forward,
-              ``attngeom.extract.capture.measure`` compact and dense as ``attngeom extract``
-              runs them (``derived=False``: no contributions the store derives on read),
+              ``attngeom.extract.measurement.capture.capture`` compact and dense as ``attngeom
+              extract`` runs them (``derived=False``: no contributions the store derives on read),
               compact returning every name (``compact_derived``), and the naive per-head
               model-space implementation (``naive.py``), interleaved and repeated.
 ``memory``    peak RSS of one call of each case, each in a fresh subprocess.
@@ -47,8 +47,8 @@ def make_cases(model, batch) -> dict:
     """Zero-argument callables, one per case name."""
     import torch
 
-    from attngeom.extract.capture import measure
-    from attngeom.extract.measure import Options
+    from attngeom.extract.measurement.capture import capture
+    from attngeom.extract.measurement.layer import Options
     from naive import naive_measure
 
     def forward(impl, **kw):
@@ -62,9 +62,9 @@ def make_cases(model, batch) -> dict:
         "sdpa": forward("sdpa"),
         "sdpa_nologits": forward("sdpa", logits_to_keep=1),
         "eager": forward("eager"),
-        "compact": lambda: measure(model, batch, Options("compact", derived=False)),
-        "compact_derived": lambda: measure(model, batch, Options("compact")),
-        "dense": lambda: measure(model, batch, Options("dense", derived=False)),
+        "compact": lambda: capture(model, batch, Options("compact", derived=False)),
+        "compact_derived": lambda: capture(model, batch, Options("compact")),
+        "dense": lambda: capture(model, batch, Options("dense", derived=False)),
         "naive": lambda: naive_measure(model, batch),
     }
 
@@ -135,8 +135,8 @@ def _plain_main(args) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from attngeom.extract.data import batches, load_texts, pad_token_id, tokenize_texts
-    from attngeom.extract.models import cache_dir
+    from attngeom.extract.loading.data import batches, load_texts, pad_token_id, tokenize_texts
+    from attngeom.extract.loading.models import cache_dir
     t_import = time.perf_counter() - t0
     found = sorted((cache_dir() / "models").glob("SmolLM2-135M-Instruct*/config.json"))
     if not found:
@@ -217,18 +217,18 @@ def section_command(args) -> None:
 # phases of the whole command: module attribute -> label
 PHASES = [
     ("attngeom.extract.run", "load_texts", "load texts"),
-    ("attngeom.extract.models", "load", "load model (incl. fingerprint)"),
-    ("attngeom.extract.models", "weight_fingerprint", "  weight fingerprint"),
+    ("attngeom.extract.loading.models", "load", "load model (incl. fingerprint)"),
+    ("attngeom.extract.loading.models", "weight_fingerprint", "  weight fingerprint"),
     ("attngeom.extract.run", "tokenize_texts", "tokenize"),
-    ("attngeom.extract.run", "measure", "measure (forward + geometry + to numpy)"),
+    ("attngeom.extract.run", "capture", "capture (forward + geometry + to numpy)"),
     ("attngeom.extract.run", "_pad_tokens", "pad to max_length"),
     ("attngeom.extract.run", "finite_flags", "finite flags"),
     ("attngeom.extract.run", "build_shard", "build shard (xarray)"),
-    ("attngeom.store.writer", "write_shard", "write shard (netCDF/gzip/fsync)"),
-    ("attngeom.store.writer", "file_sha256", "sha256 of shard"),
-    ("attngeom.store.writer", "write_manifest", "write manifest"),
-    ("attngeom.store.writer", "read_manifest", "read manifest (resume)"),
-    ("attngeom.store.info", "summary", "summary"),
+    ("attngeom.store.io.writer", "write_shard", "write shard (netCDF/gzip/fsync)"),
+    ("attngeom.store.io.writer", "file_sha256", "sha256 of shard"),
+    ("attngeom.store.io.writer", "write_manifest", "write manifest"),
+    ("attngeom.store.io.writer", "read_manifest", "read manifest (resume)"),
+    ("attngeom.store.ops.info", "summary", "summary"),
 ]
 
 
@@ -242,7 +242,7 @@ def _child_phases(args) -> None:
     from attngeom.cli import main
     t_import = time.perf_counter() - t0
     spent: dict[str, float] = {}
-    import attngeom.extract.capture as capture
+    import attngeom.extract.measurement.capture as capture
 
     def timed(fn, label):
         def wrapper(*a, **kw):
@@ -256,7 +256,7 @@ def _child_phases(args) -> None:
     for mod_name, attr, label in PHASES:
         mod = importlib.import_module(mod_name)
         setattr(mod, attr, timed(getattr(mod, attr), label))
-    # inside measure: the model call vs collecting to numpy
+    # inside capture: the model call vs collecting to numpy
     capture.Measurer.collect = timed(capture.Measurer.collect, "  collect (stack, to numpy)")
     import io
     from contextlib import redirect_stdout

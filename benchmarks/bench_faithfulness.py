@@ -1,9 +1,9 @@
 """Faithfulness sweep cost: one pass per (metric, mode) against a plain eager forward, before/after.
 
 One forward pass of a random-init SmolLM2-135M-shaped Llama per case, through
-``attngeom.extract.interventions.Intervener`` (the handler the sweep uses), interleaved and
-repeated against a plain eager and SDPA forward of the same batch, at each length. ``after`` is
-the current code; ``before`` (``--before``) the code until 2026-12 kept here as
+``attngeom.extract.faithfulness.interventions.Intervener`` (the handler the sweep uses),
+interleaved and repeated against a plain eager and SDPA forward of the same batch, at each length.
+``after`` is the current code; ``before`` (``--before``) the code until 2026-12 kept here as
 :class:`SortedFloat64`: attention, scores and head outputs in float64 and a full stable sort of
 every ranking row at every layer. A sweep costs, per batch, one clean pass, one drift pass and
 one pass per (metric, rank, mode, fraction), so ``ratio_paired`` to eager is the price of each.
@@ -26,22 +26,22 @@ MODES = ("comprehensiveness", "sufficiency")
 
 def available() -> str | None:
     try:
-        from attngeom.extract.interventions import (METRICS, Intervener,  # noqa: F401
+        from attngeom.extract.faithfulness.interventions import (METRICS, Intervener,  # noqa: F401
                                                     Removal, forward_logits)  # noqa: F401
-        from attngeom.extract.selection import Workspace  # noqa: F401
+        from attngeom.extract.faithfulness.selection import Workspace  # noqa: F401
     except ImportError as exc:
-        return f"attngeom.extract.interventions is not available yet ({exc})"
+        return f"attngeom.extract.faithfulness.interventions is not available yet ({exc})"
     return None
 
 
 def sorted_float64():
     """The handler as it was before the fast path (main at the merge into wip-f: git babccdb plus
-    learned sinks, extract/interventions.py)."""
+    learned sinks, extract/faithfulness/interventions.py)."""
     import torch
 
-    from attngeom.extract.geometry import attention_probs, norm_from_gram, repeat_kv
-    from attngeom.extract.interventions import Intervener, eligible_keys
-    from attngeom.extract.selection import n_remove, stable_select
+    from attngeom.extract.measurement.geometry import attention_probs, norm_from_gram, repeat_kv
+    from attngeom.extract.faithfulness.interventions import Intervener, eligible_keys
+    from attngeom.extract.faithfulness.selection import n_remove, stable_select
 
     def finite(x):
         big = torch.finfo(x.dtype).max
@@ -108,8 +108,8 @@ def sorted_float64():
 def cases_for(model, batch, metrics, fractions, before: bool) -> dict:
     import torch
 
-    from attngeom.extract.interventions import Intervener, Removal, forward_logits
-    from attngeom.extract.selection import Workspace
+    from attngeom.extract.faithfulness.interventions import Intervener, Removal, forward_logits
+    from attngeom.extract.faithfulness.selection import Workspace
 
     shared, work = {}, Workspace()          # as compute_block shares them between passes
     old = sorted_float64() if before else None
@@ -179,7 +179,7 @@ def main(argv=None) -> int:
         return 0
     import torch
 
-    from attngeom.extract.interventions import METRICS
+    from attngeom.extract.faithfulness.interventions import METRICS
 
     torch.set_num_threads(a.threads)
     model = random_llama(SMOLLM2, layers=a.layers)

@@ -18,7 +18,7 @@ SCALE_LAYERS = 32                     # Llama-3.1-8B's layers
 
 def _models(a):
     """(case name, Loaded, number of texts, layers to scale to or None), built one at a time."""
-    from attngeom.extract.models import Loaded, load, model_info
+    from attngeom.extract.loading.models import Loaded, load, model_info
 
     try:
         real = load("smollm2-135m")
@@ -42,9 +42,9 @@ def _models(a):
 
 def _write(loaded, texts, out: Path, precision: str, T: int) -> float:
     """A compact store of ``texts`` as ``attngeom extract`` writes it; returns seconds."""
-    from attngeom.extract.measure import Options
+    from attngeom.extract.measurement.layer import Options
     from attngeom.extract.run import ExtractConfig, extract_shard, store_config
-    from attngeom.store.writer import StoreWriter
+    from attngeom.store.io.writer import StoreWriter
 
     cfg = ExtractConfig(mode="compact", max_length=T, precision=precision)
     config = store_config(loaded.info, texts, cfg, len(texts.texts))
@@ -83,8 +83,8 @@ def _recipe_bytes(store: Path, info: dict) -> float:
 
     import h5py
 
-    from attngeom.store import schema as S
-    from attngeom.store.packing import PACKED_VARIABLES, Packing, pack
+    from attngeom.store.format import schema as S
+    from attngeom.store.format.packing import PACKED_VARIABLES, Packing, pack
 
     total, tokens = 0, 0
     for shard in sorted((store / "shards").glob("*.nc")):
@@ -111,10 +111,11 @@ def _pack16(x, p):
 
 def _errors(stores: dict[str, Path]) -> dict:
     """Largest |packed - float32| per packed variable (and its bound) and per contribution
-    (and its largest ratio to the bound of store/packing.py)."""
+    (and its largest ratio to the bound of store/format/packing.py)."""
     import attngeom.store
-    from attngeom.store import schema as S
-    from attngeom.store.packing import COSINE, PACKED_VARIABLES, PROBABILITY, contribution_bound
+    from attngeom.store.format import schema as S
+    from attngeom.store.format.packing import (COSINE, PACKED_VARIABLES, PROBABILITY,
+                                               contribution_bound)
 
     a, b = (attngeom.store.open(stores[p]).load() for p in PRECISIONS)
     out = {}
@@ -141,7 +142,7 @@ def _errors(stores: dict[str, Path]) -> dict:
 
 
 def precision_section(a) -> None:
-    from attngeom.extract.data import load_texts
+    from attngeom.extract.loading.data import load_texts
 
     tmp = Path(tempfile.mkdtemp(prefix="attngeom-bench-precision-"))
     try:
@@ -177,7 +178,7 @@ def precision_section(a) -> None:
 def _row(case: str, info: dict, sizes: dict, scale: int | None, seconds: float) -> dict:
     """Bytes per token and per head and token of one store (layer-dependent variables: the
     measured ones; the rest is per sequence and scales with tokens only)."""
-    from attngeom.store import schema as S
+    from attngeom.store.format import schema as S
 
     L, H, tokens = info["n_layers"], info["n_heads"], sizes["tokens"]
     per_layer = {n: b for n, b in sizes["variables"].items() if S.LAYER in sizes["dims"][n]

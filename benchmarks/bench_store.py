@@ -47,12 +47,12 @@ def build(mode: str, model_spec: str):
     """The shard Dataset ``attngeom extract`` would write, and its real token count."""
     from tqdm.auto import tqdm
 
-    from attngeom.extract.data import load_texts
-    from attngeom.extract.measure import Options
-    from attngeom.extract.models import load
+    from attngeom.extract.loading.data import load_texts
+    from attngeom.extract.measurement.layer import Options
+    from attngeom.extract.loading.models import load
     from attngeom.extract.run import ExtractConfig, extract_shard, store_config
-    from attngeom.store.manifest import new_manifest
-    from attngeom.store.shards import read_shard, shard_attrs, write_shard
+    from attngeom.store.format.manifest import new_manifest
+    from attngeom.store.format.shards import read_shard, shard_attrs, write_shard
 
     n, T = SIZES[mode]
     cfg = ExtractConfig(mode=mode, max_length=T, limit=n)
@@ -69,7 +69,7 @@ def build(mode: str, model_spec: str):
 
 def variants(ds) -> dict:
     """name -> callable(path) writing ``ds``; ``attngeom`` is the real writer."""
-    from attngeom.store.shards import encoding, write_shard
+    from attngeom.store.format.shards import encoding, write_shard
 
     def with_filter(**filt):
         def write(path):
@@ -82,8 +82,8 @@ def variants(ds) -> dict:
             ds.to_netcdf(path, engine="h5netcdf", encoding=enc, invalid_netcdf=False)
         return write
 
-    from attngeom.store import schema as S
-    from attngeom.store.chunks import ChunkEncoder
+    from attngeom.store.format import schema as S
+    from attngeom.store.format.chunks import ChunkEncoder
 
     measured = [n for n in S.variables_for(ds.attrs["mode"]) if n in ds and ds[n].dtype == "f4"
                 and ds[n].dims[:2] == (S.SEQUENCE, S.LAYER)]

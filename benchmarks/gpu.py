@@ -9,7 +9,7 @@ separate call of each case):
 
 ``full``     the whole 32-layer model at T = 2048 and 4096: SDPA forward (with and without the
              LM head's logits), eager forward,
-             attngeom compact (``capture.measure``, as ``attngeom extract`` runs it).
+             attngeom compact (``capture.capture``, as ``attngeom extract`` runs it).
 ``reduced``  dense extraction and the naive per-head model-space implementation keep every
              layer's (H, T, T) arrays, so they run on a 2-layer model of the same shape with
              the LM head replaced by identity (same for every case in the group): SDPA,
@@ -174,7 +174,7 @@ def main(argv=None) -> int:
         DEVICE, SHAPE = "cpu", SMOKE_SHAPE
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    import attngeom.extract.capture  # noqa: F401  (installed, or laid out by gpu.sh)
+    import attngeom.extract.measurement.capture  # noqa: F401  (installed, or laid out by gpu.sh)
 
     found = str(Path(attngeom.__file__).resolve().parent.parent)
     import torch

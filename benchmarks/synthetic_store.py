@@ -92,8 +92,8 @@ def generate(out: Path, sequences: int, layers: int, heads: int, length: int,
              sink_k: int = 1, tail_w: int = 8, shard_size: int = 100, seed: int = 0,
              vocab: int = 49152) -> dict:
     """Write the store; return figures (bytes, seconds)."""
-    from attngeom.store.manifest import file_sha256, new_manifest, write_manifest
-    from attngeom.store.shards import build_shard, shard_attrs, shard_name, write_shard
+    from attngeom.store.format.manifest import file_sha256, new_manifest, write_manifest
+    from attngeom.store.format.shards import build_shard, shard_attrs, shard_name, write_shard
 
     out = Path(out)
     if out.exists() and any(out.iterdir()):

@@ -16,20 +16,20 @@ import xarray as xr
 from tqdm.auto import tqdm
 
 from attngeom import __version__
-from attngeom.store import schema as S
-from attngeom.store.chunks import ChunkEncoder
-from attngeom.store.distributed import check_part, parse_shard, part_record
-from attngeom.store.manifest import portable, spec_label
-from attngeom.store.packing import stored_arrays, stored_attrs
-from attngeom.store.vocab import FLOAT32
-from attngeom.store.shards import build_shard
-from attngeom.store.writer import StoreWriter
-from attngeom.store.options import ExtractConfig
+from attngeom.store.format import schema as S
+from attngeom.store.format.chunks import ChunkEncoder
+from attngeom.store.dataset.distributed import check_part, parse_shard, part_record
+from attngeom.store.format.manifest import portable, spec_label
+from attngeom.store.format.packing import stored_arrays, stored_attrs
+from attngeom.store.format.vocab import FLOAT32
+from attngeom.store.format.shards import build_shard
+from attngeom.store.io.writer import StoreWriter
+from attngeom.store.options.stages import ExtractConfig
 
-from .capture import measure
-from .data import Tokenized, batches, load_texts, pad_token_id, tokenize_texts
-from .images import ImageSet, image_tokens, is_image_spec, load_images, measure_images
-from .measure import Options
+from .measurement.capture import capture
+from .loading.data import Tokenized, batches, load_texts, pad_token_id, tokenize_texts
+from .loading.images import ImageSet, image_tokens, is_image_spec, load_images, measure_images
+from .measurement.layer import Options
 
 
 def default_shard_size(cfg: ExtractConfig, n_layers: int, n_heads: int) -> int:
@@ -71,10 +71,10 @@ def extract(model: str, data: str, out: str | Path, cfg: ExtractConfig | None = 
     """Extract ``data`` through ``model`` into the store ``out``; return the manifest.
 
     ``shard="I/N"`` extracts only part I (0-based) of N: a contiguous block of whole shard
-    files (see :mod:`attngeom.store.distributed`); merging the N part stores with
+    files (see :mod:`attngeom.store.dataset.distributed`); merging the N part stores with
     ``attngeom store merge`` gives exactly the single-process store.
     """
-    from .models import load
+    from .loading.models import load
 
     cfg = cfg or ExtractConfig()
     cfg.check()
@@ -130,12 +130,12 @@ def extract_shard(loaded, texts: list[str], start: int, cfg: ExtractConfig, opts
                   sink=None) -> tuple[xr.Dataset, dict]:
     """Measure one block of texts; return the shard Dataset of everything but the measured
     variables, and those already compressed (for
-    :meth:`attngeom.store.writer.StoreWriter.add_shard`). Each batch is handed to the chunk
+    :meth:`attngeom.store.io.writer.StoreWriter.add_shard`). Each batch is handed to the chunk
     encoder as it is measured; no second copy of the measured arrays is made.
 
     ``texts`` may be a :class:`Tokenized` already, and for a vision model a pixel tensor.
     ``sink``: where the batches go instead of the chunk encoder (``add``, ``finish``,
-    ``close``; :mod:`attngeom.extract.inmemory` gathers numpy arrays, which the Dataset
+    ``close``; :mod:`attngeom.extract.measurement.inmemory` gathers numpy arrays, which the Dataset
     then holds)."""
     current = current or BatchSize(cfg.batch_size)
     tok = loaded.tokenizer
@@ -251,7 +251,7 @@ def measure_batches(model, tokenized, cfg: ExtractConfig, opts: Options, pad_id:
                          tokenized.truncated[start:start + size])
         batch = next(batches(rows, size, pad_id=pad_id))
         try:
-            arrays = measure(model, batch, opts)
+            arrays = capture(model, batch, opts)
         except RuntimeError as exc:
             current.size = halved_batch(exc, size, cfg.device, log, "continuing",
                                       "--max-length, --dtype bfloat16")

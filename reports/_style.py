@@ -16,10 +16,10 @@ import matplotlib
 import numpy as np
 from matplotlib.figure import Figure
 
-from attngeom.store import schema as S
-from attngeom.store.accessor import RATIO
-from attngeom.store.vocab import (ATTENTION, CONTRIBUTION, CONTRIBUTION_LAYER, VALUE_WEIGHTED,
-                                  VALUE_WEIGHTED_NORMALIZED)
+from attngeom.store.format import schema as S
+from attngeom.store.dataset.accessor import RATIO
+from attngeom.store.format.vocab import (ATTENTION, CONTRIBUTION, CONTRIBUTION_LAYER,
+                                         VALUE_WEIGHTED, VALUE_WEIGHTED_NORMALIZED)
 
 PAGE = (11.69, 8.27)                 # A4 landscape, inches
 RC = {

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 from matplotlib.ticker import MaxNLocator
 
-from attngeom.store import schema as S
+from attngeom.store.format import schema as S
 
 from ._style import Page, figure, heatmap, legend_below, symmetric_limit, top_layers
 from .summary import fmt

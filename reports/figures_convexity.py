@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 from matplotlib.ticker import MaxNLocator
 
-from attngeom.store import schema as S
-from attngeom.store.vocab import SINK
+from attngeom.store.format import schema as S
+from attngeom.store.format.vocab import SINK
 
 from ._style import Page, figure, legend_below, top_layers
 from .summary import ci, fmt

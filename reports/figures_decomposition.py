@@ -6,8 +6,8 @@ import numpy as np
 from matplotlib.ticker import MaxNLocator
 
 from attngeom.analysis.decomposition import GROUP, PART
-from attngeom.store import schema as S
-from attngeom.store.vocab import MIDDLE, SINK, TAIL
+from attngeom.store.format import schema as S
+from attngeom.store.format.vocab import MIDDLE, SINK, TAIL
 
 from ._style import PART_COLORS, PART_LABELS, Page, figure, note
 from .summary import fmt

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 from matplotlib.ticker import MaxNLocator
 
-from attngeom.store import schema as S
+from attngeom.store.format import schema as S
 
 from ._style import Page, figure
 from .summary import fmt

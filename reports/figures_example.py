@@ -16,8 +16,8 @@ from matplotlib import colors, ticker
 from matplotlib.cm import ScalarMappable
 from matplotlib.patches import Rectangle
 
-from attngeom.store import schema as S
-from attngeom.store.vocab import MIDDLE, SINK, TAIL
+from attngeom.store.format import schema as S
+from attngeom.store.format.vocab import MIDDLE, SINK, TAIL
 
 from ._style import PLAIN, Page, colormap, figure
 from .summary import fmt

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 from scipy import stats
 
-from attngeom.store import schema as S
-from attngeom.store.vocab import (ATTENTION, CONTRIBUTION, CONTRIBUTION_LAYER, VALUE_WEIGHTED,
-                                  VALUE_WEIGHTED_NORMALIZED)
+from attngeom.store.format import schema as S
+from attngeom.store.format.vocab import (ATTENTION, CONTRIBUTION, CONTRIBUTION_LAYER,
+                                         VALUE_WEIGHTED, VALUE_WEIGHTED_NORMALIZED)
 
 from ._style import METRIC_COLORS, METRIC_LABELS, Page, figure
 from .summary import ci, fmt

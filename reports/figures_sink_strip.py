@@ -11,8 +11,8 @@ from __future__ import annotations
 import numpy as np
 from matplotlib import colors
 
-from attngeom.store import schema as S
-from attngeom.store.vocab import SINK
+from attngeom.store.format import schema as S
+from attngeom.store.format.vocab import SINK
 
 from ._style import PLAIN, Page, colormap, figure
 from .figures_example import SECTION, pick_example, token_labels

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from attngeom.store import schema as S
+from attngeom.store.format import schema as S
 
 from ._style import Page, figure, heatmap, legend_below
 from .summary import fmt

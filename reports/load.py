@@ -18,10 +18,10 @@ import xarray as xr
 
 from attngeom.analysis import RESULT_FILES, SUMMARY_FILE, run_all
 from attngeom.store import open_store, read_manifest
-from attngeom.store import schema as S
-from attngeom.store.options import AnalysisOptions
-from attngeom.store.reader import shard_paths
-from attngeom.store.results import is_faith_only, verified_file
+from attngeom.store.format import schema as S
+from attngeom.store.options.stages import AnalysisOptions
+from attngeom.store.io.reader import shard_paths
+from attngeom.store.io.results import is_faith_only, verified_file
 
 ANALYSIS_DIR = "analysis"
 

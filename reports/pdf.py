@@ -14,8 +14,9 @@ from pathlib import Path
 
 import numpy as np
 
-from attngeom.store import schema as S
-from attngeom.store.options import AnalysisOptions
+from attngeom.store.format import schema as S
+from attngeom.store.io.atomic import atomic_file
+from attngeom.store.options.stages import AnalysisOptions
 
 from . import (figures_anti_alignment, figures_convexity, figures_decomposition, figures_drift,
                figures_example, figures_faithfulness, figures_sink_strip, figures_sinks)
@@ -206,8 +207,6 @@ def render(data: ReportData, out: str | os.PathLike) -> Path:
     from matplotlib.backends.backend_pdf import PdfPages
 
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     model = data.manifest["config"]["model"]["id"]
     with style():
         by_section, left_out = section_pages(data)
@@ -225,15 +224,10 @@ def render(data: ReportData, out: str | os.PathLike) -> Path:
         meta = {"Title": f"attngeom report: {model}", "Author": "attngeom",
                 "Subject": "contribution weights and attention sinks",
                 "Keywords": f"store {data.manifest['config_hash'][:16]}"}
-        try:
-            with PdfPages(tmp, metadata=meta) as pdf:
-                for i, page in enumerate(pages, 1):
-                    decorate(page, i, len(pages), model)
-                    pdf.savefig(page.fig)
-            os.replace(tmp, out)
-        finally:
-            if tmp.exists():
-                tmp.unlink()
+        with atomic_file(out) as tmp, PdfPages(tmp, metadata=meta) as pdf:
+            for i, page in enumerate(pages, 1):
+                decorate(page, i, len(pages), model)
+                pdf.savefig(page.fig)
     return out
 
 
@@ -249,7 +243,7 @@ def build_report(store: str | os.PathLike, out: str | os.PathLike | None = None,
     out : the PDF path (default ``<store>/report.pdf``).
     analysis_dir : analysis results (default ``<store>/analysis``; computed when missing).
     faithfulness : name of the recorded faithfulness result to show.
-    options : the analysis options (:class:`attngeom.store.options.AnalysisOptions`), used
+    options : the analysis options (:class:`attngeom.store.options.stages.AnalysisOptions`), used
         when the analyses run.
     """
     data = gather(store, analysis_dir, faithfulness=faithfulness, progress=progress, log=log,

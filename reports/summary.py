@@ -11,9 +11,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from attngeom.store import schema as S
-from attngeom.store.vocab import (ATTENTION, CONTRIBUTION, CONTRIBUTION_LAYER, VALUE_WEIGHTED,
-                                  VALUE_WEIGHTED_NORMALIZED)
+from attngeom.store.format import schema as S
+from attngeom.store.format.vocab import (ATTENTION, CONTRIBUTION, CONTRIBUTION_LAYER,
+                                         VALUE_WEIGHTED, VALUE_WEIGHTED_NORMALIZED)
 
 MIN_SEQUENCES = 3            # the analyses' clustered fits and per-head tests need this many
 METRIC_LABELS = {ATTENTION: "attention", VALUE_WEIGHTED: "value-weighted",

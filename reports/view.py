@@ -25,9 +25,9 @@ from pathlib import Path
 import numpy as np
 import xarray as xr
 
-from attngeom.store import schema as S
-from attngeom.store.ranges import runs_text
-from attngeom.store.vocab import VIEW_MAX_BYTES as MAX_BYTES
+from attngeom.store.format import schema as S
+from attngeom.store.options.ranges import runs_text
+from attngeom.store.format.vocab import VIEW_MAX_BYTES as MAX_BYTES
 
 from . import view_data as V
 

@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import xarray as xr
 
-from attngeom.store import schema as S
-from attngeom.store.ranges import parse_ranges
+from attngeom.store.format import schema as S
+from attngeom.store.options.ranges import parse_ranges
 
 from .tokens import clean_token
 
@@ -74,7 +74,8 @@ class MapSums:
 
 def select(ds: xr.Dataset, sequences=None, layers=None, heads=None,
            prefix: str = "--") -> xr.Dataset:
-    """``ds`` cut to the labels chosen in the range syntax of :mod:`attngeom.store.ranges`."""
+    """``ds`` cut to the labels chosen in the range syntax of
+    :mod:`attngeom.store.options.ranges`."""
     chosen = {}
     for dim, spec in ((S.SEQUENCE, sequences), (S.LAYER, layers), (S.HEAD, heads)):
         values = parse_ranges(spec, ds[dim].values.tolist(), what=f"{prefix}{dim}s")

@@ -3,14 +3,15 @@
 ``attngeom.store.open(path)`` (or ``xarray.open_dataset(path, engine="attngeom")``) returns one
 lazily loaded xarray.Dataset over all shards; ``attngeom.store.write(ds, path)`` saves such a
 Dataset (or one ``attngeom.measure`` made in memory) as a store. Importing this package
-registers the ``ds.attngeom`` accessor (:mod:`attngeom.store.accessor`) that reads both
+registers the ``ds.attngeom`` accessor (:mod:`attngeom.store.dataset.accessor`) that reads both
 layouts alike.
 """
 
-from . import accessor  # noqa: F401  (registers ds.attngeom)
-from .manifest import StoreError, read_manifest
-from .reader import open_store as open
-from .reader import open_store
-from .save import write
+from .dataset import accessor# noqa: F401  (registers ds.attngeom)
+from .format.manifest import read_manifest
+from .errors import StoreError
+from .io.reader import open_store as open
+from .io.reader import open_store
+from .io.save import write
 
 __all__ = ["open", "open_store", "write", "read_manifest", "StoreError"]

@@ -1,7 +1,7 @@
 """The second study (studies/README.md, "Design of the second faithfulness study").
 
-Run from the repository root after ``make setup`` (``studies/<model>/run2.sh`` passes the
-design's sizes)::
+Run from the repository root after ``make setup`` (``studies/<model>/run_faithfulness.sh`` passes
+the design's sizes)::
 
     .venv/bin/python studies/faithfulness_study.py --model smollm2-135m [--data-dir DIR] [--plan]
 
@@ -19,8 +19,9 @@ Before any step runs the plan is printed and written to RESULTS/plan.csv: forwar
 step and the hours they take at the seconds per pass timed here on one batch of the study's own
 texts (studies/plan.py). ``--plan`` stops after it. Texts are selected with the model's tokenizer
 (studies/texts.py) into WORK/data; faithfulness results go to WORK/faith_*; CSVs, figures,
-``plan.csv``, ``timings.csv`` and ``data.csv`` to RESULTS (default studies/MODEL/results2).
-Separate steps may run in separate processes at the same time (``--steps``).
+``plan.csv``, ``timings.csv`` and ``data.csv`` to RESULTS (default
+studies/MODEL/results_faithfulness). Separate steps may run in separate processes at the same time
+(``--steps``).
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ import figures  # noqa: E402
 import gu_sinks  # noqa: E402
 import plan  # noqa: E402
 import prepare  # noqa: E402
-import study  # noqa: E402
+import survey  # noqa: E402
 import texts  # noqa: E402
 
 STEPS = ("gu", "design1-prose", "design1-gsm8k", "design2", "geometry")
@@ -65,8 +66,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--prose", help="OpenStax sections (default DATA_DIR/openstax_psychology2e.jsonl)")
     p.add_argument("--gsm8k", help="GSM8K records (default DATA_DIR/gsm8k_test.jsonl)")
     p.add_argument("--wikitext", help="WikiText-2 articles (default DATA_DIR/wikitext2_raw_test.jsonl)")
-    p.add_argument("--work", help="scratch folder (default studies/MODEL/work2)")
-    p.add_argument("--results", help="CSVs and figures (default studies/MODEL/results2)")
+    p.add_argument("--work", help="scratch folder (default studies/MODEL/work_faithfulness)")
+    p.add_argument("--results",
+                   help="CSVs and figures (default studies/MODEL/results_faithfulness)")
     p.add_argument("--steps", default=",".join(STEPS), help=f"comma-separated: {','.join(STEPS)}")
     p.add_argument("--plan", action="store_true", help="print and write the plan, run nothing")
     p.add_argument("--reuse-plan", action="store_true",
@@ -94,13 +96,14 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         if getattr(a, key) is None:
             setattr(a, key, str(d / f"{name}.jsonl"))
     here = Path(__file__).resolve().parent / a.model
-    a.work, a.results = Path(a.work or here / "work2"), Path(a.results or here / "results2")
+    a.work = Path(a.work or here / "work_faithfulness")
+    a.results = Path(a.results or here / "results_faithfulness")
     a.steps = [s.strip() for s in a.steps.split(",") if s.strip()]
     bad = [s for s in a.steps if s not in STEPS]
     if bad:
         p.error(f"--steps: unknown {','.join(bad)}; choose from {','.join(STEPS)}")
     a.fractions = tuple(float(x) for x in a.fractions.split(","))
-    # names study.Study's geometry step reads
+    # names survey.Study's geometry step reads
     a.geo_limit, a.faith_max_length = a.geo_n, a.length
     return a
 
@@ -118,7 +121,7 @@ def recorded_options(nc: Path) -> dict | None:
 
 def units_done(partial: Path) -> int:
     """Units in the finished blocks of an interrupted run (0 when none)."""
-    from attngeom.store.result_files import Partial
+    from attngeom.store.io.result_files import Partial
 
     return sum(stop - start for start, stop in Partial(partial).finished())
 
@@ -131,7 +134,7 @@ def same_options(recorded: dict | None, cfg) -> bool:
     return all(json.dumps(recorded.get(k)) == json.dumps(wanted.get(k)) for k in MATCH)
 
 
-class SecondStudy(study.Study):
+class SecondStudy(survey.Study):
     """Plan, text selection, the steps and their CSVs (see the module doc)."""
 
     def __init__(self, args: argparse.Namespace):
@@ -146,7 +149,7 @@ class SecondStudy(study.Study):
         if self.loaded is None:
             import torch
 
-            from attngeom.extract.models import load
+            from attngeom.extract.loading.models import load
 
             torch.set_num_threads(self.a.threads)
             self.loaded = load(self.a.model)
@@ -183,7 +186,7 @@ class SecondStudy(study.Study):
 
     def layers(self) -> list[int]:
         """Design 2's layers (resolved once, against the model's layer count)."""
-        from attngeom.store.ranges import parse_ranges
+        from attngeom.store.options.ranges import parse_ranges
 
         if self._layers is None:
             n = self.model().info["n_layers"]

@@ -11,8 +11,8 @@ its score exceeds epsilon = 0.3. Two aggregations over the inputs:
   their released code does (``eval_sink_open_source.py``: ``(importance > eps).mean((0,1,2))``);
   this is the figure their Table 1 reports.
 
-alpha_{i0} comes from ``attngeom.extract.capture.measure`` (compact layout, sink k = 1), which
-reads it from the attention kernel's log-sum-exp: exact, no T x T matrix.
+alpha_{i0} comes from ``attngeom.extract.measurement.capture.capture`` (compact layout, sink k =
+1), which reads it from the attention kernel's log-sum-exp: exact, no T x T matrix.
 """
 
 from __future__ import annotations
@@ -50,14 +50,14 @@ def measure_alpha0(model, ids: np.ndarray, batch_size: int = 8) -> np.ndarray:
     """alpha_{i0} (N, L, H, T) of every input row (no padding: all rows share one length)."""
     import torch
 
-    from attngeom.extract.capture import measure
-    from attngeom.extract.measure import Options
+    from attngeom.extract.measurement.capture import capture
+    from attngeom.extract.measurement.layer import Options
 
     opts = Options("compact", sink_k=1, tail_w=1, derived=False)
     parts = []
     for start in range(0, len(ids), batch_size):
         x = torch.as_tensor(ids[start:start + batch_size])
-        out = measure(model, {"input_ids": x, "attention_mask": torch.ones_like(x)}, opts)
+        out = capture(model, {"input_ids": x, "attention_mask": torch.ones_like(x)}, opts)
         parts.append(out["alpha"][..., 0])                          # (B, L, H, T)
     return np.concatenate(parts)
 

@@ -1,11 +1,11 @@
 """The planned cost of the second study: forward passes per step, timed on this machine.
 
 Passes are counted from the faithfulness code's own plan (:func:`ranking_plan` and
-:func:`conditions` of extract/faithfulness.py: distinct rankings x modes x fractions, plus one
-clean pass per batch, no drift pass), so a change there changes the plan. A pass is one forward
-of one batch. Seconds per pass are timed here, in this process, on one batch of the study's own
-texts (:func:`time_faithfulness`: ``compute_block`` with one removal per distinct ranking and the
-clean pass; :func:`time_measure`: one ``measure`` call), with ``threads`` torch threads:
+:func:`conditions` of extract/faithfulness/experiment.py: distinct rankings x modes x fractions,
+plus one clean pass per batch, no drift pass), so a change there changes the plan. A pass is one
+forward of one batch. Seconds per pass are timed here, in this process, on one batch of the study's
+own texts (:func:`time_faithfulness`: ``compute_block`` with one removal per distinct ranking and
+the clean pass; :func:`time_measure`: one ``measure`` call), with ``threads`` torch threads:
 CPU-hours = wall hours x threads.
 """
 
@@ -89,8 +89,9 @@ def table(steps: list[Step]) -> pd.DataFrame:
 
 
 def faith_config(**options):
-    """A FaithConfig of the study's options (extract/faithfulness.py; import deferred)."""
-    from attngeom.extract.faithfulness import FaithConfig
+    """A FaithConfig of the study's options (extract/faithfulness/experiment.py; import
+    deferred)."""
+    from attngeom.extract.faithfulness.experiment import FaithConfig
 
     cfg = FaithConfig(**options)
     cfg.check()
@@ -99,7 +100,7 @@ def faith_config(**options):
 
 def passes_per_batch(cfg) -> int:
     """Forward passes per batch of a faithfulness run: removals + clean (+ drift)."""
-    from attngeom.extract.faithfulness import conditions, ranking_plan
+    from attngeom.extract.faithfulness.experiment import conditions, ranking_plan
 
     plan = ranking_plan(cfg.metrics, cfg.ranks, cfg.granularity)
     return len(conditions(cfg, plan)) + 1 + int(cfg.drift)
@@ -107,7 +108,7 @@ def passes_per_batch(cfg) -> int:
 
 def distinct_rankings(cfg) -> list[tuple[str, str]]:
     """The (metric, rank) pairs a run actually computes."""
-    from attngeom.extract.faithfulness import ranking_plan
+    from attngeom.extract.faithfulness.experiment import ranking_plan
 
     return sorted(set(ranking_plan(cfg.metrics, cfg.ranks, cfg.granularity).values()))
 
@@ -115,9 +116,9 @@ def distinct_rankings(cfg) -> list[tuple[str, str]]:
 def time_faithfulness(loaded, data: str, cfg, repeat: int = 1) -> Timed:
     """Seconds per pass: ``compute_block`` on the first batch of ``data`` with the clean pass
     and one removal per distinct ranking (first mode, largest fraction, the run's layers)."""
-    from attngeom.extract.data import pad_token_id
-    from attngeom.extract.faithfulness import compute_block, load_task
-    from attngeom.extract.interventions import Removal
+    from attngeom.extract.loading.data import pad_token_id
+    from attngeom.extract.faithfulness.experiment import compute_block, load_task
+    from attngeom.extract.faithfulness.interventions import Removal
 
     cfg = replace(cfg, limit=cfg.batch_size, drift=False)
     prepared, _ = load_task(cfg, data, loaded.tokenizer)
@@ -136,7 +137,7 @@ def time_plain(loaded, data: str, cfg, repeat: int = 1) -> Timed:
     """Seconds of a plain forward (the model's own attention, no handler) of the same batch."""
     import torch
 
-    from attngeom.extract.faithfulness import load_task
+    from attngeom.extract.faithfulness.experiment import load_task
 
     prepared, _ = load_task(replace(cfg, limit=cfg.batch_size), data, loaded.tokenizer)
     rows = prepared.rows[: cfg.batch_size]
@@ -155,12 +156,12 @@ def time_measure(model, ids, repeat: int = 1) -> Timed:
     """Seconds of one ``measure`` call (compact layout, the extract defaults) on ``ids``."""
     import torch
 
-    from attngeom.extract.capture import measure
+    from attngeom.extract.measurement.capture import capture
 
     x = torch.as_tensor(ids)
     batch = {"input_ids": x, "attention_mask": torch.ones_like(x)}
-    measure(model, batch)                                                  # warm-up
+    capture(model, batch)                                                  # warm-up
     with Clock() as clock:
         for _ in range(repeat):
-            measure(model, batch)
+            capture(model, batch)
     return clock.per(repeat)

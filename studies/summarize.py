@@ -4,7 +4,8 @@
     .venv/bin/python studies/summarize.py --print    # print them instead
 
 The first study (studies/*/results) goes between ``<!-- BEGIN GENERATED -->`` and
-``<!-- END GENERATED -->``, the second (studies/*/results2, studies/summarize2.py) between
+``<!-- END GENERATED -->``, the second (studies/*/results_faithfulness,
+studies/summarize_faithfulness.py) between
 ``<!-- BEGIN GENERATED 2 -->`` and ``<!-- END GENERATED 2 -->``; every number comes from a CSV
 named next to it.
 """
@@ -12,37 +13,25 @@ named next to it.
 from __future__ import annotations
 
 import argparse
-import math
 from pathlib import Path
 
 import pandas as pd
+
+import summarize_faithfulness
+from tables import SHORT, f
 
 HERE = Path(__file__).resolve().parent
 MODELS = ("smollm2-135m", "gemma3-270m", "minilm-l6")
 ENCODERS = ("minilm-l6",)
 BEGIN, END = "<!-- BEGIN GENERATED -->", "<!-- END GENERATED -->"
 BEGIN2, END2 = "<!-- BEGIN GENERATED 2 -->", "<!-- END GENERATED 2 -->"
-SHORT = {"attention": "raw", "value_weighted": "vw", "value_weighted_normalized": "vwn",
-         "contribution": "contrib"}
 LM_RUNS = (("faith_prose", "prose"), ("faith_gsm8k", "GSM8K"), ("faith_prose_query", "prose, query gran."),
            ("mc_mmlu", "MMLU"), ("mc_winogrande", "WinoGrande"), ("mc_boolq", "BoolQ"))
 
 
-def f(x, d: int = 2) -> str:
-    """Short number: fixed with d decimals, scientific when tiny."""
-    try:
-        x = float(x)
-    except (TypeError, ValueError):
-        return str(x)
-    if math.isnan(x):
-        return "n/a"
-    if x != 0 and abs(x) < 10 ** -d:
-        return f"{x:.1e}"
-    return f"{x:.{d}f}"
-
-
 ROOT = [HERE]  # where the <model>/results folders are (--root)
-RESULTS = ["results"]  # the results folder the cells read (results2: the second study)
+# the results folder the cells read (results_faithfulness: the second study)
+RESULTS = ["results_survey"]
 
 
 def read(model: str, name: str) -> pd.DataFrame | None:
@@ -51,13 +40,13 @@ def read(model: str, name: str) -> pd.DataFrame | None:
 
 
 def second_study(cell):
-    """``cell(model, tag)`` reading the second study's folder (results2)."""
+    """``cell(model, tag)`` reading the second study's folder (results_faithfulness)."""
     def run(model: str, tag: str) -> str:
-        RESULTS[0] = "results2"
+        RESULTS[0] = "results_faithfulness"
         try:
             return cell(model, tag)
         finally:
-            RESULTS[0] = "results"
+            RESULTS[0] = "results_survey"
     return run
 
 
@@ -65,7 +54,7 @@ def second_study(cell):
 def _missing(model: str) -> str:
     if model in ENCODERS:
         return "not testable: encoder without a language-modelling head (no perplexity, no MC scoring)"
-    return "not run (no CSV in results/)"
+    return "not run (no CSV in results_survey/)"
 
 
 def _holds(t: pd.DataFrame) -> str:
@@ -178,7 +167,8 @@ def mc_cell(model: str) -> str:
 
 def geo_tags(model: str) -> list[str]:
     """Geometry data sets of a model, WikiText first."""
-    tags = sorted(p.name[4:-12] for p in (ROOT[0] / model / "results").glob("geo_*_summary.csv"))
+    folder = ROOT[0] / model / "results_survey"
+    tags = sorted(p.name[4:-12] for p in folder.glob("geo_*_summary.csv"))
     return sorted(tags, key=lambda t: t != "wikitext")
 
 
@@ -231,7 +221,7 @@ def order_details(model: str) -> str:
 
 
 def generated() -> str:
-    models = [m for m in MODELS if (ROOT[0] / m / "results").is_dir()]
+    models = [m for m in MODELS if (ROOT[0] / m / "results_survey").is_dir()]
     parts = ["### Claims against each model\n", claims_table(models), ""]
     parts += [order_details(m) for m in models]
     parts.append("\n### Runtime (`timings.csv`, seconds, wall clock on a quiet 2-core machine)\n")
@@ -250,14 +240,12 @@ def generated() -> str:
 
 
 def generated2() -> str:
-    import summarize2
-
     geo = [(name, second_study(cell)) for name, cell in
            (("Sinks driven by norm ratio & cosine, tail by α & cosine", decomposition_cell),
             ("Anti-alignment of sink values", anti_cell),
             ("Convex sink-rate curve, interior minimum", convex_cell),
             ("Sink heads (mean α_i0 > 0.3 over queries)", sink_cell))]
-    return summarize2.generated(ROOT[0], list(MODELS[:2]), geo)
+    return summarize_faithfulness.generated(ROOT[0], list(MODELS[:2]), geo)
 
 
 def replace_block(text: str, begin: str, end: str, body: str) -> str:

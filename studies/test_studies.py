@@ -104,7 +104,7 @@ def test_gsm8k_texts_keep_items_long_enough_after_the_cut(tmp_path, tok):
     got = prepare.read_jsonl(tmp_path / "out.jsonl")
     assert n == 2 and [r["source"] for r in got] == [1, 2]
     assert got[0]["text"] == f"Question: {words(3)}\nAnswer: {words(3, 3)}"
-    from attngeom.extract.data import load_texts
+    from attngeom.extract.loading.data import load_texts
     assert load_texts(str(tmp_path / "g.jsonl")).texts[1] == got[0]["text"]   # as the CLI forms it
 
 
@@ -156,7 +156,7 @@ def test_gu_metric_against_eager_attention_and_their_formula():
 
 
 def test_plan_counts_the_designs_passes():
-    from attngeom.extract.faithfulness import FaithConfig
+    from attngeom.extract.faithfulness.experiment import FaithConfig
     cfg = FaithConfig(task="lm", metrics=("attention", "value_weighted",
                                           "value_weighted_normalized", "contribution"),
                       modes=("comprehensiveness", "sufficiency"), ranks=("signed", "magnitude"),
@@ -225,8 +225,8 @@ def test_design1_csvs_let_the_power_figures_be_recomputed(tmp_path):
 
 
 def test_design2_export_and_summary_tables(tmp_path):
-    import summarize
-    import summarize2
+    import summarize_faithfulness
+    import tables
 
     runs = {layer: synthetic_result(tmp_path / f"l{layer}.nc", n=12, seed=layer)
             for layer in (0, 5)}
@@ -237,14 +237,14 @@ def test_design2_export_and_summary_tables(tmp_path):
         ds["same_ranking_as"][:] = ""
         ds.to_netcdf(tmp_path / f"d2_{layer}.nc")
         runs[layer] = tmp_path / f"d2_{layer}.nc"
-    results = tmp_path / "smollm2-135m" / "results2"
+    results = tmp_path / "smollm2-135m" / "results_faithfulness"
     export.export_design2(runs, results, "d2_prose")
     t = pd_read(results / "d2_prose_layers.csv")
     assert len(t) == 2 * 3 and (t["m_tests"] == 2).all()
-    text = summarize2.layer_details(tmp_path, "smollm2-135m")
+    text = summarize_faithfulness.layer_details(tmp_path, "smollm2-135m")
     assert text.count("\n| 0 |") == 1 and text.count("\n| 5 |") == 1
-    assert "holds" in summarize2.layers_cell(tmp_path, "smollm2-135m")
-    assert summarize.f(0.0001) == "1.0e-04"
+    assert "holds" in summarize_faithfulness.layers_cell(tmp_path, "smollm2-135m")
+    assert tables.f(0.0001) == "1.0e-04"
 
 
 def pd_read(path):
@@ -312,7 +312,7 @@ def test_write_jsonl_leaves_identical_file_and_uses_private_temp(tmp_path):
 
 def test_units_done_counts_the_units_of_finished_blocks(tmp_path):
     import faithfulness_study
-    from attngeom.store.result_files import Partial
+    from attngeom.store.io.result_files import Partial
 
     partial = Partial(tmp_path / "r.partial")
     partial.path.mkdir()

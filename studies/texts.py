@@ -49,7 +49,7 @@ def prose_texts(tok, src: str | Path, out: Path, n: int, length: int = 128,
 
 
 def gsm8k_text(rec: dict) -> str:
-    """The text ``attngeom faithfulness`` forms from a GSM8K record (extract/data.py)."""
+    """The text ``attngeom faithfulness`` forms from a GSM8K record (extract/loading/data.py)."""
     return f"Question: {rec['question']}\nAnswer: {rec['answer']}"
 
 

@@ -3,7 +3,7 @@
 import sys
 from pathlib import Path
 
-from attngeom.extract.models import cache_dir   # no torch import
+from attngeom.extract.loading.models import cache_dir   # no torch import
 
 TESTS = Path(__file__).resolve().parent
 if str(TESTS) not in sys.path:
@@ -13,8 +13,8 @@ ROOT = TESTS.parent
 SHARED_DATA = ROOT.parent / "shared" / "data"
 
 
-# fingerprint notes (extract/fingerprint.py) that the tests' temporary model directories leave in
-# the attngeom cache are removed after the session; the GGUF conversions there are kept
+# fingerprint notes (extract/loading/fingerprint.py) that the tests' temporary model directories
+# leave in the attngeom cache are removed after the session; the GGUF conversions there are kept
 _FINGERPRINTS = cache_dir() / "fingerprints"
 _BEFORE: set[Path] = set()
 

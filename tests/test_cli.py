@@ -111,7 +111,7 @@ def test_smollm2_end_to_end(tmp_path):
     import reference as ref
     import torch
 
-    from attngeom.extract.models import load
+    from attngeom.extract.loading.models import load
     from attngeom.store import open as open_store
 
     store = tmp_path / "store"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 
-from attngeom.store.options import AnalysisOptions, AnalyzeCommand, add_arguments, from_args
+from attngeom.store.options.stages import AnalysisOptions, AnalyzeCommand, add_arguments, from_args
 
 
 def add_parser(p: argparse.ArgumentParser) -> None:
@@ -21,7 +21,7 @@ def add_parser(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from attngeom.analysis import run_all
     from attngeom.store import open as open_store
-    from attngeom.store.distributed import parse_scheduler
+    from attngeom.store.dataset.distributed import parse_scheduler
 
     cmd, options = from_args(args, AnalyzeCommand), from_args(args, AnalysisOptions)
     options.check()

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from attngeom.store.options import ExtractCommand, ExtractConfig, add_arguments, from_args
+from attngeom.store.options.stages import ExtractCommand, ExtractConfig, add_arguments, from_args
 
 
 def add_parser(p) -> None:
@@ -31,7 +31,7 @@ def check_out(out: str) -> None:
 
 def check_model(model: str, dtype: str, device: str) -> None:
     """Model spec, dtype and device, without importing torch."""
-    from attngeom.extract.models import check_dtype, check_spec
+    from attngeom.extract.loading.models import check_dtype, check_spec
 
     check_dtype(dtype, device)
     check_spec(model)
@@ -39,8 +39,8 @@ def check_model(model: str, dtype: str, device: str) -> None:
 
 def load_data(data: str, cfg: ExtractConfig):
     """The texts, or for a folder / ``--image-field`` the images, named by ``--data``."""
-    from attngeom.extract.data import load_texts
-    from attngeom.extract.images import is_image_spec, load_images
+    from attngeom.extract.loading.data import load_texts
+    from attngeom.extract.loading.images import is_image_spec, load_images
 
     if is_image_spec(data, cfg.image_field):
         return load_images(data, cfg.image_field, cfg.limit)
@@ -52,7 +52,7 @@ def load_data(data: str, cfg: ExtractConfig):
 
 
 def run(args) -> int:
-    from attngeom.store.distributed import parse_shard
+    from attngeom.store.dataset.distributed import parse_shard
 
     cmd, cfg = from_args(args, ExtractCommand), from_args(args, ExtractConfig)
     cfg.check()
@@ -62,7 +62,7 @@ def run(args) -> int:
     texts = load_data(cmd.data, cfg)
 
     from attngeom.extract.run import extract
-    from attngeom.store.info import summary
+    from attngeom.store.ops.info import summary
 
     extract(cmd.model, cmd.data, cmd.out, cfg, trust_remote_code=cmd.trust_remote_code,
             progress=not cmd.quiet, shard=shard, texts=texts)

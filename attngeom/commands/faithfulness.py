@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from attngeom.store.options import FaithCommand, FaithConfig, add_arguments, from_args
+from attngeom.store.options.stages import FaithCommand, FaithConfig, add_arguments, from_args
 
 
 def check_data(cfg: FaithConfig, data: str) -> None:
     """Parse the texts or task items once before torch loads: bad files fail fast."""
-    from attngeom.extract import tasks
-    from attngeom.extract.data import load_texts
+    from attngeom.extract.loading import tasks
+    from attngeom.extract.loading.data import load_texts
 
     if cfg.task == "lm":
         found = len(load_texts(data, text_field=cfg.text_field, limit=cfg.limit))
@@ -36,7 +36,7 @@ def run(args) -> int:
     check_model(cmd.model, cfg.dtype, cfg.device)
     check_out(cmd.out)
     check_data(cfg, cmd.data)
-    from attngeom.extract.faithfulness import faithfulness
+    from attngeom.extract.faithfulness.experiment import faithfulness
 
     t0 = time.perf_counter()
     path = faithfulness(cmd.model, cmd.data, cmd.out, cfg,

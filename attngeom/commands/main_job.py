@@ -19,9 +19,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from attngeom.store.options import (RUN_FAITH_BLOCK, RUN_STAGES, AnalysisOptions, ExtractConfig,
-                                    FaithConfig, RunOptions, add_arguments, from_args,
-                                    mismatches)
+from attngeom.store.options.stages import (RUN_FAITH_BLOCK, RUN_STAGES, AnalysisOptions,
+                                           ExtractConfig, FaithConfig, RunOptions, add_arguments,
+                                           from_args, mismatches)
 
 STORE, ANALYSIS, REPORT = "store", "analysis", "report.pdf"
 
@@ -70,7 +70,7 @@ def limit_threads(n: int | None) -> int:
 
 def _manifest(store: Path) -> dict | None:
     from attngeom.store import read_manifest
-    from attngeom.store.manifest import StoreError
+    from attngeom.store.errors import StoreError
 
     try:
         return read_manifest(store) if (store / "manifest.json").is_file() else None
@@ -80,7 +80,7 @@ def _manifest(store: Path) -> dict | None:
 
 def store_done(store: Path, job: Job) -> bool:
     """The store is complete and was made from this model and data with these options."""
-    from attngeom.store.results import is_faith_only
+    from attngeom.store.io.results import is_faith_only
 
     m = _manifest(store)
     if not m or not m["complete"] or is_faith_only(m):
@@ -91,12 +91,12 @@ def store_done(store: Path, job: Job) -> bool:
 
 def faith_done(store: Path, job: Job) -> bool:
     """The store records a faithfulness result of this data with these options."""
-    from attngeom.store.results import entries
+    from attngeom.store.io.results import entries
 
     entry = entries(_manifest(store) or {}).get(job.faith.name)
     if not entry or not (store / entry["file"]).is_file():
         return False
-    from attngeom.store.manifest import spec_label     # the data as the result records it
+    from attngeom.store.format.manifest import spec_label     # the data as the result records it
 
     return (entry["config"]["data"].get("spec") == spec_label(job.run.data)
             and not mismatches(job.faith, entry["config"]))
@@ -119,9 +119,9 @@ def step_faithfulness(store: Path, job: Job) -> str:
         return "skipped (--faith-limit 0)"
     if faith_done(store, job):
         return "already complete"
-    from attngeom.extract.faithfulness import faithfulness  # torch: only here
+    from attngeom.extract.faithfulness.experiment import faithfulness  # torch: only here
 
-    from attngeom.store.results import entries
+    from attngeom.store.io.results import entries
 
     limit_threads(job.run.threads)
     recorded = job.faith.name in entries(_manifest(store) or {})

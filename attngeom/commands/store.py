@@ -48,14 +48,14 @@ def add_parser(p) -> None:
 
 
 def run(args) -> int:
-    from attngeom.store.info import summary
+    from attngeom.store.ops.info import summary
 
     cmd = args.store_command
     if cmd == "info":
         print(summary(args.store))
         return 0
     if cmd == "validate":
-        from attngeom.store.validate import validate
+        from attngeom.store.io.validate import validate
 
         problems = validate(args.store)
         if problems:
@@ -65,13 +65,13 @@ def run(args) -> int:
         print(f"{args.store}: valid")
         return 0
     if cmd == "merge":
-        from attngeom.store.ops import merge
+        from attngeom.store.ops.merge import merge
 
         merge(args.stores, args.out, copy_files=args.copy, no_text=args.no_text)
         print(summary(args.out))
         return 0
     if cmd == "subset":
-        from attngeom.store.subset import added_variables, subset
+        from attngeom.store.ops.subset import added_variables, subset
 
         m = subset(args.store, args.out, layers=args.layers, heads=args.heads,
                    sequences=args.sequences, variables=args.variables, no_text=args.no_text)
@@ -80,14 +80,14 @@ def run(args) -> int:
             print(f"attngeom: also kept {', '.join(added)} (contribution is derived from them)")
         print(summary(args.out))
         return 0
-    from attngeom.store.export import export
+    from attngeom.store.ops.export import export
 
     if args.tables and args.format not in ("parquet", "hf"):
         raise ValueError("--tables applies to --format parquet and hf only")
     if args.license and args.format != "hf":
         raise ValueError("--license applies to --format hf only (the dataset card)")
     if args.format == "hf":
-        from attngeom.store.hub_card import check_license
+        from attngeom.store.ops.hub_card import check_license
 
         check_license(args.license)                   # before any work
     out = export(args.store, args.out, args.format, tables=args.tables, no_text=args.no_text,

@@ -67,7 +67,7 @@ def test_distributed_scheduler_gives_identical_results(analysed, tmp_path, monke
     import pandas as pd
     from distributed import get_task_stream
 
-    from attngeom.store import distributed as dist
+    from attngeom.store.dataset import distributed as dist
 
     real, tasks = dist.scheduler, []
 
@@ -112,7 +112,7 @@ def test_mixed_model_matches_statsmodels_mixedlm(analysed, monkeypatch):
     import statsmodels.api as sm
 
     from attngeom.analysis import anti_alignment
-    from attngeom.store.reader import open_store
+    from attngeom.store.io.reader import open_store
 
     module = __import__("attngeom.analysis.anti_alignment", fromlist=["x"])
     calls = []

@@ -28,7 +28,7 @@ def real(tmp_path_factory):
     torch = pytest.importorskip("torch")
     import reference as ref
 
-    from attngeom.extract.models import load
+    from attngeom.extract.loading.models import load
     from attngeom.store import open as open_store
 
     root = tmp_path_factory.mktemp("smollm2")

@@ -20,7 +20,7 @@ METRICS = ("attention", "value_weighted", "value_weighted_normalized", "contribu
 FRACTIONS = (0.01, 0.05, 0.2)
 RANKS = ("signed", "magnitude")
 MODES = ("comprehensiveness", "sufficiency")
-# as a head-granularity run records them (extract/faithfulness.py ranking_plan)
+# as a head-granularity run records them (extract/faithfulness/experiment.py ranking_plan)
 HEAD_COPIES = {("attention", "magnitude"): "attention/signed",
                ("value_weighted", "magnitude"): "value_weighted/signed",
                ("value_weighted_normalized", "signed"): "value_weighted/signed",

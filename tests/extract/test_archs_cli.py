@@ -117,8 +117,8 @@ def test_learned_sinks_compact_store(tmp_path):
     from attngeom.analysis import sinks
     from attngeom.extract.run import ExtractConfig, extract
     from attngeom.reports.figures_sinks import learned_sink_pages
-    from attngeom.store.info import summary
-    from attngeom.store.validate import validate
+    from attngeom.store.ops.info import summary
+    from attngeom.store.io.validate import validate
 
     model = ta.save("gpt_oss", tmp_path / "model")
     texts = write_texts(tmp_path / "texts.jsonl", (3, 12, 6))

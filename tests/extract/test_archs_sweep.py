@@ -26,9 +26,9 @@ import reference as ref
 from reference import close
 import tiny_archs as ta
 from store_helpers import PER_TOKEN, cancellation, expected_compact
-from attngeom.extract.archs import Unsupported, discover
-from attngeom.extract.capture import measure
-from attngeom.extract.measure import Options
+from attngeom.extract.measurement.archs import Unsupported, discover
+from attngeom.extract.measurement.capture import capture
+from attngeom.extract.measurement.layer import Options
 
 SINK_K, TAIL_W = 1, 4
 ROOT = Path(__file__).resolve().parents[2]
@@ -62,8 +62,8 @@ def test_measurements_equal_the_eager_reference(name):
             1.0, float(np.abs(call.module_output).max())), name
     learned = arch.learned_sinks
     assert learned == (name == "gpt_oss")
-    dense = measure(model, inputs, Options("dense", SINK_K, TAIL_W))
-    compact = measure(model, inputs, Options("compact", SINK_K, TAIL_W))
+    dense = capture(model, inputs, Options("dense", SINK_K, TAIL_W))
+    compact = capture(model, inputs, Options("compact", SINK_K, TAIL_W))
     names = [n for n in r if n != "learned_sink_alpha"] + (["learned_sink_alpha"] if learned else [])
     for n in names:
         scale = cancellation(r) if n == "sink_residual_cosine" else 1.0
@@ -88,12 +88,12 @@ def test_gpt_oss_learned_sink_takes_mass_and_contributions_still_sum_to_one():
     eager_sink = np.stack([1.0 - c.alpha.sum(-1) for c in calls], 1)        # (B, L, H, T)
     real = ~np.isnan(r["output_norm"])
     assert eager_sink[real].mean() > 0.05                                    # the sink bites
-    dense = measure(model, inputs, Options("dense", SINK_K, TAIL_W))
+    dense = capture(model, inputs, Options("dense", SINK_K, TAIL_W))
     close(dense["learned_sink_alpha"][real], eager_sink[real], "learned_sink_alpha")
     total = np.nansum(dense["alpha"], -1) + dense["learned_sink_alpha"]
     np.testing.assert_allclose(total[real], 1.0, atol=1e-5)
     np.testing.assert_allclose(np.nansum(dense["contribution"], -1)[real], 1.0, atol=1e-4)
-    compact = measure(model, inputs, Options("compact", SINK_K, TAIL_W))
+    compact = capture(model, inputs, Options("compact", SINK_K, TAIL_W))
     parts = (np.nansum(compact["alpha"], -1) + np.nansum(compact["tail_alpha"], -1)
              + compact["middle_alpha"] + compact["learned_sink_alpha"])
     np.testing.assert_allclose(parts[real], 1.0, atol=1e-5)
@@ -106,7 +106,7 @@ def test_removal_leaves_the_learned_sink_weight():
     """Faithfulness removal on gpt-oss: alpha over real keys is eager's (the learned sink keeps
     its share, no renormalisation; at layer 0, before any removal changed the inputs), and
     removing every real key leaves z = 0 (the sink carries no value)."""
-    from attngeom.extract.interventions import Intervener, Removal, forward_logits
+    from attngeom.extract.faithfulness.interventions import Intervener, Removal, forward_logits
 
     model, inputs = _model("gpt_oss"), ta.inputs("gpt_oss")
     _, calls = _reference("gpt_oss")
@@ -144,7 +144,7 @@ def test_faithfulness_runs_on_every_decoder(name):
     top half of keys by contribution changes them: faithfulness runs on this decoder."""
     import torch
 
-    from attngeom.extract.interventions import Intervener, Removal, forward_logits
+    from attngeom.extract.faithfulness.interventions import Intervener, Removal, forward_logits
 
     model, inputs = _model(name), ta.inputs(name)
     real = inputs["attention_mask"].bool()

@@ -1,4 +1,4 @@
-"""Text specs, tokenization and batching (attngeom.extract.data)."""
+"""Text specs, tokenization and batching (attngeom.extract.loading.data)."""
 from __future__ import annotations
 
 import hashlib
@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from attngeom.extract import data
-from attngeom.extract.data import batches, load_texts, pad_token_id, tokenize_texts
+from attngeom.extract.loading import data
+from attngeom.extract.loading.data import batches, load_texts, pad_token_id, tokenize_texts
 
 SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "data"
 

@@ -1,10 +1,11 @@
-"""The passes' dense attention (attngeom.extract.dense): row blocks and alpha @ v over them."""
+"""The passes' dense attention (attngeom.extract.faithfulness.dense): row blocks and alpha @ v over
+them."""
 
 from __future__ import annotations
 
 import torch
 
-from attngeom.extract.dense import row_blocks, weighted_values
+from attngeom.extract.faithfulness.dense import row_blocks, weighted_values
 
 
 def _causal(T: int, Tk: int | None = None) -> torch.Tensor:

@@ -13,9 +13,9 @@ import torch
 
 import tiny_archs as ta
 import tiny_models as tm
-from attngeom.extract import hooks
-from attngeom.extract.archs import Unsupported, discover
-from attngeom.extract.images import is_image_spec, load_images, token_names
+from attngeom.extract.measurement import hooks
+from attngeom.extract.measurement.archs import Unsupported, discover
+from attngeom.extract.loading.images import is_image_spec, load_images, token_names
 
 
 class _Module(torch.nn.Module):
@@ -105,7 +105,7 @@ def test_discovery_finds_the_layout():
 def test_auto_class_follows_the_checkpoint():
     from transformers import BertConfig, LlamaConfig
 
-    from attngeom.extract.models import auto_class
+    from attngeom.extract.loading.models import auto_class
 
     assert auto_class(LlamaConfig(architectures=["LlamaForCausalLM"])) == "AutoModelForCausalLM"
     assert auto_class(BertConfig(architectures=["BertModel"])) == "AutoModel"

@@ -7,7 +7,8 @@ causal key with the metric's definition (MISSION.md), ranks each (head, query)'s
 ``sorted`` (higher first, ties to the lower position), removes floor(p * n + 0.5) of them (top for
 comprehensiveness, bottom for sufficiency) by zeroing their alpha without renormalising, at every
 layer, and the per-sequence perplexity is exp(mean next-token NLL). attngeom runs the same texts
-batched with padding through ``attngeom.extract.faithfulness``; head granularity, signed rank.
+batched with padding through ``attngeom.extract.faithfulness.experiment``; head granularity, signed
+rank.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ try:
 except ImportError:
     import tiny_models as tm
 
-from attngeom.extract import faithfulness as F
+from attngeom.extract.faithfulness import experiment as F
 
 TEXTS = ["we can make all of the people look up and write more than one number",
          "the one is there and it was the time of people who said",

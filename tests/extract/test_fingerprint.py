@@ -14,8 +14,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import tiny_models  # noqa: E402
 
-from attngeom.extract import fingerprint as fp  # noqa: E402
-from attngeom.extract.models import load  # noqa: E402
+from attngeom.extract.loading import fingerprint as fp# noqa: E402
+from attngeom.extract.loading.models import load  # noqa: E402
 
 
 def naive_fingerprint(model) -> str:

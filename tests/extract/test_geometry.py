@@ -1,4 +1,5 @@
-"""attngeom.extract.capture.measure against the independent naive reference (tests/reference.py).
+"""attngeom.extract.measurement.capture.capture against the independent naive reference
+(tests/reference.py).
 
 Every tiny architecture (GQA, value bias, sliding window, q/k norms, Conv1D, encoder, vit), dense
 and compact, sink_k 1 and 2. The expected compact arrays are built from the reference's dense
@@ -16,9 +17,9 @@ import torch
 import reference as ref
 import tiny_models as tm
 from store_helpers import PER_TOKEN, assert_same, cancellation, expected_compact
-from attngeom.extract.capture import Measurer, measure
-from attngeom.extract.hooks import attention_handler
-from attngeom.extract.measure import Options
+from attngeom.extract.measurement.capture import Measurer, capture
+from attngeom.extract.measurement.hooks import attention_handler
+from attngeom.extract.measurement.layer import Options
 
 ARCHS = tm.ARCHITECTURES
 TAIL_W = 4
@@ -39,7 +40,7 @@ def _reference(arch: str, sink_k: int) -> dict[str, np.ndarray]:
 @functools.lru_cache(maxsize=None)
 def _measured(arch: str, mode: str, sink_k: int) -> dict[str, np.ndarray]:
     model, inputs = _model(arch)
-    return measure(model, inputs, Options(mode, sink_k, TAIL_W))
+    return capture(model, inputs, Options(mode, sink_k, TAIL_W))
 
 
 @pytest.mark.parametrize("sink_k", [1, 2])

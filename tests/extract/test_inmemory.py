@@ -22,7 +22,7 @@ import reference as ref
 import tiny_archs as ta
 import tiny_models as tm
 from attngeom import cli
-from attngeom.store.manifest import config_difference
+from attngeom.store.format.manifest import config_difference
 from store_helpers import PAIR, PER_TOKEN, assert_same, cancellation, write_texts
 
 N_WORDS = (3, 12, 6)                 # + BOS / CLS..SEP: the second text is cut at MAX_LENGTH
@@ -253,7 +253,7 @@ def test_model_unchanged_after_measure(monkeypatch):
 
 def test_model_unchanged_when_a_later_batch_raises(monkeypatch):
     """A failure inside the attention handler of the second batch: everything restored."""
-    from attngeom.extract import capture
+    from attngeom.extract.measurement import capture
 
     model, _ = _users_model(monkeypatch)
     before = _state(model)
@@ -333,7 +333,7 @@ def test_import_attngeom_stays_free_of_torch():
 def test_store_write_round_trip(made, mode, tmp_path):
     import h5py
 
-    from attngeom.store.validate import validate
+    from attngeom.store.io.validate import validate
 
     model, tok = _load(made, "llama")
     ds = attngeom.measure(model, made["texts"], mode=mode, tail_w=3, tokenizer=tok,

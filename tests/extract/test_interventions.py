@@ -1,4 +1,4 @@
-"""Interventions (attngeom.extract.interventions) against independent references.
+"""Interventions (attngeom.extract.faithfulness.interventions) against independent references.
 
 - p = 0 gives the clean model's logits; removing every key gives the model whose attention
   output is the output bias only (o_proj input zeroed by a plain forward pre-hook).
@@ -24,9 +24,10 @@ except ImportError:
     import reference as ref
     import tiny_models as tm
 
-from attngeom.extract.hooks import attention_handler
-from attngeom.extract.interventions import (GRANULARITIES, METRICS, MODES, RANKS, DriftProbe,
-                                            Intervener, Removal, metric_scores, select)
+from attngeom.extract.measurement.hooks import attention_handler
+from attngeom.extract.faithfulness.interventions import (GRANULARITIES, METRICS, MODES, RANKS,
+                                                         DriftProbe, Intervener, Removal,
+                                                         metric_scores, select)
 
 CAUSAL = ("llama", "mistral", "qwen2", "gemma3", "gpt2")
 
@@ -223,7 +224,7 @@ def _check_layer(t, proj, module_output, r, n_heads):
 
 
 def _projection(t):
-    from attngeom.extract.geometry import Projection
+    from attngeom.extract.measurement.geometry import Projection
     return Projection(weight=t["weight"], gram=t["gram"])
 
 

@@ -13,10 +13,10 @@ import torch
 import reference as ref
 import tiny_models as tm
 from store_helpers import PER_TOKEN, assert_same, cancellation, expected_compact
-from attngeom.extract.capture import Measurer, measure
-from attngeom.extract.geometry import band, band_values, cached_projection
-from attngeom.extract.hooks import attention_handler
-from attngeom.extract.measure import Options
+from attngeom.extract.measurement.capture import Measurer, capture
+from attngeom.extract.measurement.geometry import band, band_values, cached_projection
+from attngeom.extract.measurement.hooks import attention_handler
+from attngeom.extract.measurement.layer import Options
 
 
 def _cos(a, b):
@@ -124,9 +124,9 @@ def test_compact_any_padding_equals_reference(arch, padding, sink_k, tail_w):
     assert np.isnan(r["output_norm"]).any() == (padding != "none")
     defined = _defined(inputs, r["alpha"].shape[1])
     assert defined.all() == (padding != "left")
-    compact = measure(model, inputs, Options("compact", sink_k, tail_w))
+    compact = capture(model, inputs, Options("compact", sink_k, tail_w))
     _check_compact(compact, r, sink_k, tail_w, defined)
-    _check(measure(model, inputs, Options("dense", sink_k, tail_w)), r, sink_k, tail_w, defined)
+    _check(capture(model, inputs, Options("dense", sink_k, tail_w)), r, sink_k, tail_w, defined)
 
 
 def test_plain_causal_takes_the_is_causal_path():
@@ -145,8 +145,8 @@ def test_plain_causal_takes_the_is_causal_path():
 def test_without_derived_drops_only_derived():
     model = tm.build("llama", seed=0)
     inputs = _inputs("llama", model, "right")
-    full = measure(model, inputs, Options("compact", 1, 4))
-    lean = measure(model, inputs, Options("compact", 1, 4, derived=False))
+    full = capture(model, inputs, Options("compact", 1, 4))
+    lean = capture(model, inputs, Options("compact", 1, 4, derived=False))
     derived = {"contribution", "contribution_layer", "tail_contribution",
                "tail_contribution_layer"}
     assert set(full) - set(lean) == derived

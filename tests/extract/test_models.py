@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from attngeom.extract import models
+from attngeom.extract.loading import models
 
 
 def test_source_digest_is_the_files_sha256_and_is_remembered(tmp_path, monkeypatch):

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import xarray as xr
 
-from attngeom.store.shards import netcdf_bytes
+from attngeom.store.format.shards import netcdf_bytes
 
 
 def _dataset() -> xr.Dataset:

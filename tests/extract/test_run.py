@@ -19,8 +19,8 @@ import attngeom.store
 import tiny_models as tm
 from attngeom.extract import run as run_module
 from attngeom.extract.run import ExtractConfig, extract
-from attngeom.store.manifest import StoreError
-from attngeom.store.validate import validate
+from attngeom.store.errors import StoreError
+from attngeom.store.io.validate import validate
 from store_helpers import write_texts
 
 N_WORDS = (3, 12, 6)
@@ -73,7 +73,7 @@ def _assert_same_store(a: Path, b: Path) -> None:
 
 def _count_writes(monkeypatch, fail_after: int | None = None) -> list[str]:
     written: list[str] = []
-    import attngeom.store.writer as writer_module
+    import attngeom.store.io.writer as writer_module
 
     real = writer_module.write_shard
 
@@ -230,8 +230,8 @@ def test_encode_workers_leave_torchs_cores_alone(monkeypatch, device, cores, thr
 def test_shard_written_from_encoded_chunks_equals_hdf5s_own(inputs, tmp_path):
     """The store's shards hold exactly what HDF5's own filters give for the same arrays."""
     _, _, clean = inputs
-    from attngeom.store.shards import encoding
-    from attngeom.store.writer import write_netcdf
+    from attngeom.store.format.shards import encoding
+    from attngeom.store.io.writer import write_netcdf
 
     path = sorted((clean / "shards").glob("*.nc"))[0]
     import xarray as xr

@@ -1,4 +1,4 @@
-"""Scoring (attngeom.extract.scoring) and the faithfulness run (extract.faithfulness*).
+"""Scoring (attngeom.extract.faithfulness.scoring) and the faithfulness run (extract.faithfulness*).
 
 Log-probs are checked against sums written out by hand from logits (a bigram logit table whose
 answers are known, or a tiny model run on each text alone, without padding).
@@ -19,11 +19,12 @@ try:
 except ImportError:
     import tiny_models as tm
 
-from attngeom.extract import faithfulness as F
-from attngeom.extract.scoring import (encode_pair, prepare_answers, prepare_choices,
+from attngeom.extract.faithfulness import experiment as F
+from attngeom.extract.faithfulness.scoring import (encode_pair, prepare_answers, prepare_choices,
                                       prepare_texts, span_logprobs, unit_scores)
-from attngeom.extract.tasks import AnswerItem, ChoiceItem
-from attngeom.store.manifest import StoreError, file_sha256, read_manifest
+from attngeom.extract.loading.tasks import AnswerItem, ChoiceItem
+from attngeom.store.format.manifest import file_sha256, read_manifest
+from attngeom.store.errors import StoreError
 
 TEXTS = ["the one is there and it was the time of people",
          "a way to see them",
@@ -268,7 +269,7 @@ def test_cli_errors_are_one_line(tiny_dir, tmp_path, capsys):
 
 def test_result_is_recorded_in_an_extracted_store(tiny_dir, tmp_path):
     from attngeom.extract.run import ExtractConfig, extract
-    from attngeom.store.validate import validate
+    from attngeom.store.io.validate import validate
 
     out, data = tmp_path / "store", str(tiny_dir / "texts.jsonl")
     extract(str(tiny_dir / "llama"), data, out, ExtractConfig(max_length=16), progress=False)

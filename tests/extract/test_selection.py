@@ -1,4 +1,4 @@
-"""The fast selection (attngeom.extract.selection) against the rule written with numpy.
+"""The fast selection (attngeom.extract.faithfulness.selection) against the rule written with numpy.
 
 - On exact scores (many exact ties, padding, per-head masks, every granularity, rank, mode and a
   range of fractions) it equals a numpy stable argsort of every ranking row.
@@ -23,13 +23,14 @@ try:
 except ImportError:
     import tiny_models as tm
 
-from attngeom.extract.hooks import attention_handler
-from attngeom.extract.interventions import (GRANULARITIES, METRICS, MODES, RANKS, Intervener,
-                                            Removal, forward_logits)
-from attngeom.extract.dense import attention_weights
-from attngeom.extract.exact_scores import ExactScores, exact_alpha, metric_scores, rowmm
-from attngeom.extract.removal_scores import fast_scores, logit_scale
-from attngeom.extract.selection import (ErrorBound, Workspace, n_remove, select,
+from attngeom.extract.measurement.hooks import attention_handler
+from attngeom.extract.faithfulness.interventions import (GRANULARITIES, METRICS, MODES, RANKS,
+                                                         Intervener, Removal, forward_logits)
+from attngeom.extract.faithfulness.dense import attention_weights
+from attngeom.extract.faithfulness.exact_scores import (ExactScores, exact_alpha, metric_scores,
+                                                        rowmm)
+from attngeom.extract.faithfulness.removal_scores import fast_scores, logit_scale
+from attngeom.extract.faithfulness.selection import (ErrorBound, Workspace, n_remove, select,
                                         threshold_select, width_groups)
 
 FRACTIONS = (0.0, 0.02, 0.1, 0.25, 0.5, 0.9, 1.0)

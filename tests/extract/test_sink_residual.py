@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from attngeom.extract.geometry import Projection
-from attngeom.extract.measure import Options, measure_layer, prepare_masks
+from attngeom.extract.measurement.geometry import Projection
+from attngeom.extract.measurement.layer import Options, measure_layer, prepare_masks
 
 
 def _layer(sink_logit: float, seed: int = 0):

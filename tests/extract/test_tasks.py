@@ -1,4 +1,4 @@
-"""Evaluation task loaders (attngeom.extract.tasks)."""
+"""Evaluation task loaders (attngeom.extract.loading.tasks)."""
 from __future__ import annotations
 
 import json
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from attngeom.extract.tasks import (AnswerItem, ChoiceItem, boolq_items, gsm8k_items, mmlu_items,
-                                    winogrande_items)
+from attngeom.extract.loading.tasks import (AnswerItem, ChoiceItem, boolq_items, gsm8k_items,
+                                            mmlu_items, winogrande_items)
 
 SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "data"
 needs_shared = pytest.mark.skipif(not SHARED.is_dir(), reason="shared/data not present")

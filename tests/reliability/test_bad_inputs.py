@@ -16,7 +16,7 @@ from pathlib import Path
 import h5py
 import pytest
 
-from attngeom.store.manifest import file_sha256
+from attngeom.store.format.manifest import file_sha256
 from reliability.rel_helpers import ENV, ROOT, cli_main
 
 

@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from attngeom.store import StoreError, open_store
-from attngeom.store.validate import validate
+from attngeom.store.io.validate import validate
 
 SHARDS = ("shards/shard-00000.nc", "shards/shard-00001.nc", "shards/shard-00002.nc")
 FILES = SHARDS + ("manifest.json",)

@@ -15,8 +15,8 @@ import pytest
 import torch
 
 import tiny_models as tm
-from attngeom.extract.capture import measure
-from attngeom.extract.measure import Options
+from attngeom.extract.measurement.capture import capture
+from attngeom.extract.measurement.layer import Options
 
 OPTS = Options(mode="dense", sink_k=1, tail_w=3)
 PER_HEAD = ("alpha", "value_norm", "output_norm", "cosine", "cosine_layer", "contribution",
@@ -33,7 +33,7 @@ def batch(model) -> dict[str, np.ndarray]:
 def clean():
     torch.manual_seed(0)
     model = tm.build("llama", seed=3)
-    return model, measure(model, batch(model), OPTS)
+    return model, capture(model, batch(model), OPTS)
 
 
 def close(a, b, name, rtol=2e-5, atol=2e-6):
@@ -64,7 +64,7 @@ def test_scaling_w_o_leaves_contributions(clean, c):
     last = scaled.model.layers[-1].self_attn.o_proj           # later layers see nothing new
     with torch.no_grad():
         last.weight.mul_(c)
-    got = measure(scaled, batch(scaled), OPTS)
+    got = capture(scaled, batch(scaled), OPTS)
     L = -1
     for name in ("alpha", "cosine", "contribution", "contribution_layer", "head_share"):
         close(got[name][:, L], base[name][:, L], f"{name} with W_O x {c}", atol=2e-5)
@@ -98,7 +98,7 @@ def test_permuting_heads_permutes_results(clean, perm, groups):
     assert model.config.num_attention_heads == 4 and model.config.num_key_value_heads == 2
     assert all(perm[h] // 2 == groups[h // 2] for h in range(4))         # a valid GQA permutation
     new = permuted_model(perm, groups)
-    got = measure(new, batch(new), OPTS)
+    got = capture(new, batch(new), OPTS)
     for name in PER_HEAD:
         close(got[name], base[name][:, :, perm], f"{name} permuted {perm}", atol=2e-5)
     close(got["layer_output_norm"], base["layer_output_norm"], "layer_output_norm")

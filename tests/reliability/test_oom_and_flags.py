@@ -1,6 +1,6 @@
 """Out-of-memory batch halving, non-finite sequences, truncation and empty-text counts.
 
-The forward pass (``attngeom.extract.run.measure``) is replaced by one that raises CUDA's
+The forward pass (``attngeom.extract.run.capture``) is replaced by one that raises CUDA's
 out-of-memory error for batches above a size, or writes inf into one sequence's activations.
 """
 
@@ -46,7 +46,7 @@ def batch_one(tiny_model, data, rel_dir):
 
 
 def oom_above(limit: int, error):
-    real = run_module.measure
+    real = run_module.capture
 
     def measure(model, batch, opts):
         if len(batch["index"]) > limit:
@@ -70,7 +70,7 @@ def test_out_of_memory_halves_the_batch(tiny_model, data, batch_one, tmp_path, m
     import torch
 
     exc = torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
-    monkeypatch.setattr(run_module, "measure", oom_above(1, exc))
+    monkeypatch.setattr(run_module, "capture", oom_above(1, exc))
     cfg = ExtractConfig(**OPTIONS, batch_size=4)
     extract(str(tiny_model), str(data), tmp_path / "halved", cfg, progress=False)
     log = capsys.readouterr().out
@@ -87,18 +87,18 @@ def test_out_of_memory_halves_the_batch(tiny_model, data, batch_one, tmp_path, m
 def test_out_of_memory_at_batch_one_and_other_errors(tiny_model, data, tmp_path, monkeypatch):
     import torch
 
-    monkeypatch.setattr(run_module, "measure", oom_above(0, torch.cuda.OutOfMemoryError("x")))
+    monkeypatch.setattr(run_module, "capture", oom_above(0, torch.cuda.OutOfMemoryError("x")))
     with pytest.raises(MemoryError, match="at batch size 1; use a smaller --max-length"):
         extract(str(tiny_model), str(data), tmp_path / "a", ExtractConfig(**OPTIONS),
                 progress=False)
-    monkeypatch.setattr(run_module, "measure", oom_above(0, RuntimeError("shape mismatch")))
+    monkeypatch.setattr(run_module, "capture", oom_above(0, RuntimeError("shape mismatch")))
     with pytest.raises(RuntimeError, match="shape mismatch"):     # not retried
         extract(str(tiny_model), str(data), tmp_path / "b", ExtractConfig(**OPTIONS),
                 progress=False)
 
 
 def test_non_finite_sequence_is_flagged_and_excluded(tiny_model, data, tmp_path, monkeypatch):
-    real, calls = run_module.measure, []
+    real, calls = run_module.capture, []
 
     def measure(model, batch, opts):                # inf in the first row of the 2nd batch
         arrays = real(model, batch, opts)
@@ -107,7 +107,7 @@ def test_non_finite_sequence_is_flagged_and_excluded(tiny_model, data, tmp_path,
             arrays["value_norm"][0, 1, 2, 1] = np.inf
         return arrays
 
-    monkeypatch.setattr(run_module, "measure", measure)
+    monkeypatch.setattr(run_module, "capture", measure)
     store = tmp_path / "store"
     extract(str(tiny_model), str(data), store, ExtractConfig(**OPTIONS, batch_size=2),
             progress=False)

@@ -69,7 +69,7 @@ def test_disk_full(tiny_model, tmp_path, monkeypatch):
         assert "No space left on device" in line and "free disk space" in line, line
         assert not [p for p in out.rglob(".*") if ".tmp-" in p.name]     # no temporary left
         finished = sorted(p.name for p in (out / "shards").glob("shard-*.nc"))
-        from attngeom.store.manifest import read_manifest
+        from attngeom.store.format.manifest import read_manifest
 
         recorded = sorted(Path(e["file"]).name for e in read_manifest(out)["shards"])
         assert recorded == finished and len(finished) < 4        # the manifest tells the truth
@@ -82,7 +82,7 @@ def test_disk_full(tiny_model, tmp_path, monkeypatch):
     rc, _, err = cli_main("extract", "--model", tiny_model, "--data", data, "--out", target,
                           *OPTIONS)
     assert rc == 0, err
-    from attngeom.store.validate import validate
+    from attngeom.store.io.validate import validate
 
     assert validate(target) == []
 
@@ -119,7 +119,7 @@ def test_read_only_existing_store(tiny_model, tmp_path):
         line = one_line(err)                    # the command line checks --out first
         assert rc == 2 and f"--out {out}: {out} is not writable" in line, line
         from attngeom.extract.run import ExtractConfig, extract
-        from attngeom.store.manifest import StoreWriteError
+        from attngeom.store.errors import StoreWriteError
 
         with pytest.raises(StoreWriteError, match=f"cannot write {out}/manifest.json: "
                                                   "Read-only file system; .* writable --out"):
@@ -129,7 +129,8 @@ def test_read_only_existing_store(tiny_model, tmp_path):
 
 def test_atomic_writer_leaves_old_file_or_new(tmp_path, monkeypatch):
     """A failed fsync leaves the previous manifest intact and no temporary file."""
-    from attngeom.store.manifest import StoreError, atomic_write_bytes
+    from attngeom.store.errors import StoreError
+    from attngeom.store.io.atomic import atomic_write_bytes
 
     path = tmp_path / "manifest.json"
     atomic_write_bytes(path, b"old")

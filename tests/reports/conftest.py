@@ -37,7 +37,7 @@ def tiny(tmp_path_factory):
 @pytest.fixture(scope="session")
 def dense_store(tiny, tmp_path_factory):
     """Dense store with token text and a faithfulness result (with the drift pass)."""
-    from attngeom.extract.faithfulness import FaithConfig, faithfulness
+    from attngeom.extract.faithfulness.experiment import FaithConfig, faithfulness
     from attngeom.extract.run import ExtractConfig, extract
 
     store = tmp_path_factory.mktemp("dense") / "store"

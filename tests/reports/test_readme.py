@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from attngeom import cli
-from attngeom.store import schema as S
+from attngeom.store.format import schema as S
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 
@@ -103,7 +103,7 @@ def test_notebook_example_measures_a_model_in_memory(tiny, tmp_path, monkeypatch
     place of SmolLM2 (no hub here); its printed sum is the identity, its sink-head count a
     plain numpy count, and the store it writes validates and reads back the same."""
     from attngeom.store import open_store
-    from attngeom.store.validate import validate
+    from attngeom.store.io.validate import validate
 
     code = code_blocks(section("Python API"), "python")[1]
     hub_id = re.search(r'name = "([^"]+)"', code).group(1)

@@ -18,7 +18,7 @@ from attngeom import cli  # noqa: E402
 from attngeom.reports import SECTIONS, build_report  # noqa: E402
 from attngeom.reports.summary import fmt  # noqa: E402
 from attngeom.store import open_store  # noqa: E402
-from attngeom.store.options import AnalysisOptions  # noqa: E402
+from attngeom.store.options.stages import AnalysisOptions  # noqa: E402
 
 EPSILON = 0.19             # splits the tiny model's heads into sink and non-sink heads
 QUIET = dict(progress=False, log=lambda m: None, options=AnalysisOptions(n_boot=20))
@@ -188,7 +188,7 @@ def test_too_few_sequences_leave_untestable_parts_out(tiny, tmp_path):
 
 def test_results_only_store_reports_faithfulness_and_says_why_the_rest_is_missing(tiny,
                                                                                   tmp_path):
-    from attngeom.extract.faithfulness import FaithConfig, faithfulness
+    from attngeom.extract.faithfulness.experiment import FaithConfig, faithfulness
 
     store = tmp_path / "results-only"
     faithfulness(str(tiny["model"]), str(tiny["data"]), store,

@@ -18,7 +18,7 @@ import xarray as xr
 from dask.callbacks import Callback
 
 import attngeom.store  # noqa: F401  (registers ds.attngeom)
-from attngeom.store import derive
+from attngeom.store.format import derive
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "analysis"))
 from synthetic_stores import geometric_store, group_of_pairs, to_compact  # noqa: E402

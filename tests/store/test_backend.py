@@ -17,7 +17,7 @@ import xarray as xr
 
 from attngeom.store import StoreError
 from attngeom.store import open as open_store
-from attngeom.store.backend import AttngeomBackendEntrypoint
+from attngeom.store.io.backend import AttngeomBackendEntrypoint
 
 
 def test_engine_is_registered_by_the_entry_point():

@@ -1,4 +1,4 @@
-"""Block reads from the shard files (store/blockread.py) against the dask path: the same bits.
+"""Block reads from the shard files (store/io/blockread.py) against the dask path: the same bits.
 
 The session's compact stores (tests/store/conftest.py: 2 shards of 3 and 2 sequences) are read
 block by block both ways; a block that straddles the two shards is among them. Variables that
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from attngeom.store import open as open_store
-from attngeom.store.blockread import ENCODING_KEY
+from attngeom.store.io.blockread import ENCODING_KEY
 
 COMPACT = [("llama", "compact"), ("bert", "compact")]
 

@@ -1,4 +1,4 @@
-"""Chunks compressed outside HDF5 (store/chunks.py) against HDF5's own filter pipeline."""
+"""Chunks compressed outside HDF5 (store/format/chunks.py) against HDF5's own filter pipeline."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import xarray as xr
 
-from attngeom.store.chunks import ChunkEncoder, encode_chunk, fletcher32
-from attngeom.store.shards import encoding, write_shard
-from attngeom.store.writer import write_netcdf
+from attngeom.store.format.chunks import ChunkEncoder, encode_chunk, fletcher32
+from attngeom.store.format.shards import encoding, write_shard
+from attngeom.store.io.writer import write_netcdf
 
 
 def fletcher32_loop(data: bytes) -> int:

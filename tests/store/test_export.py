@@ -16,8 +16,8 @@ import pytest
 import xarray as xr
 
 from attngeom.cli import main
-from attngeom.store.export import export
-from attngeom.store.manifest import StoreError
+from attngeom.store.ops.export import export
+from attngeom.store.errors import StoreError
 
 
 @pytest.fixture(scope="module")
@@ -126,7 +126,7 @@ def test_export_errors(made, tmp_path, capsys):
 def test_a_failed_export_leaves_no_partial_table(made, tmp_path, monkeypatch, fmt):
     """Tables go through the writer API (temporary name, fsync, rename): an export that fails
     midway leaves no file with a final name that is not whole, and no temporaries."""
-    import attngeom.store.export as export_module
+    import attngeom.store.ops.export as export_module
 
     path, _ = made["dense"]
     real, calls = export_module._block_tables, []

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from attngeom.cli import main
-from attngeom.store import schema as S
+from attngeom.store.format import schema as S
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,7 @@
 """Opening refuses what it cannot trust; ``store validate`` finds every kind of damage.
 
 Each test damages a private copy of a session store (llama, compact, 2 shards) and checks
-``attngeom.store.validate.validate`` and the CLI's exit status (``attngeom store validate``).
+``attngeom.store.io.validate.validate`` and the CLI's exit status (``attngeom store validate``).
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import pytest
 
 import attngeom.store
 from attngeom.cli import main
-from attngeom.store.info import summary
-from attngeom.store.manifest import StoreError
-from attngeom.store.validate import validate
+from attngeom.store.ops.info import summary
+from attngeom.store.errors import StoreError
+from attngeom.store.io.validate import validate
 
 SHARD0, SHARD1 = "shards/shard-00000.nc", "shards/shard-00001.nc"
 
@@ -96,7 +96,7 @@ def test_validate_catches_damage(damage, copy_store, capsys):
 
 def test_validate_catches_a_shard_from_another_store(copy_store, stores):
     """A shard of the same layout but other settings (another model), checksum updated."""
-    from attngeom.store.manifest import file_sha256
+    from attngeom.store.format.manifest import file_sha256
 
     store = copy_store("llama", "compact")
     foreign = stores["bert", "compact"] / SHARD0

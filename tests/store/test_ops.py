@@ -15,11 +15,11 @@ import xarray as xr
 
 from attngeom.cli import main
 from attngeom.store import open_store
-from attngeom.store import schema as S
-from attngeom.store.manifest import read_manifest
-from attngeom.store.ranges import parse_ranges, runs
-from attngeom.store.subset import subset
-from attngeom.store.validate import validate
+from attngeom.store.format import schema as S
+from attngeom.store.format.manifest import read_manifest
+from attngeom.store.options.ranges import parse_ranges, runs
+from attngeom.store.ops.subset import subset
+from attngeom.store.io.validate import validate
 
 
 @pytest.fixture(scope="module")

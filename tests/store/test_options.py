@@ -1,4 +1,4 @@
-"""Options declared once (attngeom.store.options): the parsers, the configs and the checks.
+"""Options declared once (attngeom.store.options.stages): the parsers, the configs and the checks.
 
 No torch: the command line's parsers are built and read here, without running a command.
 """
@@ -11,8 +11,8 @@ import dataclasses
 import pytest
 
 from attngeom.cli import build_parser
-from attngeom.store import options as O
-from attngeom.store.ranges import check_syntax, parse_ranges
+from attngeom.store.options import stages as O
+from attngeom.store.options.ranges import check_syntax, parse_ranges
 
 
 def parse(*argv: str) -> argparse.Namespace:

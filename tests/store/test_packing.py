@@ -1,4 +1,4 @@
-"""``--precision packed`` (store/packing.py) against float32 stores of the same inputs.
+"""``--precision packed`` (store/format/packing.py) against float32 stores of the same inputs.
 
 The quantisation error of every packed variable is checked against the float32 store of the
 same model, texts and options (at most half a step plus float32 rounding), the derived
@@ -24,14 +24,14 @@ import xarray as xr
 
 import attngeom.store
 import tiny_models as tm
-from attngeom.store import schema as S
-from attngeom.store.chunks import ChunkEncoder, encode_chunk
-from attngeom.store.packing import (BITROUND_ATTR, COSINE, FILL, KEEP_BITS, NORM_ERROR,
+from attngeom.store.format import schema as S
+from attngeom.store.format.chunks import ChunkEncoder, encode_chunk
+from attngeom.store.format.packing import (BITROUND_ATTR, COSINE, FILL, KEEP_BITS, NORM_ERROR,
                                     PACKED_VARIABLES, PROBABILITY, ROUNDED_VARIABLES, bitround,
                                     contribution_bound, once_per_head, pack, packing_problem,
                                     stored_dataset)
-from attngeom.store.shards import encoding, write_shard
-from attngeom.store.writer import write_netcdf
+from attngeom.store.format.shards import encoding, write_shard
+from attngeom.store.io.writer import write_netcdf
 from store_helpers import write_texts
 
 OPTIONS = ["--max-length", 12, "--sink-k", 1, "--tail-w", 3, "--shard-size", 3,
@@ -176,10 +176,10 @@ def _float_shard(rng, n=7, T=20) -> xr.Dataset:
 def test_encoded_packed_shard_equals_the_hdf5_written_one(tmp_path):
     """Extraction's path (pack, ChunkEncoder) and the rewrite path (stored_dataset, xarray)
     give the same file contents and the same bytes in every whole chunk."""
-    from attngeom.store.packing import stored_arrays
+    from attngeom.store.format.packing import stored_arrays
 
     ds = _float_shard(np.random.default_rng(2))
-    from attngeom.store.packing import stored_attrs
+    from attngeom.store.format.packing import stored_attrs
 
     names = ("tail_alpha", "sink_residual_cosine", "middle_count", "head_share")
     enc = ChunkEncoder(rows=3, during=1, after=2,
@@ -303,7 +303,7 @@ def test_derived_contributions_within_the_stated_bound(opened, mode):
 
 
 def test_packed_store_validates_and_resumes_only_as_packed(pair, tmp_path):
-    from attngeom.store.validate import validate
+    from attngeom.store.io.validate import validate
 
     assert validate(pair["compact", "packed"]) == []
     text = (pair["compact", "packed"] / "README.txt").read_text()
@@ -313,7 +313,7 @@ def test_packed_store_validates_and_resumes_only_as_packed(pair, tmp_path):
     assert re.search(r"value_norm  \(.*\)  \[.*14 mantissa bits, relative error <= 3.05e-05",
                      text)
     from attngeom.extract.run import ExtractConfig, extract
-    from attngeom.store.manifest import StoreError
+    from attngeom.store.errors import StoreError
 
     store = shutil.copytree(pair["compact", "packed"], tmp_path / "s")
     sources = json.loads((store / "manifest.json").read_text())["sources"]
@@ -323,8 +323,8 @@ def test_packed_store_validates_and_resumes_only_as_packed(pair, tmp_path):
 
 
 def test_validate_finds_a_float32_variable_in_a_packed_store(pair, tmp_path):
-    from attngeom.store.manifest import file_sha256
-    from attngeom.store.validate import check_shard
+    from attngeom.store.format.manifest import file_sha256
+    from attngeom.store.io.validate import check_shard
 
     manifest = json.loads((pair["compact", "packed"] / "manifest.json").read_text())
     entry = manifest["shards"][0]
@@ -340,8 +340,8 @@ def test_validate_finds_a_float32_variable_in_a_packed_store(pair, tmp_path):
 
 
 def test_subset_and_merge_keep_the_packing(pair, opened, tmp_path):
-    from attngeom.store.ops import merge
-    from attngeom.store.subset import subset
+    from attngeom.store.ops.merge import merge
+    from attngeom.store.ops.subset import subset
 
     src = pair["compact", "packed"]
     subset(src, tmp_path / "sub", layers=[1], heads=[0, 2], sequences="1:5")
@@ -359,7 +359,7 @@ def test_subset_and_merge_keep_the_packing(pair, opened, tmp_path):
 
 def test_zarr_export_of_a_packed_store_holds_decoded_floats(pair, opened, tmp_path):
     pytest.importorskip("zarr")
-    from attngeom.store.export import export
+    from attngeom.store.ops.export import export
 
     export(pair["compact", "packed"], tmp_path / "z", "zarr")
     z = xr.open_zarr(tmp_path / "z")
@@ -400,8 +400,8 @@ def test_sink_rates_of_a_packed_store_are_within_the_alpha_error(opened):
 
 def test_packed_variables_are_read_through_dask(pair):
     """Blocks of a packed store: CF-packed and per-layer variables decode through xarray
-    (store/blockread.py reads only what is stored as decoded), the rest from the files."""
-    from attngeom.store.blockread import ENCODING_KEY
+    (store/io/blockread.py reads only what is stored as decoded), the rest from the files."""
+    from attngeom.store.io.blockread import ENCODING_KEY
 
     ds = attngeom.store.open(pair["compact", "packed"])
     reads = ds.encoding[ENCODING_KEY]

@@ -17,12 +17,12 @@ import xarray as xr
 from tiny_models import save_tiny
 
 from attngeom.cli import main
-from attngeom.extract.faithfulness import FaithConfig, faithfulness
+from attngeom.extract.faithfulness.experiment import FaithConfig, faithfulness
 from attngeom.extract.run import ExtractConfig, extract
-from attngeom.store.manifest import file_sha256, read_manifest, write_manifest
-from attngeom.store.ops import merge
-from attngeom.store.subset import subset
-from attngeom.store.validate import validate
+from attngeom.store.format.manifest import file_sha256, read_manifest, write_manifest
+from attngeom.store.ops.merge import merge
+from attngeom.store.ops.subset import subset
+from attngeom.store.io.validate import validate
 
 FAITH = dict(metrics=("attention", "contribution"), fractions=(0.5,), max_length=10,
              block_size=5, batch_size=5)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import attngeom.store
-from attngeom.store.validate import validate
+from attngeom.store.io.validate import validate
 
 
 @pytest.mark.parametrize("kind", [("llama", "dense"), ("bert", "compact")])

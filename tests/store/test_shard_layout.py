@@ -16,10 +16,11 @@ import pytest
 
 import attngeom.store
 from attngeom.cli import main
-from attngeom.store.manifest import StoreError, file_sha256
-from attngeom.store.ops import merge
-from attngeom.store.shards import read_shard, write_shard
-from attngeom.store.validate import validate
+from attngeom.store.format.manifest import file_sha256
+from attngeom.store.errors import StoreError
+from attngeom.store.ops.merge import merge
+from attngeom.store.format.shards import read_shard, write_shard
+from attngeom.store.io.validate import validate
 
 SHARD0 = "shards/shard-00000.nc"
 
@@ -120,7 +121,7 @@ def test_symlink_inside_the_store_is_fine(copy_store):
 def test_opening_stores_attngeom_wrote_warns_nothing(stores, tmp_path):
     """Merged (linked and rewritten), subset and plain stores open and load with warnings as
     errors (xarray warned about dask chunks separating the stored chunks)."""
-    from attngeom.store.subset import subset
+    from attngeom.store.ops.subset import subset
 
     made = [stores["llama", "compact"], stores["llama", "dense"]]
     made.append(tmp_path / "linked")
@@ -140,7 +141,7 @@ def test_writer_writes_an_opened_store_again(stores, tmp_path):
     opened session store) written through the public API is a valid store with the same numbers
     and config hash (what ``attngeom.store.write`` will build on)."""
     from attngeom.store import read_manifest
-    from attngeom.store.writer import StoreWriter
+    from attngeom.store.io.writer import StoreWriter
 
     src = stores["llama", "compact"]
     m = read_manifest(src)

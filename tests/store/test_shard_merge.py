@@ -19,10 +19,11 @@ from tiny_models import _WORDS, save_tiny
 from attngeom.cli import main
 from attngeom.extract.run import ExtractConfig, extract
 from attngeom.store import open_store
-from attngeom.store.distributed import parse_scheduler, parse_shard, scheduler, shard_block
-from attngeom.store.manifest import StoreError, config_hash, read_manifest
-from attngeom.store.ops import merge
-from attngeom.store.validate import validate
+from attngeom.store.dataset.distributed import parse_scheduler, parse_shard, scheduler, shard_block
+from attngeom.store.format.manifest import config_hash, read_manifest
+from attngeom.store.errors import StoreError
+from attngeom.store.ops.merge import merge
+from attngeom.store.io.validate import validate
 
 N_TEXTS, SHARD_SIZE = 5, 2                    # 3 shard files: [0,2) [2,4) [4,5)
 

@@ -1,0 +1,253 @@
+"""The faithfulness experiment: remove the keys each metric ranks first (or last), measure the loss.
+
+One forward pass per (metric, rank, mode, fraction) and batch, plus a clean pass and, with
+``drift``, a sink-zeroed pass (:mod:`.interventions`). Units (texts or items) are processed in
+blocks; each finished block is written atomically to ``<out>/<name>.partial/`` so a killed run
+resumes where it stopped (:func:`attngeom.store.io.result_files.open_partial`). The result,
+``<out>/<name>.nc``, is described in :mod:`attngeom.store.format.faithfulness`;
+:func:`attngeom.store.io.result_files.record_result` writes it and records its file, checksum and
+config in the store manifest (a manifest is created when ``out`` is not yet a store).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from attngeom.store.format.manifest import portable
+from attngeom.store.io.result_files import open_partial, record_result, result_path
+from attngeom.store.options.stages import FaithConfig
+from attngeom.store.options.ranges import parse_ranges
+from attngeom.store.format.vocab import METRICS, NONNEGATIVE, RANKS
+
+from ..loading.data import Tokenized, batches, load_texts, pad_token_id
+from .interventions import DriftProbe, Intervener, Removal, forward_logits
+from ..run import BatchSize
+from .scoring import (Prepared, items_sha256, prepare_answers, prepare_choices, prepare_texts,
+                      span_logprobs)
+from .selection import Workspace
+
+
+# ------------------------------------------------------------------------------------ plan
+def ranking_plan(metrics, ranks, granularity: str) -> dict[tuple[str, str], tuple[str, str]]:
+    """(metric, rank) -> the (metric, rank) whose forward passes give its results.
+
+    Non-negative metrics rank the same by |score|; at ``head`` granularity
+    value_weighted_normalized ranks as value_weighted (1/||o_i^h|| is constant within a
+    (head, query)). Such pairs are copied, not recomputed.
+    """
+    plan = {}
+    for metric in metrics:
+        for rank in ranks:
+            m, r = metric, rank
+            if granularity == "head" and m == "value_weighted_normalized" \
+                    and "value_weighted" in metrics:
+                m = "value_weighted"
+            if r == "magnitude" and m in NONNEGATIVE and "signed" in ranks:
+                r = "signed"
+            plan[(metric, rank)] = (m, r)
+    return plan
+
+
+def plan_notes(plan: dict) -> list[str]:
+    notes = []
+    for (metric, rank), (m, r) in plan.items():
+        if (m, r) == (metric, rank):
+            continue
+        why = []
+        if m != metric:
+            why.append("at head granularity value_weighted_normalized ranks keys exactly as "
+                       "value_weighted (1/||o_i^h|| is constant within a head and query)")
+        if r != rank:
+            why.append("the score is non-negative, so |score| ranks as score")
+        notes.append(f"{metric}/{rank}: same ranking as {m}/{r}, results copied, not "
+                     f"recomputed ({'; '.join(why)})")
+    return notes
+
+
+# ------------------------------------------------------------------------------------ tasks
+def default_dev(data: str) -> str | None:
+    """``mmlu_dev.jsonl`` next to an ``mmlu_test.jsonl`` file, if present."""
+    path = Path(data)
+    dev = path.with_name(path.name.replace("test", "dev"))
+    return str(dev) if "test" in path.name and dev != path and dev.is_file() else None
+
+
+def load_task(cfg: FaithConfig, data: str, tok) -> tuple[Prepared, dict]:
+    """Prepared rows/spans and the data's provenance."""
+    from ..loading import tasks
+
+    info = {"spec": str(data), "task": cfg.task, "limit": cfg.limit}
+    if cfg.task == "lm":
+        texts = load_texts(data, text_field=cfg.text_field, limit=cfg.limit)
+        if not texts.texts:
+            raise ValueError(f"data '{data}' has no non-empty texts")
+        info.update(sha256=texts.sha256, text_field=cfg.text_field, n_units=len(texts))
+        return prepare_texts(tok, texts.texts, cfg.max_length), info
+    if cfg.task == "gsm8k-answer":
+        items = tasks.gsm8k_items(data, limit=cfg.limit)
+        prepared = prepare_answers(tok, items, cfg.max_length) if items else None
+    elif cfg.task == "mmlu":
+        dev = cfg.dev if cfg.dev is not None else default_dev(data)
+        items = tasks.mmlu_items(data, dev=dev, k_shot=cfg.k_shot if dev else 0, limit=cfg.limit)
+        info.update(dev=dev, k_shot=cfg.k_shot if dev else 0)
+        prepared = prepare_choices(tok, items, cfg.max_length) if items else None
+    else:
+        loader = tasks.winogrande_items if cfg.task == "winogrande" else tasks.boolq_items
+        items = loader(data, limit=cfg.limit)
+        prepared = prepare_choices(tok, items, cfg.max_length) if items else None
+    if not items:
+        raise ValueError(f"data '{data}' has no {cfg.task} items")
+    info.update(sha256=items_sha256(items), n_units=len(items))
+    if prepared.kind == "choice":
+        prepared.unit["item_id"] = np.array([it.id for it in items], dtype=object)
+        prepared.unit["group"] = np.array([it.group for it in items], dtype=object)
+    return prepared, info
+
+
+# ------------------------------------------------------------------------------------ compute
+def _batches(prepared: Prepared, batch_size: int, pad_id: int, device):
+    tokenized = Tokenized(ids=prepared.rows, truncated=[False] * len(prepared.rows))
+    for batch in batches(tokenized, batch_size, pad_id=pad_id):
+        index = batch["index"]
+        inputs = {k: torch.as_tensor(batch[k]).to(device)
+                  for k in ("input_ids", "attention_mask")}
+        yield index, inputs
+
+
+def conditions(cfg: FaithConfig, plan: dict) -> list[Removal]:
+    computed = sorted(set(plan.values()), key=lambda mr: (METRICS.index(mr[0]),
+                                                           RANKS.index(mr[1])))
+    layers = None if cfg.layers is None else frozenset(cfg.layers)
+    return [Removal(m, mode, p, r, cfg.granularity, layers)
+            for m, r in computed for mode in cfg.modes for p in cfg.fractions]
+
+
+def compute_block(model, prepared: Prepared, cfg: FaithConfig, removals: list[Removal],
+                  pad_id: int, bar=None) -> dict:
+    """Span log-probs for the clean, drift and every removal pass, and drift probe sums.
+
+    Returns ``{"clean": (S,), "drift": (S,), "removal": (C, S), "probe": {phase: {stat: (R, L)}}}``
+    with R the rows of the block.
+    """
+    device = next(model.parameters()).device
+    S, R = len(prepared.span_row), len(prepared.rows)
+    out = {"clean": np.zeros(S), "drift": np.zeros(S), "removal": np.zeros((len(removals), S))}
+    probe_rows: dict[str, dict[str, np.ndarray]] = {}
+    shared: dict = {}                                  # Gram matrices, once per model
+    work = Workspace()                                 # scratch tensors, reused by every pass
+    for index, inputs in _batches(prepared, cfg.batch_size, pad_id, device):
+        where = {int(r): b for b, r in enumerate(index)}
+        spans = np.flatnonzero(np.isin(prepared.span_row, index))
+        local = np.array([where[int(r)] for r in prepared.span_row[spans]], dtype=np.int64)
+        tokens = [prepared.span_tokens[s] for s in spans]
+
+        def score(handler) -> np.ndarray:
+            logits = forward_logits(model, inputs, handler)
+            if bar is not None:
+                bar.update(1)
+            return span_logprobs(logits, local, prepared.span_start[spans], tokens)
+
+        probe = DriftProbe(cfg.sink_k, cfg.drift_low_fraction) if cfg.drift else None
+        out["clean"][spans] = score(Intervener(model, probe=probe, projections=shared,
+                                                 workspace=work))
+        if cfg.drift:
+            probe.phase = "after"
+            out["drift"][spans] = score(Intervener(model, sink_k=cfg.sink_k, probe=probe,
+                                                       projections=shared, workspace=work))
+            for phase in ("before", "after"):
+                for name, x in probe.collect(phase).items():
+                    arr = probe_rows.setdefault(phase, {}).setdefault(
+                        name, np.zeros((R, x.shape[1])))
+                    arr[index] = x.numpy()
+        for c, removal in enumerate(removals):
+            out["removal"][c, spans] = score(Intervener(model, removal=removal,
+                                                         projections=shared, workspace=work))
+    out["probe"] = probe_rows
+    return out
+
+
+def compute_retrying(model, prepared: Prepared, cfg: FaithConfig, removals: list[Removal],
+                     pad_id: int, bar=None, log=print, current: BatchSize | None = None
+                     ) -> dict:
+    """:func:`compute_block`; on out-of-memory halve the batch size and redo the block.
+
+    The smaller size is kept in ``current`` (default: a new one at ``cfg.batch_size``) for the
+    rest of the run; at batch size 1 it raises MemoryError. Batch size does not shape the
+    numbers (it is not part of the options hash).
+    """
+    from ..run import halved_batch
+
+    current = current or BatchSize(cfg.batch_size)
+    while True:
+        try:
+            return compute_block(model, prepared, replace(cfg, batch_size=current.size),
+                                 removals, pad_id, bar)
+        except RuntimeError as exc:
+            current.size = halved_batch(exc, current.size, cfg.device, log, "redoing the block",
+                                      "--max-length, fewer --layers")
+
+
+# ------------------------------------------------------------------------------------ run
+def faithfulness(model: str, data: str, out: str | Path, cfg: FaithConfig | None = None,
+                 trust_remote_code: bool = False, progress: bool = True, force: bool = False,
+                 log=print) -> Path:
+    """Run the experiment into ``out/<name>.nc``; return the file's path."""
+    from attngeom.store.format.faithfulness import assemble, block_dataset
+
+    from ..loading.models import load
+    from ..run import versions
+    from .output import unit_arrays
+
+    cfg = cfg or FaithConfig()
+    cfg.check()
+    out = Path(out)
+    loaded = load(model, device=cfg.device, dtype=cfg.dtype, trust_remote_code=trust_remote_code)
+    if not loaded.info["causal"] or loaded.tokenizer is None:
+        raise ValueError(f"faithfulness scores next-token predictions, so it needs a causal "
+                         f"language model; '{model}' is a {loaded.info['model_type']} encoder")
+    if loaded.model.get_output_embeddings() is None:
+        raise ValueError(f"faithfulness scores next-token predictions, but '{model}' loaded "
+                         "without a language-modelling head (its config.json names no causal-LM "
+                         "class in 'architectures'); save it with its LM head")
+    n_layers = loaded.info["n_layers"]
+    layers = parse_ranges(cfg.layers, range(n_layers), "--layers", "this model's layers")
+    cfg = replace(cfg, layers=None if layers is None else tuple(layers))
+    prepared, data_info = load_task(cfg, data, loaded.tokenizer)
+    # specs as labels, as extraction records them: the same inputs anywhere, the same config
+    config = {"model": portable(loaded.info, "spec", "id"),
+              "data": portable(data_info, "spec", "dev"), "options": cfg.options()}
+    plan = ranking_plan(cfg.metrics, cfg.ranks, cfg.granularity)
+    notes = plan_notes(plan)
+    for note in notes:
+        log(f"attngeom: note: {note}")
+    partial = open_partial(out, cfg.name, config, force, log)
+    if partial is None:                                   # complete with these settings
+        return result_path(out, cfg.name)
+    removals = conditions(cfg, plan)
+    n = prepared.n_units
+    blocks = [(a, min(n, a + cfg.block_size)) for a in range(0, n, cfg.block_size)]
+    per_batch = len(removals) + 1 + int(cfg.drift)                  # forward passes
+    subsets = [prepared.subset(start, stop) for start, stop in blocks]
+    n_batches = [-(-len(b.rows) // cfg.batch_size) for b in subsets]
+    bar = tqdm(total=sum(n_batches) * per_batch, unit="pass", desc="faithfulness",
+               disable=not progress)
+    parts, current = [], BatchSize(cfg.batch_size)
+    for (start, stop), block, nb in zip(blocks, subsets, n_batches):
+        ds = partial.read_block(start, stop)
+        if ds is None:
+            result = compute_retrying(loaded.model, block, cfg, removals,
+                                      pad_token_id(loaded.tokenizer), bar, log, current)
+            ds = block_dataset(block.kind, unit_arrays(block, result, cfg.drift), cfg, plan,
+                               removals, start, n_layers)
+            partial.write_block(ds, start, stop)
+        else:
+            bar.update(nb * per_batch)
+        parts.append(ds)
+    bar.close()
+    ds = assemble(parts, prepared.kind, cfg, config, plan, notes)
+    return record_result(out, cfg.name, ds, config, versions(), partial)

@@ -1,0 +1,260 @@
+"""Which keys a removal takes: the n_remove top- or bottom-ranked candidates of each ranking row.
+
+The rule. A *ranking row* is one (head, query) at ``head`` granularity, and one query at
+``query`` (its (key, head) pairs, key-major) and ``token`` granularity (keys scored by the
+head-summed score, removed from every head). Its eligible candidates are ranked by score,
+higher first, ties to the lower position (key, then head); ``n_remove = floor(p * n + 0.5)``
+of the n eligible; comprehensiveness removes the first n_remove, sufficiency the last n_remove.
+:func:`stable_select` is that rule written as a stable sort: the reference, and what the code
+did for every row before the fast path.
+
+The fast path, :func:`threshold_select`, sorts score values only (numpy's SIMD sort on the
+CPU; no indices, no stability) to read each row's boundary: ``hi``, the m-th highest score,
+and ``lo``, the (m+1)-th, m being the number of candidates ranked above the cut (n_remove for
+comprehensiveness, n - n_remove for sufficiency). The candidates >= hi are the m above the
+cut: exactly the rule whenever hi > lo. A row is *near* when hi - lo <= rel (|hi| + |lo|), rel
+the scores' relative rounding error (:class:`ErrorBound`; 0 for exact scores, so that a tie at
+the cut is near): then a rounding error of that size could swap the two keys at the cut. Near
+rows alone are decided again by :func:`stable_select` on exact (float64) scores of those rows,
+which the caller supplies (``exact``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import torch
+
+from ..measurement.geometry import fill_disallowed_
+
+Tensor = torch.Tensor
+# exact(b, i, h) -> float64 scores of the rows (b, h, i): (n, Tk); with h None every head: (n, H, Tk)
+Exact = Callable[[Tensor, Tensor, "Tensor | None"], Tensor]
+
+
+@dataclass(frozen=True)
+class ErrorBound:
+    """``relative`` (B, H, T): |score - exact score| <= relative * |score| per (head, query)."""
+
+    relative: Tensor
+
+
+class Workspace:
+    """Scratch tensors reused from layer to layer (and pass to pass), one per name.
+
+    A (B, H, T, Tk) float32 tensor is 75 MB at B = 8, T = 512: allocating it costs about as
+    much as several passes over it (fresh pages), so the removal path allocates none per layer.
+    """
+
+    def __init__(self) -> None:
+        self.storage: dict[str, Tensor] = {}
+
+    def get(self, name: str, shape, dtype, device) -> Tensor:
+        numel = int(np.prod(shape))
+        flat = self.storage.get(name)
+        if flat is None or flat.dtype != dtype or flat.device != torch.device(device) \
+                or flat.numel() < numel:
+            flat = torch.empty(numel, dtype=dtype, device=device)
+            self.storage[name] = flat
+        return flat[:numel].view(shape)
+
+
+def n_remove(n_eligible: Tensor, fraction: float) -> Tensor:
+    """floor(p * n + 0.5) in float64, as an integer tensor of the shape of ``n_eligible``."""
+    return torch.floor(n_eligible.double() * fraction + 0.5).long()
+
+
+# ------------------------------------------------------------------------------------ rows
+def stable_select(key: Tensor, eligible: Tensor, k: Tensor, mode: str) -> Tensor:
+    """The rule by a stable sort of each row (R, n): top (comprehensiveness) or bottom k."""
+    n = eligible.sum(-1)
+    key = key.masked_fill(~eligible, float("-inf"))                    # ineligible rank last
+    order = torch.sort(key, dim=-1, descending=True, stable=True).indices   # ties: lower first
+    r = torch.arange(key.shape[-1], device=key.device)
+    if mode == "comprehensiveness":
+        chosen = r < k[..., None]
+    else:
+        chosen = (r >= (n - k)[..., None]) & (r < n[..., None])
+    return torch.zeros_like(eligible).scatter(-1, order, chosen)
+
+
+def sort_rows_(x: Tensor) -> Tensor:
+    """Each row of x (R, N) in ascending order, in place (numpy's vectorised sort on the CPU)."""
+    if x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64):
+        x.numpy().sort(axis=-1)
+        return x
+    return x.copy_(torch.sort(x, dim=-1).values)
+
+
+def width_groups(width: Tensor, N: int) -> list[tuple[Tensor, int]]:
+    """Rows grouped by how many leading columns can hold an eligible candidate: (rows, w) with
+    ``width[rows] <= w``, w a multiple of about N / 8 (rows of width 0 are left out).
+
+    Under a causal mask row i of a head has i + 1 keys: sorting each group's first w columns
+    sorts about half the values (0.56 of them) a sort of every row would.
+    """
+    step = max(16, -(-N // 128) * 16)                     # ~N / 8, a multiple of 16
+    edge = (width + step - 1) // step                    # (R,) 0 where nothing is eligible
+    return [((edge == e).nonzero()[:, 0], min(e * step, N))
+            for e in edge.unique().tolist() if e > 0]
+
+
+def threshold_select(key: Tensor, n: Tensor, k: Tensor, mode: str,
+                     relative: Tensor | None = None, work: Workspace | None = None,
+                     keep: bool = False, width: Tensor | None = None
+                     ) -> tuple[Tensor, Tensor]:
+    """Chosen candidates (R, N) bool and near rows (R,) bool, from one sort of the values.
+
+    Parameters
+    ----------
+    key : (R, N) scores, ineligible candidates at -inf for comprehensiveness and at +inf for
+        sufficiency (eligible ones finite); n : (R,) eligible count; k : (R,) how many to
+        remove; relative : (R,) relative rounding error of the scores (None: exact);
+    keep : give the complement instead, in key's dtype (1 kept, 0 chosen): the factor that
+        removes the chosen terms from alpha (a float comparison and product take about half
+        the time of a bool one each);
+    width : (R,) int, every eligible candidate of a row lies in its first ``width`` columns
+        (None: N); only those are sorted (see :func:`width_groups`).
+    """
+    R, N = key.shape
+    comp = mode == "comprehensiveness"
+    m = k if comp else n - k                                           # candidates above the cut
+    hi, lo = key.new_zeros(R), key.new_zeros(R)
+    groups = [(None, N)] if width is None else width_groups(width, N)
+    for rows, w in groups:
+        shape = (R if rows is None else len(rows), w)
+        part = key.new_empty(shape) if work is None else work.get("sorted", shape, key.dtype,
+                                                                  key.device)
+        if rows is None:
+            part.copy_(key)
+        else:
+            torch.index_select(key[:, :w], 0, rows, out=part)
+        sort_rows_(part)
+        rows = slice(None) if rows is None else rows
+        top = w if comp else n[rows]                 # sorted index just past the highest eligible
+        at = (top - m[rows])[:, None]
+        hi[rows] = part.gather(-1, at.clamp(0, w - 1))[:, 0]
+        lo[rows] = part.gather(-1, (at - 1).clamp(0, w - 1))[:, 0]
+    cut = (m > 0) & (m < n)
+    hi = hi.masked_fill(m == 0, float("inf"))
+    if not comp:                                     # below the cut: < hi; +inf never is
+        hi = hi.masked_fill(m == n, float("-inf"))
+    chosen_above = comp != keep                      # chosen (or kept) are those >= hi
+    out = None if work is None else work.get("kept" if keep else "chosen", key.shape,
+                                             key.dtype if keep else torch.bool, key.device)
+    chosen = (torch.ge if chosen_above else torch.lt)(key, hi[:, None], out=out)
+    rel = 0.0 if relative is None else relative
+    near = cut & (hi - lo <= rel * (hi.abs() + lo.abs()))
+    return chosen, near
+
+
+# ------------------------------------------------------------------------------------ granularity
+def _flat(x: Tensor) -> Tensor:
+    """(B, H, T, Tk) -> (B, T, Tk*H), key-major (the query granularity's candidate order)."""
+    B, H, T, Tk = x.shape
+    return x.permute(0, 2, 3, 1).reshape(B, T, Tk * H)
+
+
+def _keys(score: Tensor, eligible: Tensor, rank: str, granularity: str, fill: float,
+          work: Workspace | None, inplace: bool) -> tuple[Tensor, Tensor]:
+    """Ranking keys (..., n) with ineligible candidates at ``fill``, and eligible counts."""
+    B, H, T, Tk = score.shape
+    count = torch.count_nonzero(eligible, -1)                          # (B, 1|H, T)
+    if granularity == "head":
+        key = score if inplace else (score.clone() if work is None else
+                                     work.get("key", score.shape, score.dtype,
+                                              score.device).copy_(score))
+        if rank == "magnitude":
+            key.abs_()
+        return fill_disallowed_(key, eligible, fill), count.expand(B, H, T)
+    if granularity == "query":
+        key = score.abs() if rank == "magnitude" else score.clone()
+        key = _flat(fill_disallowed_(key, eligible, fill))
+        return key, count.sum(1) if count.shape[1] > 1 else count[:, 0] * H
+    if granularity == "token":
+        key = torch.mul(score, eligible).sum(1)                        # (B, T, Tk)
+        key = key.abs_() if rank == "magnitude" else key
+        e = eligible.any(1)
+        return fill_disallowed_(key, e, fill), torch.count_nonzero(e, -1)
+    raise ValueError(f"unknown granularity '{granularity}'; use head, query or token")
+
+
+def _widths(eligible: Tensor, granularity: str, H: int) -> Tensor:
+    """(rows,) how many leading candidates of each ranking row can be eligible."""
+    e = eligible if granularity == "head" else eligible.any(1, keepdim=True)
+    B, _, T, Tk = e.shape
+    position = torch.arange(1, Tk + 1, dtype=torch.int32, device=e.device)
+    last = torch.mul(e, position).amax(-1)                             # (B, 1|H, T), 0: none
+    if granularity == "head":
+        return last.expand(B, H, T).reshape(-1)
+    return last.reshape(-1) * (H if granularity == "query" else 1)
+
+
+def _exact_rows(exact: Exact, idx: Tensor, e: Tensor, rank: str, granularity: str):
+    """Exact keys (n, Tk or Tk*H) and eligibility of the near rows ``idx`` (row indices)."""
+    B, H, T, Tk = e.shape
+    if granularity == "head":
+        b, h, i = idx // (H * T), idx // T % H, idx % T
+        s = exact(b, i, h)                                              # (n, Tk)
+        return (s.abs() if rank == "magnitude" else s), e[b, h, i]
+    b, i = idx // T, idx % T
+    s, eb = exact(b, i, None), e[b, :, i]                               # (n, H, Tk)
+    if granularity == "query":
+        flat = lambda x: x.transpose(1, 2).reshape(len(idx), Tk * H)    # noqa: E731
+        s = flat(s)
+        return (s.abs() if rank == "magnitude" else s), flat(eb)
+    s = s.masked_fill(~eb, 0.0).sum(1)
+    return (s.abs() if rank == "magnitude" else s), eb.any(1)
+
+
+def select(score: Tensor, eligible: Tensor, fraction: float, mode: str, rank: str = "signed",
+           granularity: str = "head", error: ErrorBound | None = None,
+           exact: Exact | None = None, work: Workspace | None = None,
+           inplace: bool = False, keep: bool = False) -> Tensor:
+    """Which (head, query, key) terms to remove: (B, H, T, Tk) bool.
+
+    Parameters
+    ----------
+    score : (B, H, T, Tk) metric scores; eligible : (B, 1 or H, T, Tk) bool.
+    error : the scores' rounding error (None: exact); exact : exact scores of near rows
+        (None: ``score`` itself, so only ties at the cut are near).
+    work : scratch tensors (the result may live in it: use it before the next call);
+    inplace : ``score`` may be overwritten (only with ``exact`` given);
+    keep : give the factor that removes the chosen terms from alpha instead, in score's
+        dtype: 0 where removed, 1 elsewhere; (B, 1, T, Tk) at token granularity (a removed
+        key is dropped from every head; where it is not eligible its alpha is 0).
+    """
+    B, H, T, Tk = score.shape
+    if exact is None:
+        exact, inplace = _given(score), False
+    fill = float("-inf") if mode == "comprehensiveness" else float("inf")
+    key, n = _keys(score, eligible, rank, granularity, fill, work, inplace)
+    N = key.shape[-1]
+    rel = None if error is None else error.relative
+    if rel is not None and granularity != "head":
+        rel = rel.amax(1)                                  # rows mix heads: the largest bound
+    k = n_remove(n, fraction).reshape(-1)
+    chosen, near = threshold_select(key.reshape(-1, N), n.reshape(-1), k, mode,
+                                    None if rel is None else rel.reshape(-1), work, keep,
+                                    _widths(eligible, granularity, H))
+    idx = near.nonzero()[:, 0]
+    if len(idx):
+        s64, e64 = _exact_rows(exact, idx, eligible.expand(B, H, T, Tk), rank, granularity)
+        rows = stable_select(s64, e64, k[idx], mode)
+        chosen[idx] = rows.logical_not().to(chosen.dtype) if keep else rows
+    if granularity == "head":
+        return chosen.view(B, H, T, Tk)
+    if granularity == "query":
+        return chosen.view(B, T, Tk, H).permute(0, 3, 1, 2)
+    if keep:
+        return chosen.view(B, 1, T, Tk)
+    return chosen.view(B, 1, T, Tk) & eligible.expand(B, H, T, Tk)
+
+
+def _given(score: Tensor) -> Exact:
+    """``exact`` for scores taken as exact: the rows of ``score`` itself."""
+    def rows(b: Tensor, i: Tensor, h: Tensor | None) -> Tensor:
+        return score[b, :, i] if h is None else score[b, h, i]
+    return rows

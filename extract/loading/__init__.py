@@ -1,0 +1,1 @@
+"""Models and inputs in: model specs and their fingerprint, text, image and task data."""

@@ -1,0 +1,190 @@
+"""HDF5 chunks compressed outside HDF5, while the next batch is being measured.
+
+HDF5 compresses every chunk in the writing thread, holding Python's lock, after the whole
+shard is measured. Here each chunk goes through the same filter pipeline the shard's
+variables declare (shuffle, deflate, Fletcher-32; :func:`encode_chunk` gives byte for byte
+what HDF5 itself writes) in worker threads (``zlib`` releases the lock), as soon as a batch
+of rows is measured; :func:`attngeom.store.format.shards.write_shard` then stores the finished
+bytes with ``write_direct_chunk``. Every netCDF/HDF5 reader decodes such a file as usual and
+verifies the checksums. Variables are float32, or int16 (packed stores,
+:mod:`attngeom.store.format.packing`): shuffle works on the array's own item size.
+"""
+
+from __future__ import annotations
+
+import threading
+import zlib
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .packing import FILL
+
+LEVEL = 1                       # deflate level of every shard variable
+CHUNK_BYTES = 8 * 1024 * 1024   # at most this many bytes per chunk
+BLOCK = 360                     # words per Fletcher-32 block before folding (HDF5's value)
+_WEIGHTS = np.arange(BLOCK, 0, -1, dtype=np.float64)   # word i of a block adds (360 - i)
+
+
+def fletcher32(data: bytes) -> int:
+    """HDF5's Fletcher-32 checksum (``H5_checksum_fletcher32``) of ``data``.
+
+    Big-endian 16-bit words, sums folded to 16 bits after every block of 360 words, as the
+    C code does (the folding decides which of 0 / 65535 a multiple of 65535 becomes).
+    """
+    b = np.frombuffer(data, dtype=np.uint8)
+    n = len(b) // 2
+    words = (b[0:2 * n:2].astype(np.float64) * 256) + b[1:2 * n:2]      # exact in float64
+    full = n // BLOCK
+    blocks = words[:full * BLOCK].reshape(full, BLOCK)
+    sums = [(BLOCK, int(s), int(ws)) for s, ws in zip(blocks.sum(1), blocks @ _WEIGHTS)]
+    if n % BLOCK:
+        tail = words[full * BLOCK:]
+        sums.append((len(tail), int(tail.sum()), int(tail @ _WEIGHTS[BLOCK - len(tail):])))
+    s1 = s2 = 0
+    for count, total, weighted in sums:     # sum2 += sum1 after each word, in closed form
+        s2 += count * s1 + weighted
+        s1 += total
+        s1, s2 = (s1 & 0xFFFF) + (s1 >> 16), (s2 & 0xFFFF) + (s2 >> 16)
+    if len(b) % 2:
+        s1 += int(b[-1]) << 8
+        s2 += s1
+        s1, s2 = (s1 & 0xFFFF) + (s1 >> 16), (s2 & 0xFFFF) + (s2 >> 16)
+    s1, s2 = (s1 & 0xFFFF) + (s1 >> 16), (s2 & 0xFFFF) + (s2 >> 16)
+    return ((s2 << 16) | s1) & 0xFFFFFFFF
+
+
+def encode_chunk(block: np.ndarray, level: int = LEVEL) -> bytes:
+    """One chunk as HDF5 stores it with shuffle + deflate(level) + Fletcher-32 (any item
+    size: shuffle groups byte i of every item)."""
+    raw = np.ascontiguousarray(block)
+    shuffled = raw.view(np.uint8).reshape(-1, raw.itemsize).T.tobytes()
+    packed = zlib.compress(shuffled, level)
+    return packed + fletcher32(packed).to_bytes(4, "little")
+
+
+def fill_value(dtype) -> np.generic:
+    """The fill (missing) value of a stored variable: NaN, or the packed int16 FILL."""
+    dtype = np.dtype(dtype)
+    if dtype == np.int16:
+        return FILL
+    if dtype.kind != "f":
+        raise ValueError(f"chunks are float32 or packed int16, not {dtype}")
+    return dtype.type(np.nan)
+
+
+def chunk_rows(row_bytes: int, rows: int) -> int:
+    """Sequences per chunk: at most ``rows``, at most CHUNK_BYTES per chunk, at least 1."""
+    return max(1, min(rows, CHUNK_BYTES // max(row_bytes, 1)))
+
+
+@dataclass
+class Encoded:
+    """One variable's compressed chunks: shape, dims, chunk shape, chunk offset -> bytes,
+    and the stored dtype (float32, or int16 for a packed variable)."""
+
+    shape: tuple[int, ...]
+    chunks: tuple[int, ...]
+    blobs: dict[tuple[int, ...], bytes] = field(default_factory=dict)
+    dims: tuple[str, ...] = ()
+    dtype: np.dtype = field(default_factory=lambda: np.dtype(np.float32))
+    attrs: dict = field(default_factory=dict)       # besides the description
+
+
+class ChunkEncoder:
+    """Compresses (sequence, layer, ...) variables chunk by chunk as rows arrive: float
+    arrays as float32, int16 arrays (packed) as they are.
+
+    Chunks hold ``chunk_rows`` sequences (``rows`` must not exceed the shard's sequences:
+    HDF5 chunks are not larger than the variable) and one layer. ``add`` takes the next rows
+    of every variable and hands each complete chunk to the workers, at most ``during`` at a
+    time (0: none until ``finish``, when measuring leaves no core spare); ``finish`` lets
+    ``after`` work at once, encodes the rest, padding the last row block as HDF5 pads edge
+    chunks (NaN, or FILL for int16), and returns name -> Encoded (with its dims from
+    ``dims`` and attributes from ``attrs``, when given).
+    """
+
+    def __init__(self, rows: int, during: int, after: int, level: int = LEVEL,
+                 dims: dict[str, tuple[str, ...]] | None = None,
+                 attrs: dict[str, dict] | None = None):
+        self.rows, self.overlap, self.level = max(1, rows), during > 0, level
+        self.dims, self.attrs = dims or {}, attrs or {}
+        self.extra = max(after, during, 1) - max(during, 1)
+        self.gate = threading.Semaphore(max(during, 1))
+        self.pool = ThreadPoolExecutor(max(after, during, 1),
+                                       thread_name_prefix="attngeom-chunks")
+        self.pending: dict[str, list[np.ndarray]] = {}
+        self.done_rows: dict[str, int] = {}
+        self.futures: dict[str, dict[tuple[int, ...], Future]] = {}
+        self.chunks: dict[str, tuple[int, ...]] = {}
+        self.layout: dict[str, tuple[int, ...]] = {}      # (L, ...) of each variable
+        self.dtypes: dict[str, np.dtype] = {}
+
+    def _encode(self, block: np.ndarray) -> bytes:
+        with self.gate:
+            return encode_chunk(block, self.level)
+
+    def add(self, arrays: dict[str, np.ndarray]) -> None:
+        """The next rows (b, L, ...) of each variable, in sequence order."""
+        for name, x in arrays.items():
+            x = np.asarray(x)
+            if x.dtype.kind == "f":
+                x = x.astype(np.float32, copy=False)
+            if name not in self.chunks:
+                row_bytes = int(np.prod(x.shape[2:], dtype=np.int64)) * x.itemsize  # one layer
+                self.chunks[name] = (chunk_rows(row_bytes, self.rows), 1, *x.shape[2:])
+                self.layout[name] = tuple(x.shape[1:])
+                self.dtypes[name] = fill_value(x.dtype).dtype
+                self.pending[name], self.done_rows[name], self.futures[name] = [], 0, {}
+            if x.dtype != self.dtypes[name]:
+                raise ValueError(f"rows of '{name}' are {x.dtype}, earlier ones "
+                                 f"{self.dtypes[name]}")
+            self.pending[name].append(x)
+            if self.overlap:
+                self._submit(name, final=False)
+
+    def _submit(self, name: str, final: bool) -> None:
+        rows = self.chunks[name][0]
+        parts = self.pending[name]
+        have = sum(len(p) for p in parts)
+        if have < rows and not (final and have):
+            return
+        x = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        whole = have - have % rows if not final else have
+        for start in range(0, whole, rows):
+            block = x[start:start + rows]
+            if len(block) < rows:                       # edge chunk: stored at full size
+                fill = np.full((rows - len(block), *block.shape[1:]),
+                               fill_value(block.dtype), block.dtype)
+                block = np.concatenate([block, fill])
+            row0 = self.done_rows[name] + start
+            for layer in range(x.shape[1]):
+                offset = (row0, layer) + (0,) * (x.ndim - 2)
+                self.futures[name][offset] = self.pool.submit(
+                    self._encode, block[:, layer:layer + 1])
+        self.done_rows[name] += whole
+        self.pending[name] = [x[whole:]] if whole < have else []
+
+    def finish(self) -> dict[str, Encoded]:
+        """Encode what is left, wait for every chunk, and return the variables."""
+        try:
+            for _ in range(self.extra):             # measuring is over: every worker may run
+                self.gate.release()
+            self.extra = 0
+            for name in self.chunks:
+                self._submit(name, final=True)
+            out = {}
+            for name, futures in self.futures.items():
+                shape = (self.done_rows[name], *self.layout[name])
+                out[name] = Encoded(shape, self.chunks[name],
+                                    {off: f.result() for off, f in futures.items()},
+                                    tuple(self.dims.get(name, ())), self.dtypes[name],
+                                    dict(self.attrs.get(name, {})))
+            return out
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Stop the workers (pending chunks are dropped)."""
+        self.pool.shutdown(wait=True, cancel_futures=True)

@@ -1,0 +1,58 @@
+"""The words attngeom uses, each defined once: layouts, key groups, faithfulness conditions, tasks
+and the default of every option.
+
+Torch-free, so that extract (which imports torch), store, analysis, reports and the command
+line all import the same names. Variable and dimension names of a store are in
+:mod:`attngeom.store.format.schema`; the formulas of derived quantities in
+:mod:`attngeom.store.format.derive`.
+"""
+
+from __future__ import annotations
+
+# ------------------------------------------------------------------ store layouts
+DENSE, COMPACT = "dense", "compact"
+LAYOUTS = (DENSE, COMPACT)               # --mode of extract: every (query, key) pair, or sink+tail
+
+# ------------------------------------------------------------------ stored precision
+FLOAT32, PACKED = "float32", "packed"
+PRECISIONS = (FLOAT32, PACKED)           # --precision of extract: all float32, or alpha and the
+#                                          cosines as CF-packed int16 (store/format/packing.py)
+
+# ------------------------------------------------------------------ key groups of a query i
+SINK, TAIL, MIDDLE = "sink", "tail", "middle"
+GROUPS = (SINK, TAIL, MIDDLE)            # j < k; the w most recent non-sink keys j <= i; the rest
+
+# ------------------------------------------------------------------ faithfulness
+ATTENTION, VALUE_WEIGHTED, VALUE_WEIGHTED_NORMALIZED, CONTRIBUTION, CONTRIBUTION_LAYER = (
+    "attention", "value_weighted", "value_weighted_normalized", "contribution",
+    "contribution_layer")
+# token scores ranked by the removal experiment, in the paper's expected order of faithfulness
+# (attention < value-weighted < output-normalized < contribution), then the layer-level C
+METRICS = (ATTENTION, VALUE_WEIGHTED, VALUE_WEIGHTED_NORMALIZED, CONTRIBUTION,
+           CONTRIBUTION_LAYER)
+PAPER_ORDER = METRICS[:4]
+NONNEGATIVE = (ATTENTION, VALUE_WEIGHTED, VALUE_WEIGHTED_NORMALIZED)   # |score| ranks as score
+COMPREHENSIVENESS, SUFFICIENCY = "comprehensiveness", "sufficiency"
+REMOVAL_MODES = (COMPREHENSIVENESS, SUFFICIENCY)   # remove the top / the bottom fraction p
+SIGNED, MAGNITUDE = "signed", "magnitude"
+RANKS = (SIGNED, MAGNITUDE)                        # rank by score, or by |score|
+GRANULARITIES = ("head", "query", "token")         # keys ranked per (head, query), per query, per key
+TASKS = ("lm", "gsm8k-answer", "mmlu", "winogrande", "boolq")
+LM_TASKS = ("lm", "gsm8k-answer")                  # scored by perplexity; the others by accuracy
+
+# ------------------------------------------------------------------ defaults
+SINK_K = 1                # sink keys: the first k positions
+TAIL_W = 8                # tail window: the w most recent non-sink keys up to the query
+MAX_LENGTH = 512          # tokens per text
+BATCH_SIZE = 4
+EPSILON = 0.3             # sink-head threshold on the mean sink rate (Gu et al., ICLR 2025)
+N_BOOT = 200              # bootstrap resamples (vertex CI, faithfulness order CIs)
+LEVEL = 0.05              # test and false-discovery level
+SEED = 0
+FRACTIONS = (0.1, 0.2, 0.5)           # removal fractions p of `attngeom faithfulness`
+GRANULARITY = "head"
+DRIFT_LOW_FRACTION = 0.1  # lowest-norm share of head outputs followed by the drift probe
+BLOCK_SIZE = 16           # faithfulness texts/items per checkpoint block
+K_SHOT = 5                # MMLU exemplars per prompt
+FAITHFULNESS_NAME = "faithfulness"    # result file <name>.nc
+VIEW_MAX_BYTES = 25_000_000           # size limit of the page `attngeom view` writes

@@ -1,0 +1,186 @@
+"""Opening a store: one lazily loaded (dask) xarray.Dataset over all shards.
+
+Opening executes nothing from the files: the manifest is JSON, shards are HDF5 read by
+h5netcdf, attributes are plain strings and numbers.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+
+import xarray as xr
+
+from ..format import derive
+from .blockread import CHUNK_CACHE_BYTES, ENCODING_KEY, DirectReads
+from ..format import schema as S
+from ..format.manifest import config_hash, read_manifest
+from ..errors import StoreError
+from ..format.packing import precision_of
+from ..format.shards import expected_labels, expected_variables, layout_problem
+
+# one dask block per (shard file, layer): extraction writes chunks of one batch of sequences,
+# which would otherwise make a task of every few sequences
+DASK_CHUNKS = {S.LAYER: 1, S.SEQUENCE: -1}
+
+
+def shard_paths(store: str | Path, manifest: dict) -> list[Path]:
+    entries = sorted(manifest["shards"], key=lambda e: e["sequences"][0])
+    return [Path(store) / e["file"] for e in entries]
+
+
+def open_store(path: str | Path, partial: bool = False, derived: bool = True) -> xr.Dataset:
+    """Open a store as one lazily loaded ``xarray.Dataset``.
+
+    Parameters
+    ----------
+    path : the store directory.
+    partial : read the finished shards of an incomplete store (otherwise refused).
+    derived : add ``contribution`` and ``contribution_layer`` computed lazily on read.
+
+    Returns
+    -------
+    xarray.Dataset with dims ``sequence, layer, head, position, query, key`` (+ ``sink``,
+    ``lag`` in compact stores) and the manifest's provenance in ``attrs``.
+    """
+    manifest = read_manifest(path)
+    if config_hash(manifest["config"]) != manifest["config_hash"]:
+        raise StoreError(f"{path}: the manifest's config does not match its config_hash "
+                         "(edited or damaged); restore the manifest or re-extract")
+    if not manifest["complete"] and not partial:
+        done = sum(e["sequences"][1] - e["sequences"][0] for e in manifest["shards"])
+        raise StoreError(f"{path}: incomplete store ({done} of {manifest['n_sequences']} "
+                         "sequences); rerun the extract command to resume, or pass partial=True")
+    files = shard_paths(path, manifest)
+    if not files:
+        raise StoreError(f"{path}: the store holds no sequences")
+    missing = [str(f) for f in files if not f.is_file()]
+    if missing:
+        raise StoreError(f"{missing[0]}: shard listed in the manifest is missing; "
+                         "run `attngeom store validate` and re-extract")
+    entries = dict(zip(files, sorted(manifest["shards"], key=lambda e: e["sequences"][0])))
+    try:
+        attrs, check = store_attrs(manifest), ShardCheck(manifest, entries)
+    except (KeyError, TypeError, AttributeError, ValueError) as exc:
+        raise StoreError(f"{path}: manifest config lacks {exc} or has the wrong type; damaged "
+                         "manifest: restore it or re-extract") from None
+    try:
+        with warnings.catch_warnings():
+            # DASK_CHUNKS are chosen on purpose (whole stored chunks along sequence, one layer);
+            # xarray's advice about them is no business of the user's
+            warnings.filterwarnings("ignore", "The specified chunks separate", UserWarning)
+            ds = xr.open_mfdataset(files, engine="h5netcdf", combine="nested",
+                                   concat_dim=S.SEQUENCE, data_vars="minimal", coords="minimal",
+                                   compat="override", join="override", chunks=DASK_CHUNKS,
+                                   parallel=False, preprocess=check,
+                                   # passed on to h5py.File by xarray and h5netcdf
+                                   driver_kwds={"rdcc_nbytes": CHUNK_CACHE_BYTES})
+    except StoreError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - h5py/h5netcdf/xarray reject damaged files
+        text = " ".join(str(exc).split())[:200] or type(exc).__name__
+        raise StoreError(f"{path}: cannot read shards ({text}); run `attngeom store validate` "
+                         "and re-extract the damaged shards") from None
+    ds.attrs = attrs
+    sizes = [e["sequences"][1] - e["sequences"][0] for e in entries.values()]
+    ds.encoding[ENCODING_KEY] = DirectReads.record(ds, files, sizes)
+    ds = per_head(ds)
+    return add_derived(ds) if derived else ds
+
+
+def per_head(ds: xr.Dataset) -> xr.Dataset:
+    """Variables a packed store keeps once per layer
+    (:data:`attngeom.store.format.schema.HEAD_FREE`) broadcast (lazily) over ``head``, so that both
+    precisions open with the same dims."""
+    for name in S.HEAD_FREE:
+        if name in ds and S.HEAD not in ds[name].dims and S.HEAD in ds.dims:
+            var = ds[name]
+            ds[name] = var.broadcast_like(ds[S.HEAD]).transpose(*S.DIMS[name])
+            ds[name].attrs = dict(var.attrs)
+    return ds
+
+
+class ShardCheck:
+    """``preprocess`` of open_mfdataset: each shard must belong to this store and be whole.
+
+    Checks the config hash (same model, data and options), the sequence range the manifest
+    records, and the layout the manifest describes
+    (:func:`attngeom.store.format.shards.layout_problem`: variables, their dims, layers, heads,
+    max_length, sink_k, tail_w), so that a file of another shape is refused, not read as the store.
+    """
+
+    def __init__(self, manifest: dict, entries: dict[Path, dict]):
+        self.manifest, self.entries = manifest, entries
+        expected_labels(manifest)                # KeyError/TypeError: a damaged manifest
+
+    def __call__(self, ds: xr.Dataset) -> xr.Dataset:
+        source = Path(ds.encoding.get("source", ""))
+        entry = next((e for f, e in self.entries.items() if f.name == source.name
+                      and f.parent.name == source.parent.name), None)
+        name = entry["file"] if entry else source.name
+        if ds.attrs.get("attngeom_config_hash") != self.manifest["config_hash"]:
+            raise StoreError(f"{name}: made with another model, data or options than this store "
+                             "(config hash differs); remove it and rerun the extract command")
+        why = layout_problem(self.manifest, {n: v.dims for n, v in ds.data_vars.items()},
+                             {d: ds[d].values for d in ds.dims if d in ds.coords})
+        if why is None:
+            why = next((f"variable {v} has dtype {ds[v].dtype}, not float32"
+                        for v in expected_variables(self.manifest) - {"token_id", "length"}
+                        if ds[v].dtype.kind != "f"), None)
+        if why:
+            raise StoreError(f"{name}: {why}; the shard does not fit this store's manifest: "
+                             "run `attngeom store validate` and re-extract it")
+        lo, hi = entry["sequences"] if entry else (None, None)
+        seq = ds[S.SEQUENCE].values if S.SEQUENCE in ds.coords else None
+        if seq is None or entry is None or len(seq) != hi - lo or int(seq[0]) != lo \
+                or int(seq[-1]) != hi - 1:
+            raise StoreError(f"{name}: its sequences do not match the manifest's range "
+                             f"[{lo}, {hi}); damaged or misplaced shard")
+        return ds
+
+
+def store_attrs(manifest: dict) -> dict:
+    cfg = manifest["config"]
+    opts = cfg["options"]
+    return {
+        "model": cfg["model"]["id"], "mode": opts["mode"], "sink_k": opts["sink_k"],
+        "tail_w": opts["tail_w"], "max_length": opts["max_length"],
+        "causal": int(cfg["model"]["causal"]), "precision": precision_of(opts),
+        "config_hash": manifest["config_hash"],
+        "data": cfg["data"]["spec"], "data_sha256": cfg["data"]["sha256"],
+        "attngeom_manifest": json.dumps(manifest, sort_keys=True),
+    }
+
+
+def add_derived(ds: xr.Dataset) -> xr.Dataset:
+    """contribution = alpha * value_norm * cosine / output_norm (and the layer version).
+
+    Added lazily (formulas of :mod:`attngeom.store.format.derive`) for the pair variables and, in
+    compact stores, the tail window (whose value norms are gathered at key = query - lag).
+    """
+    if S.ALPHA not in ds:
+        return ds
+    vn = ds[S.VALUE_NORM]
+    if S.SINK in ds[S.ALPHA].dims:
+        sink_vn = vn.isel(key=slice(0, ds.sizes[S.SINK])).rename(key=S.SINK)
+        _derive(ds, "", sink_vn.assign_coords({S.SINK: ds[S.SINK].values}))
+    else:
+        _derive(ds, "", vn)
+    if S.TAIL_PREFIX + S.ALPHA in ds:
+        key, _ = derive.tail_keys(ds.sizes[S.QUERY], 0, ds.sizes[S.LAG])   # (query, lag)
+        tail_vn = vn.drop_vars(S.KEY).isel(key=xr.DataArray(key, dims=(S.QUERY, S.LAG)))
+        _derive(ds, S.TAIL_PREFIX, tail_vn)
+    return ds
+
+
+def _derive(ds: xr.Dataset, prefix: str, value_norm: xr.DataArray) -> None:
+    alpha = ds[prefix + S.ALPHA]
+    parts = {S.CONTRIBUTION: derive.contribution(alpha, value_norm, ds[prefix + S.COSINE],
+                                                 ds[S.OUTPUT_NORM]),
+             S.CONTRIBUTION_LAYER: derive.contribution_layer(
+                 alpha, value_norm, ds[prefix + S.COSINE_LAYER], ds[S.LAYER_OUTPUT_NORM])}
+    for name, value in parts.items():
+        ds[prefix + name] = value.transpose(*alpha.dims).astype("float32")
+        ds[prefix + name].attrs["description"] = (S.DESCRIPTIONS[prefix + name]
+                                                  + " (derived on read)")

@@ -1,0 +1,244 @@
+"""Writing stores: the one module that creates, fills and finishes a store folder.
+
+A store folder holds ``manifest.json``, ``shards/shard-NNNNN.nc``, ``README.txt`` and result
+files ``<name>.nc`` (faithfulness) with, while one is computed, ``<name>.partial/``. Every
+file is written under a temporary name, fsynced and renamed, so a file with its final name is
+always whole; each shard and result file is recorded in the manifest with its sha256 after
+it is written. A rerun removes the temporaries an interrupted run left.
+
+Extraction, merge and subset::
+
+    writer = StoreWriter.create(out, config, n_sequences, extra)   # new, or resumed
+    done = writer.finished()             # first sequence of every verified shard
+    writer.add_shard(ds, index)          # one block of sequences as a Dataset
+    writer.finish()                      # counts, complete, manifest.json, README.txt
+
+Result files (``attngeom faithfulness``): :mod:`attngeom.store.io.result_files`.
+
+Files outside a store (analysis results, exports): :func:`write_netcdf` here, and the atomic
+files of :mod:`attngeom.store.io.atomic` (``atomic_write_bytes``, ``copy_file``, ``atomic_file``
+for a writer that streams into a file of its own).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable, Iterable, Mapping, Sequence
+
+import numpy as np
+import xarray as xr
+
+from ..format import schema as S
+from ..format.chunks import Encoded
+from ..format.manifest import (MANIFEST, config_difference, file_sha256, new_manifest,
+                               read_manifest, write_manifest)
+from ..errors import StoreError, write_error
+from .atomic import atomic_write_bytes, copy_file, fsync_dir, temporary_name
+from ..format.packing import precision_of, stored_dataset
+from ..format.readme import write_readme
+from .results import FAITH_ONLY, entries, result_file
+from ..format.shards import (SHARD_DIR, layout_problem, netcdf_bytes, shard_attrs, shard_name,
+                     write_shard)
+
+Log = Callable[[str], None]
+
+
+# ------------------------------------------------------------------ files
+def write_netcdf(ds: xr.Dataset, path: str | Path, encoding: dict | None = None) -> None:
+    """Write ``ds`` as netCDF4/HDF5 (h5netcdf) to ``path`` atomically and fsynced.
+
+    Built in memory first: a failed write (disk full, read-only folder) raises
+    StoreWriteError naming ``path`` and leaves nothing behind.
+    """
+    atomic_write_bytes(path, netcdf_bytes(ds, encoding))
+
+
+def remove_temporaries(folder: str | Path) -> int:
+    """Delete the temporary files (``.NAME.tmp-PID``) an interrupted run left; return how many."""
+    n = 0
+    for pattern in (f"{SHARD_DIR}/.*.tmp-*", ".*.tmp-*", "*.partial/.*.tmp-*"):
+        for tmp in Path(folder).glob(pattern):
+            tmp.unlink(missing_ok=True)
+            n += 1
+    return n
+
+
+def _check_new(path: Path, inputs: Iterable[str | Path]) -> None:
+    if any(path.resolve() == Path(s).resolve() for s in inputs):
+        raise StoreError(f"--out {path} is one of the input stores; choose a new directory")
+    if path.exists() and (not path.is_dir() or any(path.iterdir())):
+        raise StoreError(f"--out {path} exists and is not empty; choose a new directory")
+
+
+def _only_temporaries(folder: Path) -> bool:
+    return all(p.name.startswith(".") and ".tmp-" in p.name for p in folder.iterdir())
+
+
+# ------------------------------------------------------------------ stores
+class StoreWriter:
+    """A store being written; its manifest is rewritten after every shard.
+
+    Make one with :meth:`create` (extraction: a new store, or the one an interrupted run of the
+    same config left) or :meth:`new` (merge, subset: always a new, empty folder).
+    """
+
+    def __init__(self, path: Path, manifest: dict):
+        self.path, self.manifest = Path(path), manifest
+        self.attrs = shard_attrs(manifest) if "mode" in manifest["config"]["options"] else {}
+        self.precision = precision_of(manifest["config"]["options"])
+
+    @classmethod
+    def create(cls, path: str | Path, config: dict, n_sequences: int, extra: dict | None = None,
+               log: Log | None = None) -> "StoreWriter":
+        """Resume the store at ``path`` made with ``config``, or start it there.
+
+        Raises StoreError when ``path`` is a store of another config, or a folder that is not a
+        store and not empty.
+        """
+        path = Path(path)
+        if (path / MANIFEST).exists():
+            manifest = read_manifest(path)
+            diff = config_difference(manifest["config"], config)
+            if diff:
+                raise StoreError(f"{path} was made with other settings ({diff}); "
+                                 "use another --out or the original options")
+            removed = remove_temporaries(path)
+            if removed and log:
+                log(f"attngeom: removed {removed} temporary file(s) of an interrupted run")
+            return cls(path, manifest)
+        if path.exists() and not path.is_dir():
+            raise StoreError(f"{path} is a file; choose a folder for --out")
+        if path.exists() and not _only_temporaries(path):
+            raise StoreError(f"{path} exists and is not an attngeom store; choose an empty --out")
+        return cls._start(path, new_manifest(config, n_sequences, extra))
+
+    @classmethod
+    def new(cls, path: str | Path, config: dict, n_sequences: int, extra: dict | None = None,
+            inputs: Iterable[str | Path] = ()) -> "StoreWriter":
+        """Start a store in the new or empty folder ``path`` (never one of ``inputs``)."""
+        _check_new(Path(path), inputs)
+        return cls._start(Path(path), new_manifest(config, n_sequences, extra))
+
+    @classmethod
+    def _start(cls, path: Path, manifest: dict) -> "StoreWriter":
+        if path.exists():
+            remove_temporaries(path)                 # of a run killed while creating it
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise write_error(path, exc) from exc
+        write_manifest(path, manifest)
+        return cls(path, manifest)
+
+    @property
+    def config_hash(self) -> str:
+        return self.manifest["config_hash"]
+
+    @property
+    def sequences_done(self) -> int:
+        """Sequences in the recorded shards."""
+        return sum(hi - lo for lo, hi in (e["sequences"] for e in self.manifest["shards"]))
+
+    def finished(self) -> set[int]:
+        """First sequence of every recorded shard whose file exists with its checksum; the
+        others are forgotten (their sequences are extracted again)."""
+        done = set()
+        for entry in self.manifest["shards"]:
+            path = self.path / entry["file"]
+            if path.is_file() and file_sha256(path) == entry["sha256"]:
+                done.add(entry["sequences"][0])
+        self.manifest["shards"] = [e for e in self.manifest["shards"]
+                                   if e["sequences"][0] in done]
+        return done
+
+    def add_shard(self, ds: xr.Dataset, index: int,
+                  encoded: Mapping[str, Encoded] | None = None) -> dict:
+        """Write ``ds`` (one block of sequences, numbered as in the store) as shard ``index``.
+
+        The shard gets the store's attributes and precision (:func:`attngeom.store.format.packing.
+        stored_dataset`); its layout is checked against the manifest first (ValueError naming
+        the difference). ``encoded``: variables whose chunks are compressed already, stored
+        form (:func:`attngeom.store.format.shards.write_shard`). Returns the entry.
+        """
+        encoded = dict(encoded or {})
+        ds = stored_dataset(ds, self.precision)
+        dims = {n: v.dims for n, v in ds.data_vars.items()} | {n: e.dims
+                                                               for n, e in encoded.items()}
+        labels = {d: ds[d].values for d in ds.dims if d in ds.coords}
+        why = layout_problem(self.manifest, dims, labels)
+        if why:
+            raise ValueError(f"shard {index} does not fit the store {self.path}: {why}")
+        seq = np.asarray(ds[S.SEQUENCE].values)
+        lo, hi = int(seq[0]), int(seq[0]) + len(seq)
+        if not np.array_equal(seq, np.arange(lo, hi)):
+            raise ValueError(f"shard {index}: sequences must be consecutive, got {seq[:5]}...")
+        ds = ds.copy(deep=False)
+        ds.attrs = dict(self.attrs)
+        name = shard_name(index)
+        write_shard(ds, self.path / name, encoded)
+        return self._record({"file": name, "sequences": [lo, hi],
+                             "sha256": file_sha256(self.path / name),
+                             "truncated": int(ds["truncated"].sum()),
+                             "nonfinite": int((ds["finite"] == 0).sum())})
+
+    def add_file(self, src: str | Path, entry: dict, index: int, copy: bool = False) -> dict:
+        """Shard ``index`` is the file ``src`` of another store of the same config (recorded
+        there as ``entry``), hard-linked (``copy``: copied) after its checksum is verified."""
+        src = Path(src)
+        if file_sha256(src) != entry["sha256"]:
+            raise StoreError(f"{src}: checksum mismatch (damaged); run `attngeom store "
+                             "validate` and re-extract that shard")
+        name = shard_name(index)
+        copy_file(src, self.path / name, link=not copy)
+        return self._record(dict(entry, file=name))
+
+    def _record(self, entry: dict) -> dict:
+        self.manifest["shards"].append(entry)
+        self.manifest["shards"].sort(key=lambda e: e["sequences"][0])
+        write_manifest(self.path, self.manifest)
+        return entry
+
+    def finish(self, results: Sequence[tuple[Path, dict]] = ()) -> dict:
+        """Copy the faithfulness results of ``results`` (store, manifest), count, mark the
+        store complete, write manifest.json and README.txt; return the manifest."""
+        found = _copy_results(self.path, results)
+        if found:
+            self.manifest["faithfulness"] = found
+        shards = self.manifest["shards"]
+        counts = self.manifest.setdefault("counts", {})
+        counts["truncated"] = sum(e["truncated"] for e in shards)
+        counts["nonfinite"] = sum(e["nonfinite"] for e in shards)
+        self.manifest["complete"] = True
+        write_manifest(self.path, self.manifest)
+        write_readme(self.path, self.manifest)
+        return self.manifest
+
+
+def _copy_results(out: Path, sources: Sequence[tuple[Path, dict]]) -> dict[str, dict]:
+    """Copy the result files of ``sources`` into ``out`` (checksums verified); a name held by
+    several inputs is kept once (:func:`attngeom.store.io.results.conflict` refuses others)."""
+    kept: dict[str, dict] = {}
+    for store, manifest in sources:
+        for name, entry in entries(manifest).items():
+            if name in kept:
+                continue
+            src = result_file(store, entry)
+            if not src.is_file() or file_sha256(src) != entry.get("sha256"):
+                raise StoreError(f"{src}: faithfulness result missing or damaged; run "
+                                 f"`attngeom store validate {store}`")
+            copy_file(src, out / src.name)
+            kept[name] = dict(entry)
+    return kept
+
+
+def results_only(path: str | Path, model: dict, data: dict, options: dict,
+                 extra: dict | None = None, inputs: Iterable[str | Path] = ()) -> StoreWriter:
+    """A new store for result files only (no shards; merge of results-only stores)."""
+    _check_new(Path(path), inputs)
+    return StoreWriter._start(Path(path), results_manifest(model, data, options, extra))
+
+
+def results_manifest(model: dict, data: dict, options: dict, extra: dict | None) -> dict:
+    """The manifest of a store holding result files only: ``options`` identify them."""
+    return new_manifest({"model": model, "data": data, "options": {"faithfulness": options}}, 0,
+                        {"counts": {}, **(extra or {}), "kind": FAITH_ONLY})

@@ -1,0 +1,1 @@
+"""Operations on whole stores: merge, subset, export (and its Hub card), info."""

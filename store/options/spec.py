@@ -1,0 +1,244 @@
+"""How an option is declared, and what is made from the declarations.
+
+:func:`option` declares one option as a dataclass field (default, help, flag, kind, choices,
+bounds, where a store records it); :func:`add_arguments` and :func:`from_args` turn a stage's
+dataclass into argparse arguments and back; :func:`check_fields` checks an object against its
+declarations; :func:`identity`, :func:`mismatches` and :func:`provenance` give the options that
+shape the numbers. The stages themselves are declared in :mod:`attngeom.store.options.stages`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from dataclasses import field, fields
+from typing import Any, Callable, Sequence
+
+from .ranges import SYNTAX, check_syntax
+
+LISTS = ("names", "numbers")        # comma-separated on the command line, tuples in Python
+KINDS = (None, "flag", "negated", "ranges") + LISTS
+
+
+# ----------------------------------------------------------------------------- declaring
+def option(default: Any, help: str, *, flag: str | None = None, aliases: Sequence[str] = (),
+           kind: str | None = None, type: Callable | None = None,
+           choices: Sequence | None = None, at_least: int | None = None,
+           within: tuple[float, float, str] | None = None, record: str | None = None,
+           auto: bool = False, provenance: bool = False, positional: bool = False,
+           required: bool = False, metavar: str | None = None, cli: bool = True,
+           omit_default: bool = False) -> Any:
+    """A dataclass field declaring one option.
+
+    Parameters
+    ----------
+    default, help : the default value and the help text (the default is appended to it).
+    flag, aliases : the command-line flag (default ``--field-name``) and other spellings.
+    kind : None (one value of ``type``), ``"flag"`` (``--x`` sets True), ``"negated"``
+        (``--no-x`` sets False), ``"names"``/``"numbers"`` (comma-separated, a tuple),
+        ``"ranges"`` (the range syntax of :mod:`attngeom.store.options.ranges`).
+    type : the command line's converter (default: the type of ``default``).
+    choices : allowed values (of each item for ``names``).
+    at_least : the smallest allowed integer; within : ``(lo, hi, "[]")``, brackets ``(``/``[``
+        for open/closed ends.
+    record : where a store's manifest records the option (``"options"`` or ``"data"`` of its
+        config): it shapes the numbers and is part of the store's identity. auto : None lets
+        the run choose the value (it records the chosen one; any recorded value matches None).
+        omit_default : recorded only when not the default (an option added later: stores
+        made before it keep their identity, and absent reads as the default).
+    provenance : copied into analysis results as ``analysis_<name>``.
+    positional, required, metavar, cli : argparse details; ``cli=False``: Python API only.
+    """
+    if kind not in KINDS:
+        raise ValueError(f"unknown option kind {kind!r}")
+    meta = dict(help=help, flag=flag, aliases=tuple(aliases), kind=kind, type=type,
+                choices=None if choices is None else tuple(choices), at_least=at_least,
+                within=within, record=record, auto=auto, provenance=provenance,
+                positional=positional, required=required, metavar=metavar, cli=cli,
+                omit_default=omit_default)
+    return field(default=default, metadata=meta)
+
+
+def flag_of(f: dataclasses.Field) -> str:
+    """``--max-length`` for the field ``max_length`` (or its declared flag)."""
+    return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, (tuple, list)):
+        return ",".join(str(v) for v in value)
+    return str(value)
+
+
+# ----------------------------------------------------------------------------- argparse
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(t.strip() for t in text.split(",") if t.strip())
+
+
+def _numbers(text: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(t) for t in _names(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"'{text}': give comma-separated numbers such as 0.1,0.2,0.5") from None
+
+
+def _ranges(what: str) -> Callable[[str], str]:
+    def convert(text: str) -> str:
+        try:
+            return check_syntax(text, what)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    return convert
+
+
+def add_arguments(parser: argparse.ArgumentParser, cls: type, only: Sequence[str] | None = None,
+                  defaults: dict | None = None) -> None:
+    """Add the options of the dataclass ``cls`` to ``parser``.
+
+    ``only``: these fields, in this order (default: every field with ``cli``); ``defaults``:
+    other defaults for this command (``attngeom run`` uses smaller ones).
+    """
+    by_name = {f.name: f for f in fields(cls)}
+    names = list(only) if only is not None else [f.name for f in fields(cls) if f.metadata["cli"]]
+    for name in names:
+        f = by_name[name]
+        default = (defaults or {}).get(name, f.default)
+        parser.add_argument(*_spellings(f), **_argparse_kwargs(f, default))
+
+
+def _spellings(f: dataclasses.Field) -> tuple[str, ...]:
+    return (f.name,) if f.metadata["positional"] else (flag_of(f), *f.metadata["aliases"])
+
+
+def _argparse_kwargs(f: dataclasses.Field, default: Any) -> dict:
+    m = f.metadata
+    kind, help_text = m["kind"], m["help"]
+    if m["kind"] == "names" and m["choices"]:
+        help_text += f"; from {', '.join(m['choices'])}"
+    if default is not None and kind not in ("flag", "negated") and not m["required"]:
+        help_text += f" (default {_show(default)})"
+    kw: dict = dict(help=help_text)
+    if not m["positional"]:
+        kw["dest"] = f.name
+    if kind == "flag":
+        return dict(kw, action="store_true")
+    if kind == "negated":
+        return dict(kw, action="store_false")
+    kw["default"] = default
+    if m["required"] and not m["positional"]:
+        kw["required"] = True
+    if m["metavar"] or (m["flag"] and not m["positional"]):
+        kw["metavar"] = m["metavar"] or m["flag"].lstrip("-").replace("-", "_").upper()
+    if kind == "names":
+        kw["type"] = _names
+    elif kind == "numbers":
+        kw["type"] = _numbers
+    elif kind == "ranges":
+        kw["type"] = _ranges(flag_of(f))
+    else:
+        kw["type"] = m["type"] or (type(default) if default is not None else str)
+        if m["choices"]:
+            kw["choices"] = list(m["choices"])
+    return kw
+
+
+def from_args(args: argparse.Namespace, cls: type, **overrides) -> Any:
+    """The ``cls`` object of parsed ``args``: fields the command has, the rest their default;
+    ``overrides`` win over both."""
+    values = {f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name)}
+    return cls(**{**values, **overrides})
+
+
+# ----------------------------------------------------------------------------- checking
+def check_fields(obj: Any) -> None:
+    """ValueError naming the first option of ``obj`` outside its declared choices or bounds."""
+    for f in fields(obj):
+        value, m = getattr(obj, f.name), f.metadata
+        if value is None:
+            continue
+        what = flag_of(f)
+        if m["kind"] in LISTS:
+            _check_list(what, value, m)
+        elif m["kind"] == "ranges":
+            _check_ranges(what, value)
+        elif m["choices"] and value not in m["choices"]:
+            raise ValueError(f"{what} must be one of {', '.join(map(str, m['choices']))}, "
+                             f"not '{value}'")
+        if m["at_least"] is not None and not (isinstance(value, int) and value >= m["at_least"]):
+            raise ValueError(f"{what} must be at least {m['at_least']}, not {value}")
+        if m["within"] is not None and m["kind"] != "numbers" and not _inside(value, m["within"]):
+            raise ValueError(f"{what} {value} must be in {_interval(m['within'])}")
+
+
+def _check_list(what: str, values: Sequence, m: dict) -> None:
+    values = tuple(values)
+    if m["kind"] == "names":
+        bad = [v for v in values if m["choices"] and v not in m["choices"]]
+        if bad or not values or len(set(values)) != len(values):
+            raise ValueError(f"{what} {','.join(map(str, values))}: give distinct values from "
+                             f"{', '.join(m['choices'] or ())}")
+        return
+    if not values or len(set(values)) != len(values) or any(
+            not isinstance(v, (int, float)) or not _inside(v, m["within"]) for v in values):
+        raise ValueError(f"{what} '{_show(values)}': give distinct numbers in "
+                         f"{_interval(m['within'])}, e.g. 0.1,0.2,0.5")
+
+
+def _check_ranges(what: str, value: Any) -> None:
+    if isinstance(value, str):
+        check_syntax(value, what)
+    elif not all(isinstance(v, int) and v >= 0 for v in value) or not value:
+        raise ValueError(f"{what} {value}: give non-negative integers or {SYNTAX}")
+
+
+def _inside(value: float, within: tuple[float, float, str] | None) -> bool:
+    if within is None:
+        return True
+    lo, hi, ends = within
+    return (lo <= value if ends[0] == "[" else lo < value) and \
+        (value <= hi if ends[1] == "]" else value < hi)
+
+
+def _interval(within: tuple[float, float, str] | None) -> str:
+    lo, hi, ends = within or (float("-inf"), float("inf"), "()")
+    return f"{ends[0]}{lo:g}, {hi:g}{ends[1]}"
+
+
+# ----------------------------------------------------------------------------- identity
+def _plain(value: Any) -> Any:
+    return list(value) if isinstance(value, tuple) else value
+
+
+def identity(obj: Any, where: str | None = None) -> dict:
+    """The options of ``obj`` that shape the numbers (declared with ``record``), as JSON
+    values; ``where``: only those recorded there (``"options"`` or ``"data"``)."""
+    return {f.name: _plain(getattr(obj, f.name)) for f in fields(obj)
+            if f.metadata["record"] and where in (None, f.metadata["record"])
+            and not (f.metadata["omit_default"] and getattr(obj, f.name) == f.default)}
+
+
+def mismatches(obj: Any, config: dict) -> list[str]:
+    """Options of ``obj`` whose value differs from the ``config`` a store recorded, as
+    ``"name: recorded -> requested"`` (empty: the same). An ``auto`` option left None
+    matches any recorded value."""
+    out = []
+    for f in fields(obj):
+        where = f.metadata["record"]
+        if not where:
+            continue
+        want = _plain(getattr(obj, f.name))
+        absent = _plain(f.default) if f.metadata["omit_default"] else "(absent)"
+        have = (config.get(where) or {}).get(f.name, absent)
+        if want is None and f.metadata["auto"]:
+            continue
+        if have != want:
+            out.append(f"{f.name}: {have!r} -> {want!r}")
+    return out
+
+
+def provenance(obj: Any, **resolved) -> dict:
+    """The options declared with ``provenance``, ``resolved`` values replacing the requested
+    ones (e.g. the store's sink_k for None)."""
+    return {f.name: resolved.get(f.name, getattr(obj, f.name)) for f in fields(obj)
+            if f.metadata["provenance"]}

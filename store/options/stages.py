@@ -1,0 +1,273 @@
+"""Every option of every stage, declared once: default, type, choices and help text.
+
+A stage's options are a dataclass whose fields carry their command-line form (:func:`option`):
+:class:`ExtractConfig` (``attngeom extract``), :class:`FaithConfig` (``attngeom faithfulness``)
+and :class:`AnalysisOptions` (``attngeom analyze``; ``report`` when it runs the analyses) are
+the Python API's configs too; :class:`ExtractCommand`, :class:`FaithCommand`,
+:class:`AnalyzeCommand`, :class:`ReportCommand` and :class:`RunOptions` hold what only the
+command line takes (model, data, output, progress). From the declarations:
+
+- :func:`add_arguments` makes a command's argparse arguments (flag, type, choices, default
+  shown in the help), :func:`from_args` the dataclass from the parsed arguments;
+- each stage's ``check()`` is its one validation, called by the command line before torch is
+  imported and by the Python API on entry;
+- :func:`identity` is what shapes the numbers (recorded in a store's manifest, or the
+  provenance of analysis results), :func:`mismatches` compares it with what a store recorded.
+
+Torch-free: the command line, extract, analysis and reports import it alike. Add an option by
+adding a field with :func:`option` to its stage; its command picks it up.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from ..format import vocab as V
+from .spec import (add_arguments, check_fields, flag_of, from_args, identity, mismatches,
+                         option, provenance)
+
+__all__ = ["ExtractConfig", "ExtractCommand", "FaithConfig", "FaithCommand", "AnalysisOptions",
+           "AnalyzeCommand", "ReportCommand", "RunOptions", "RUN_STAGES", "REPORT_ANALYSIS",
+           "option", "add_arguments", "from_args", "check_fields", "check_sink_window",
+           "identity", "mismatches", "provenance", "flag_of"]
+
+
+def check_sink_window(sink_k: int, max_length: int) -> None:
+    """ValueError unless the sink keys (the first ``sink_k`` positions) are fewer than the
+    sequence's ``max_length`` tokens: otherwise every key would be a sink."""
+    if sink_k >= max_length:
+        raise ValueError(f"--sink-k {sink_k} is not shorter than --max-length {max_length}: "
+                         f"every key would be a sink; use a --sink-k below {max_length} "
+                         f"(e.g. 1) or a larger --max-length")
+
+
+# ----------------------------------------------------------------------------- common
+MODEL_HELP = "hub id, model directory, .gguf file, or smollm2-135m/gemma3-270m/minilm-l6"
+DATA_HELP = "a .jsonl/.parquet/.txt file, hf:NAME[:CONFIG]:SPLIT, or builtin"
+TRUST_HELP = "allow model code from the hub (off by default)"
+DTYPE_HELP = "float32, bfloat16 or float16 (GPU)"
+
+
+# ----------------------------------------------------------------------------- extract
+@dataclass
+class ExtractConfig:
+    """Options of an extraction run; all but ``batch_size``/``device``/``dtype`` are recorded in
+    the store's config (``dtype`` with the model)."""
+
+    mode: str = option(V.COMPACT, "store layout: every (query, key) pair, or sink and tail keys",
+                       choices=V.LAYOUTS, record="options")
+    sink_k: int = option(V.SINK_K, "sink keys: the first k positions", at_least=1,
+                         record="options")
+    tail_w: int = option(V.TAIL_W, "tail window: w most recent keys", at_least=1,
+                         record="options")
+    max_length: int = option(V.MAX_LENGTH, "tokens per text (truncated)", at_least=1,
+                             record="options")
+    limit: int | None = option(None, "use the first N texts", type=int, at_least=1,
+                               record="data")
+    text_field: str | None = option(None, "field of JSONL/Parquet records", type=str,
+                                    record="data")
+    shard_size: int | None = option(None, "sequences per shard file (default: about 256 MiB)",
+                                    type=int, at_least=1, record="options", auto=True)
+    store_text: bool = option(True, "leave token strings out", flag="--no-text", kind="negated",
+                              record="options")
+    precision: str = option(V.FLOAT32, "float32, or packed (~0.54x the bytes): alpha and "
+                            "cosines as CF-packed int16 (errors <= 7.7e-6 / 3.06e-5), norms with "
+                            "14 mantissa bits (relative error <= 3.1e-5), middle_count once per "
+                            "layer (store/format/packing.py)", choices=V.PRECISIONS,
+                            record="options", omit_default=True)
+    batch_size: int = option(V.BATCH_SIZE, "texts per forward pass", at_least=1)
+    device: str = option("cpu", "cpu, cuda, cuda:N or mps")
+    dtype: str = option("float32", DTYPE_HELP)
+    # recorded by the run only where they apply (data.image_field, model.tower)
+    image_field: str | None = option(None, "image column of an hf: image dataset (default: "
+                                     "image)", type=str)
+    tower: str | None = option(None, "measure one tower of a multimodal checkpoint (e.g. "
+                               "vision: the vision model of a full CLIP or SigLIP checkpoint)",
+                               type=str, choices=("vision", "text"))
+
+    def check(self) -> None:
+        """ValueError naming the first bad option (one line, with the fix)."""
+        check_fields(self)
+        check_sink_window(self.sink_k, self.max_length)
+
+
+@dataclass
+class ExtractCommand:
+    """What ``attngeom extract`` takes besides :class:`ExtractConfig`."""
+
+    model: str = option(None, MODEL_HELP, type=str, required=True)
+    data: str = option(None, DATA_HELP, type=str, required=True)
+    out: str = option(None, "store directory (created, or resumed)", type=str, required=True)
+    shard: str | None = option(
+        None, "extract only part I (0-based) of N, a contiguous block of shard files; join the "
+              "N part stores with `attngeom store merge`", type=str, metavar="I/N")
+    trust_remote_code: bool = option(False, TRUST_HELP, kind="flag")
+    quiet: bool = option(False, "no progress bar", kind="flag")
+
+
+# ----------------------------------------------------------------------------- faithfulness
+NAME = re.compile(r"[A-Za-z0-9_-]+")
+
+
+@dataclass
+class FaithConfig:
+    """Options of a faithfulness run; all but ``batch_size``/``device``/``name`` shape the
+    numbers (:meth:`options`, recorded with the result)."""
+
+    task: str = option("lm", "lm (perplexity of texts) or a task scored by accuracy",
+                       choices=V.TASKS, record="options")
+    metrics: tuple[str, ...] = option(V.METRICS, "comma-separated metrics", kind="names",
+                                      choices=V.METRICS, record="options")
+    modes: tuple[str, ...] = option(V.REMOVAL_MODES, "remove the top or the bottom keys",
+                                    kind="names", choices=V.REMOVAL_MODES, record="options")
+    ranks: tuple[str, ...] = option(V.RANKS, "rank by score (signed) or |score| (magnitude)",
+                                    aliases=("--rank",), kind="names", choices=V.RANKS,
+                                    record="options")
+    fractions: tuple[float, ...] = option(V.FRACTIONS, "removal fractions p", kind="numbers",
+                                          within=(0, 1, "[]"), record="options")
+    granularity: str = option(
+        V.GRANULARITY, "rank keys within each head and query (head), all (head, key) pairs of "
+                       "a query (query), or head-summed scores per key (token)",
+        choices=V.GRANULARITIES, record="options")
+    layers: str | tuple[int, ...] | None = option(
+        None, "intervene only in these layers, e.g. 0:4,7 (default: all)", kind="ranges",
+        record="options")
+    max_length: int = option(V.MAX_LENGTH, "tokens per row (truncated)", at_least=1,
+                             record="options")
+    limit: int | None = option(None, "use the first N texts/items", type=int, at_least=1,
+                               record="options")
+    text_field: str | None = option(None, "field of JSONL/Parquet records (lm)", type=str,
+                                    record="options")
+    dev: str | None = option(None, "MMLU exemplars (default: mmlu_dev.jsonl next to "
+                                   "mmlu_test.jsonl)", type=str, record="options")
+    k_shot: int = option(V.K_SHOT, "MMLU exemplars per prompt", at_least=0, record="options")
+    drift: bool = option(True, "skip the semantic-drift pass (sink values zeroed)",
+                         flag="--no-drift", kind="negated", record="options")
+    sink_k: int = option(V.SINK_K, "sink keys: the first k positions", at_least=1,
+                         record="options")
+    drift_low_fraction: float = option(
+        V.DRIFT_LOW_FRACTION, "lowest-norm share of head outputs whose cone alignment is "
+                              "reported", within=(0, 1, "(]"), record="options")
+    block_size: int = option(V.BLOCK_SIZE, "texts/items per checkpoint block (resume "
+                                           "granularity)", at_least=1, record="options")
+    batch_size: int = option(V.BATCH_SIZE, "rows per forward pass", at_least=1)
+    device: str = option("cpu", "cpu, cuda, cuda:N or mps")
+    dtype: str = option("float32", DTYPE_HELP, record="options")
+    name: str = option(V.FAITHFULNESS_NAME, "result file <name>.nc")
+
+    def check(self) -> None:
+        """ValueError naming the first bad option (one line, with the fix)."""
+        check_fields(self)
+        check_sink_window(self.sink_k, self.max_length)
+        if not NAME.fullmatch(self.name):
+            raise ValueError(f"--name '{self.name}': use letters, digits, '-' and '_' only")
+
+    def options(self) -> dict:
+        """The options that determine the numbers (identity of a run)."""
+        return identity(self)
+
+
+@dataclass
+class FaithCommand:
+    """What ``attngeom faithfulness`` takes besides :class:`FaithConfig`."""
+
+    model: str = option(None, MODEL_HELP, type=str, required=True)
+    data: str = option(None, "texts (lm) or task records (.jsonl, hf:...)", type=str,
+                       required=True)
+    out: str = option(None, "store directory: <name>.nc is written there (created if absent)",
+                      type=str, required=True)
+    force: bool = option(False, "start over: replace an existing result or interrupted run",
+                         kind="flag")
+    trust_remote_code: bool = option(False, TRUST_HELP, kind="flag")
+    quiet: bool = option(False, "no progress bar", kind="flag")
+
+
+# ----------------------------------------------------------------------------- analysis
+@dataclass
+class AnalysisOptions:
+    """Options of the four analyses (:func:`attngeom.analysis.run_all`); those with
+    ``provenance`` are copied into every result as ``analysis_<name>``."""
+
+    sink_k: int | None = option(None, "sink keys k (default: the store's; a compact store "
+                                      "needs its own)", type=int, at_least=1, provenance=True)
+    tail_w: int | None = option(None, f"tail window w of the decomposition (default: the "
+                                      f"store's, else {V.TAIL_W})", type=int, at_least=1,
+                                provenance=True)
+    epsilon: float = option(V.EPSILON, "sink-head threshold on the mean sink rate (Gu et al.)",
+                            provenance=True)
+    n_boot: int = option(V.N_BOOT, "sequence-cluster bootstrap resamples for the vertex CI "
+                                   "(0: off)", flag="--bootstrap", at_least=0, provenance=True)
+    seed: int = option(V.SEED, "seed of the bootstrap and subsamples", provenance=True)
+    level: float = option(V.LEVEL, "test/FDR level", within=(0, 1, "()"), provenance=True)
+    layers: str | tuple[int, ...] | None = option(
+        None, "layers to analyse, e.g. 0:4,7 (default: all)", kind="ranges")
+
+    def check(self) -> None:
+        """ValueError naming the first bad option (one line, with the fix)."""
+        check_fields(self)
+
+
+@dataclass
+class AnalyzeCommand:
+    """What ``attngeom analyze`` takes besides :class:`AnalysisOptions`."""
+
+    store: str = option(None, "store directory or file written by `attngeom extract`", type=str,
+                        positional=True)
+    out: str = option(None, "output directory for the .nc files and CSV", type=str,
+                      required=True)
+    no_progress: bool = option(False, "hide the progress bar", kind="flag")
+    scheduler: str | None = option(
+        None, "dask.distributed cluster: local:N (N worker processes) or tcp://HOST:PORT (a "
+              "running `dask scheduler`); default: in-process", type=str)
+
+
+@dataclass
+class ReportCommand:
+    """What ``attngeom report`` takes; the analysis options apply when the analyses run."""
+
+    store: str = option(None, "store directory written by `attngeom extract`", type=str,
+                        positional=True)
+    out: str | None = option(None, "the PDF to write (default STORE/report.pdf)", type=str)
+    analysis: str | None = option(None, "analysis results folder (default STORE/analysis; run "
+                                        "when missing)", type=str)
+    faithfulness: str = option(V.FAITHFULNESS_NAME, "which recorded faithfulness result to "
+                                                    "show", metavar="NAME")
+    no_progress: bool = option(False, "hide the progress bar", kind="flag")
+
+
+REPORT_ANALYSIS = ("epsilon", "n_boot", "seed", "level")   # analysis options `report` takes
+
+
+# ----------------------------------------------------------------------------- run
+@dataclass
+class RunOptions:
+    """What ``attngeom run`` takes besides its stages' options (:data:`RUN_STAGES`)."""
+
+    out: str = option("runs/demo", "output folder")
+    model: str = option("smollm2-135m", "hub id, model directory, .gguf file or built-in name")
+    data: str = option("builtin", "texts: .jsonl/.parquet/.txt, hf:..., builtin")
+    faith_limit: int = option(8, "texts for the faithfulness experiment (0 skips it)",
+                              at_least=0)
+    threads: int | None = option(
+        None, "CPU threads of torch and BLAS (default: $OMP_NUM_THREADS, else 1; on a shared "
+              "machine more threads wait on each other and run slower)", type=int, at_least=1)
+    trust_remote_code: bool = option(False, TRUST_HELP, kind="flag")
+    quiet: bool = option(False, "no progress bars", kind="flag")
+
+    def check(self, extract: ExtractConfig) -> None:
+        """ValueError naming the first bad option; ``extract``: the run's extraction config."""
+        check_fields(self)
+        if extract.limit is not None and self.faith_limit > extract.limit:
+            raise ValueError(f"--faith-limit must be between 0 and --limit ({extract.limit})")
+
+
+# stage, the options `run` exposes, and its smaller defaults (the five-minute demo)
+RUN_STAGES: tuple[tuple[type, tuple[str, ...], dict], ...] = (
+    (ExtractConfig, ("limit", "max_length", "mode", "text_field", "batch_size", "device",
+                     "dtype"), {"limit": 48, "max_length": 128}),
+    (FaithConfig, ("metrics", "ranks", "fractions"),
+     {"metrics": V.PAPER_ORDER, "fractions": (0.1, 0.25, 0.5)}),
+    (AnalysisOptions, ("n_boot", "seed"), {}),
+)
+RUN_FAITH_BLOCK = 4                 # texts per faithfulness checkpoint in `run`

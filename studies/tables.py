@@ -1,0 +1,23 @@
+"""Number formatting and metric labels shared by the studies' table builders
+(studies/summarize.py, studies/summarize_faithfulness.py).
+"""
+
+from __future__ import annotations
+
+import math
+
+SHORT = {"attention": "raw", "value_weighted": "vw", "value_weighted_normalized": "vwn",
+         "contribution": "contrib"}
+
+
+def f(x, d: int = 2) -> str:
+    """Short number: fixed with d decimals, scientific when tiny."""
+    try:
+        x = float(x)
+    except (TypeError, ValueError):
+        return str(x)
+    if math.isnan(x):
+        return "n/a"
+    if x != 0 and abs(x) < 10 ** -d:
+        return f"{x:.1e}"
+    return f"{x:.{d}f}"
