@@ -7,7 +7,10 @@ the full boolean (B, 1, Tq, Tk) mask, so the handler knows exactly which keys ar
 
 While a :class:`Handler` is active (``with attention_handler(model, handler):``) every
 attention call of the model becomes one :class:`Call` for ``handler.attend``; outside, the
-function is plain SDPA.
+function is plain SDPA. The active blocks are a context variable: blocks nest, and a thread
+(or asyncio task) sees only its own, so two measurements in two threads never mix. Layers are
+identified by call order (:attr:`Call.index`), not by module: ALBERT runs one module as every
+layer.
 
 Every keyword the model passes is applied, known not to enter eager attention, or refused by
 name (:func:`attention_keywords`), so no model gets numbers that silently differ from its own
@@ -17,6 +20,7 @@ eager attention.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Protocol
 
@@ -24,8 +28,6 @@ import torch
 from torch import nn
 
 NAME = "attngeom"
-_ACTIVE: list["Handler"] = []
-_CALLS: list[int] = []            # attention calls so far in the active forward, per handler
 
 # keywords the attention function applies: the scale, logit soft-capping, learned sink logits
 # (``s_aux`` per head, ``sinks`` per head and query), causality when no mask is passed, and
@@ -65,6 +67,19 @@ class Unsupported(ValueError):
 class Handler(Protocol):
     def attend(self, call: "Call") -> torch.Tensor:
         """Return head outputs z (B, H, Tq, dv)."""
+
+
+@dataclass
+class _Block:
+    """One ``attention_handler`` block: its handler and the attention calls it has seen."""
+
+    handler: Handler
+    calls: int = 0
+
+
+# this thread's (or task's) active blocks, innermost last
+_ACTIVE: contextvars.ContextVar[tuple[_Block, ...]] = contextvars.ContextVar(
+    "attngeom_active", default=())
 
 
 @dataclass
@@ -165,24 +180,25 @@ def _check_mask(module: nn.Module, mask: torch.Tensor | None) -> None:
 
 
 def _attention(module, query, key, value, attention_mask, **kwargs):
-    if not _ACTIVE:
+    active = _ACTIVE.get()
+    if not active:
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
         if kwargs.get("s_aux") is not None or kwargs.get("sinks") is not None:
             raise ValueError("learned attention sinks need attngeom's handler or eager attention")
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
     attention_keywords(module, kwargs)
     _check_mask(module, attention_mask)
-    handler = _ACTIVE[-1]
+    block = active[-1]
     scaling = kwargs.get("scaling")
     causal = kwargs.get("is_causal")
     causal = bool(getattr(module, "is_causal", False) if causal is None else causal)
-    call = Call(module=module, index=_CALLS[-1], query=query, key=key, value=value,
+    call = Call(module=module, index=block.calls, query=query, key=key, value=value,
                 allowed=_allowed(attention_mask, query, key, causal),
                 scaling=scaling if scaling is not None else query.shape[-1] ** -0.5,
                 softcap=kwargs.get("softcap"), sinks=_sink_logits(module, query, kwargs),
                 mask=attention_mask, kwargs=kwargs)
-    _CALLS[-1] += 1
-    z = handler.attend(call)
+    block.calls += 1
+    z = block.handler.attend(call)
     return z.transpose(1, 2).contiguous(), None                 # (B, Tq, H, dv)
 
 
@@ -213,15 +229,22 @@ def configs_of(model: nn.Module) -> list:
 
 def _set_impl(model: nn.Module, impl: str | list) -> list:
     """Set the attention implementation of every config (``impl`` a name, or the list this
-    function returned, to restore each config's own); return the previous values."""
+    function returned, to restore each config's own); return the previous values.
+
+    A model that refuses the implementation raises :class:`Unsupported` with its reason; a
+    module without ``set_attn_implementation`` (not a transformers model) gets its configs set.
+    """
     configs = configs_of(model)
     previous = [c._attn_implementation for c in configs]
     values = impl if isinstance(impl, list) else [impl] * len(configs)
-    try:
-        if not isinstance(impl, list):
-            model.set_attn_implementation(impl)
-    except (AttributeError, ValueError, KeyError, ImportError):
-        pass
+    setter = getattr(model, "set_attn_implementation", None)
+    if setter is not None and not isinstance(impl, list):
+        try:
+            setter(impl)
+        except (ValueError, KeyError, ImportError) as exc:
+            reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise Unsupported(f"{type(model).__name__} refuses the '{impl}' attention "
+                              f"implementation ({reason}); not supported") from exc
     for config, value in zip(configs, values):
         config._attn_implementation = value
     return previous
@@ -235,11 +258,9 @@ def attention_handler(model: nn.Module, handler: Handler) -> Iterator[None]:
     """
     register()
     previous = _set_impl(model, NAME)
-    _ACTIVE.append(handler)
-    _CALLS.append(0)
+    token = _ACTIVE.set(_ACTIVE.get() + (_Block(handler),))
     try:
         yield
     finally:
-        _ACTIVE.pop()
-        _CALLS.pop()
+        _ACTIVE.reset(token)
         _set_impl(model, previous)
