@@ -77,13 +77,29 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args._run(args) or 0)
     except KeyboardInterrupt:
+        close_progress_bars()
         print("attngeom: interrupted; rerun the same command to resume", file=sys.stderr)
         return 130
     except Exception as exc:  # one line for users, the traceback with --debug
         if args.debug:
             raise
+        close_progress_bars()
         print(error_line(exc), file=sys.stderr)
         return 2
+
+
+def close_progress_bars() -> None:
+    """Close every live tqdm bar (a bar left open ends its line), so that the message printed
+    next starts a line of its own instead of continuing the bar's."""
+    tqdm = sys.modules.get("tqdm")                  # no bar was drawn unless tqdm was imported
+    if tqdm is None:
+        return
+    for bar in list(getattr(tqdm.tqdm, "_instances", ())):
+        try:
+            bar.close()
+        except (OSError, ValueError):               # its stream is gone: nothing to end
+            continue
+    sys.stdout.flush()
 
 
 def error_line(exc: BaseException) -> str:

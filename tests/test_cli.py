@@ -146,3 +146,32 @@ def test_a_damaged_chunk_met_while_computing_points_to_validate():
     assert line.startswith("attngeom: error: a store file is damaged")
     assert "attngeom store validate" in line and "\n" not in line
     assert error_line(OSError("disk quota exceeded")) == "attngeom: error: disk quota exceeded"
+
+
+def test_an_error_under_a_progress_bar_starts_its_own_line(tiny, tmp_path, capsys, monkeypatch):
+    """`extract` fails writing its second shard while its progress bar is drawn: the bar is
+    closed first, and the error line starts a line of its own (not glued to the bar)."""
+    from attngeom.cli import main
+    from attngeom.store.errors import write_error
+    from attngeom.store.io.writer import StoreWriter
+
+    model, data, _ = tiny
+    real = StoreWriter.add_shard
+
+    def add_shard(self, ds, index, *args, **kwargs):
+        if index:
+            raise write_error(tmp_path / "store" / "shards", OSError(30, "Read-only file system"))
+        return real(self, ds, index, *args, **kwargs)
+
+    monkeypatch.setattr(StoreWriter, "add_shard", add_shard)
+    monkeypatch.delenv("TQDM_DISABLE", raising=False)
+    rc = main(["extract", "--model", str(model), "--data", str(data), "--out",
+               str(tmp_path / "store"), "--mode", "compact", "--max-length", "10",
+               "--shard-size", "2"])
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert "extract:" in err and "%|" in err, err                 # the bar was drawn
+    lines = err.split("\n")
+    errors = [line for line in lines if "attngeom: error:" in line]
+    assert len(errors) == 1 and errors[0].startswith("attngeom: error: cannot write "), err
+    assert not any("%|" in line for line in lines[lines.index(errors[0]):]), err

@@ -9,10 +9,8 @@ import numpy as np
 import pytest
 import xarray as xr
 
+import tiny_models as tm
 from attngeom import cli
-
-pytest.importorskip("torch")
-tm = pytest.importorskip("tiny_models")
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +59,6 @@ def test_both_layouts_give_the_same_statistics(analysed):
 def test_distributed_scheduler_gives_identical_results(analysed, tmp_path, monkeypatch):
     """`analyze --scheduler local:1` (a LocalCluster worker process reads the store) equals the
     in-process run variable by variable, and the CSV summary too."""
-    pytest.importorskip("distributed")
     from contextlib import contextmanager
 
     import pandas as pd

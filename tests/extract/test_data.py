@@ -61,8 +61,7 @@ def test_limit_counts_non_empty_texts(tmp_path):
 
 
 def test_parquet(tmp_path):
-    pd = pytest.importorskip("pandas")
-    pytest.importorskip("pyarrow")
+    import pandas as pd
     p = tmp_path / "t.parquet"
     pd.DataFrame({"id": [1, 2, 3], "content": ["one", "", "three"]}).to_parquet(p)
     ts = load_texts(str(p))
@@ -225,8 +224,8 @@ VOCAB = {"<unk>": 0, "<pad>": 1, "<s>": 2, "the": 3, "cat": 4, "sat": 5, "on": 6
 
 
 def make_tokenizer(bos: bool):
-    tokenizers = pytest.importorskip("tokenizers")
-    transformers = pytest.importorskip("transformers")
+    import tokenizers
+    import transformers
     tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(VOCAB, unk_token="<unk>"))
     tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
     kwargs = {"unk_token": "<unk>", "pad_token": "<pad>"}
@@ -299,8 +298,8 @@ def test_end_to_end_builtin_to_batches():
 
 
 def _tokenizer_with(template: str | None, side: str = "right"):
-    tokenizers = pytest.importorskip("tokenizers")
-    transformers = pytest.importorskip("transformers")
+    import tokenizers
+    import transformers
     vocab = {**VOCAB, "</s>": 8}
     tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="<unk>"))
     tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()

@@ -33,7 +33,6 @@ def test_netcdf_bytes_equal_to_netcdf(chunked):
         want = bytes(ds.to_netcdf(None, engine="h5netcdf", encoding=ENCODING))
         assert bytes(netcdf_bytes(ds, ENCODING)) == want
         return
-    pytest.importorskip("dask")
     ds = ds.chunk({"sequence": 2})                       # dask-backed: written on sync
     # the bytes of dask-backed data with an object-dtype variable differ from call to call (seen
     # here, and in a CI run against to_netcdf), so the file is compared decoded

@@ -4,8 +4,8 @@
 faithfulness result, the analysis results of the compact store, a store merged from two
 ``--shard`` parts and a subset store; then :func:`flatten` turns each into one netCDF file of
 its variables (``OUT/flat/<name>.nc``). The files in ``tests/golden/data`` were made this way at
-commit 09066ea (before the one-vocabulary redesign); ``test_golden.py`` rebuilds them with the
-current code and compares variable by variable.
+commit 09066ea; ``test_golden.py`` rebuilds them with the current code and compares variable by
+variable.
 """
 
 from __future__ import annotations

@@ -3,8 +3,10 @@ driven by Selenium, the page loaded offline from file://.
 
 The test changes the selectors, clicks tokens and map cells, hovers, reads the numbers the
 page shows and compares them with the shards read by plain xarray (tests/view_reference.py),
-and checks that a screenshot is not blank. Missing browser = failure (CI installs it: .ci/run);
-set ATTNGEOM_NO_BROWSER=1 to skip these tests on a machine without one.
+and checks that a screenshot is not blank. Without chromium and chromedriver on PATH (``make
+setup`` installs them where it can) these tests skip with the reason, except under ``CI=true``,
+where a missing browser is an error (.ci/run installs it); ``ATTNGEOM_NO_BROWSER=1`` (or true,
+yes) skips them anyway.
 """
 
 from __future__ import annotations
@@ -20,29 +22,45 @@ import pytest
 import view_reference as R
 from attngeom.reports.view import view
 
-CHROMIUM, DRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
+CHROMIUM, DRIVER = ("chromium", "chromium-browser"), ("chromedriver",)
 FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
          "--disable-component-update", "--disable-sync", "--no-first-run",
          "--window-size=1400,2400")             # tall: every element in view
+INSTALL = "install them with `make setup` as root, or `apt-get install chromium chromium-driver`"
+
+
+def _flag(name: str) -> bool:
+    """Whether environment variable ``name`` is set to 1, true or yes (any case)."""
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes")
+
+
+def browser_paths() -> tuple[str, str]:
+    """(chromium, chromedriver) found on PATH; skips the test without them (fails under CI=true)
+    and when ATTNGEOM_NO_BROWSER is 1, true or yes."""
+    if _flag("ATTNGEOM_NO_BROWSER"):
+        pytest.skip("ATTNGEOM_NO_BROWSER is set")
+    found = [next(filter(None, map(shutil.which, names)), None) for names in (CHROMIUM, DRIVER)]
+    missing = [names[0] for names, path in zip((CHROMIUM, DRIVER), found) if path is None]
+    if missing:
+        why = f"no headless browser: {' and '.join(missing)} not found on PATH; {INSTALL}"
+        if _flag("CI"):
+            pytest.fail(f"{why} (CI=true: a missing browser is an error)")
+        pytest.skip(why)
+    return found[0], found[1]
 
 
 @pytest.fixture(scope="module")
 def browser():
-    if os.environ.get("ATTNGEOM_NO_BROWSER"):
-        pytest.skip("ATTNGEOM_NO_BROWSER is set")
-    missing = [p for p in (CHROMIUM, DRIVER) if not os.path.exists(p)]
-    if missing:
-        pytest.fail(f"{missing[0]} missing: install the browser with `make browser` (apt-get "
-                    "install chromium chromium-driver), or set ATTNGEOM_NO_BROWSER=1 to skip")
+    chromium, chromedriver = browser_paths()
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
     profile = tempfile.mkdtemp(prefix="attngeom-chromium-")
     opts = webdriver.ChromeOptions()
-    opts.binary_location = CHROMIUM
+    opts.binary_location = chromium
     for flag in FLAGS + (f"--user-data-dir={profile}",):
         opts.add_argument(flag)
-    driver = webdriver.Chrome(service=Service(DRIVER), options=opts)
+    driver = webdriver.Chrome(service=Service(chromedriver), options=opts)
     yield driver
     driver.quit()
     shutil.rmtree(profile, ignore_errors=True)
@@ -220,3 +238,56 @@ def test_two_inline_views_with_a_learned_sink(browser, compact_view_data, tmp_pa
     second.choose("map", "learned_sink")
     shown = second.hover(".ag-map-cell[data-layer='0'][data-head='2']")
     assert R.shown_close(shown["learned_sink"], weight[1, 0, 2, 2:i + 1].mean())
+
+
+def _outcome() -> tuple[str, str]:
+    """What :func:`browser_paths` does here: ("skip" | "fail", its message) or ("found", "")."""
+    try:
+        browser_paths()
+    except pytest.skip.Exception as exc:
+        return "skip", str(exc)
+    except pytest.fail.Exception as exc:
+        return "fail", str(exc)
+    return "found", ""
+
+
+@pytest.mark.parametrize("no_browser", [None, "0", "no", ""])
+def test_missing_browser_skips_and_fails_under_ci(monkeypatch, tmp_path, no_browser):
+    """Nothing on PATH: a skip naming what is missing, a failure under CI=true; an
+    ATTNGEOM_NO_BROWSER that is not 1/true/yes changes neither."""
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.delenv("CI", raising=False)
+    if no_browser is None:
+        monkeypatch.delenv("ATTNGEOM_NO_BROWSER", raising=False)
+    else:
+        monkeypatch.setenv("ATTNGEOM_NO_BROWSER", no_browser)
+    missing = "chromium and chromedriver not found on PATH"
+    kind, message = _outcome()
+    assert kind == "skip" and missing in message and "\n" not in message, (kind, message)
+    for ci in ("true", "1"):
+        monkeypatch.setenv("CI", ci)
+        kind, message = _outcome()
+        assert kind == "fail" and missing in message, (ci, kind, message)
+    monkeypatch.setenv("CI", "false")
+    assert _outcome()[0] == "skip"
+
+
+@pytest.mark.parametrize("value", ["1", "true", "YES"])
+def test_no_browser_flag_skips_even_under_ci(monkeypatch, tmp_path, value):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setenv("CI", "true")
+    monkeypatch.setenv("ATTNGEOM_NO_BROWSER", value)
+    assert _outcome() == ("skip", "ATTNGEOM_NO_BROWSER is set")
+
+
+def test_browser_found_on_path(monkeypatch, tmp_path):
+    """Executables named chromium and chromedriver on PATH are the ones used."""
+    for name in ("chromium", "chromedriver"):
+        exe = tmp_path / name
+        exe.write_text("#!/bin/sh\n")
+        exe.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setenv("ATTNGEOM_NO_BROWSER", "0")
+    monkeypatch.setenv("CI", "true")
+    assert _outcome() == ("found", "")
+    assert browser_paths() == (str(tmp_path / "chromium"), str(tmp_path / "chromedriver"))

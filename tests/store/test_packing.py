@@ -358,7 +358,6 @@ def test_subset_and_merge_keep_the_packing(pair, opened, tmp_path):
 
 
 def test_zarr_export_of_a_packed_store_holds_decoded_floats(pair, opened, tmp_path):
-    pytest.importorskip("zarr")
     from attngeom.store.ops.export import export
 
     export(pair["compact", "packed"], tmp_path / "z", "zarr")

@@ -200,7 +200,6 @@ def reduction(ds: xr.Dataset) -> dict[str, np.ndarray]:
 
 
 def test_local_cluster_gives_the_local_result(ws):
-    pytest.importorskip("distributed")
     import dask
 
     ds = open_store(ws["full"])
