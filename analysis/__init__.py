@@ -36,6 +36,7 @@ __all__ = ["sinks", "convexity", "anti_alignment", "decomposition", "summary_tab
 RESULT_FILES = {"sinks": "sinks.nc", "convexity": "convexity.nc",
                 "anti_alignment": "anti_alignment.nc", "decomposition": "decomposition.nc"}
 SUMMARY_FILE = "summary.csv"
+ANALYSIS_DIR = "analysis"       # where a store keeps its analysis results by default
 NEEDED = [S.ALPHA, S.COSINE, S.VALUE_NORM, S.OUTPUT_NORM, S.SINK_VALUE_COSINE,
           S.RESIDUAL_NORM, S.SINK_RESIDUAL_COSINE]
 

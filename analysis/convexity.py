@@ -45,6 +45,7 @@ FIT_NAMES = ("beta0", "beta1", "beta2", "beta2_se", "p_value", "vertex", "vertex
 DEFAULT_GRID = np.linspace(0.0, 1.0, 21)
 GRID = "grid"  # result dimension: sink rates at which the LOWESS curve is given
 LOWESS_DELTA = 0.01  # LOWESS robustness pass: points within this share of range(x) interpolated
+LOWESS_POINTS = 2000  # LOWESS curve: at most this many (x, y) points, a random subsample beyond
 
 
 def _cluster_sums(x: np.ndarray, y: np.ndarray, groups: np.ndarray) -> np.ndarray:
@@ -119,7 +120,7 @@ def analytic_vertex(alpha0, value_norm0, residual_norm, sink_residual_cosine) ->
     return np.where((alpha0 < 1) & (denom > 0), out, np.nan)
 
 
-def lowess_curve(x, y, grid=DEFAULT_GRID, max_points: int = 2000, rng=None,
+def lowess_curve(x, y, grid=DEFAULT_GRID, max_points: int = LOWESS_POINTS, rng=None,
                  frac: float = 0.3, delta: float = LOWESS_DELTA) -> np.ndarray:
     """LOWESS of y on x (one robustness iteration) at ``grid``, NaN outside the observed x range.
 
@@ -180,7 +181,7 @@ class ConvexityAccumulator:
     groups = (SINK,)
 
     def __init__(self, heads, *, n_boot=N_BOOT, seed=SEED, level=LEVEL, grid=DEFAULT_GRID,
-                 analytic=True, lowess_points=2000, executor=None, max_pending: int = 1):
+                 analytic=True, lowess_points=LOWESS_POINTS, executor=None, max_pending: int = 1):
         self.heads, self.n_boot, self.seed, self.level = heads, n_boot, seed, level
         self.executor, self.max_pending = executor, max(1, int(max_pending))
         self._layer_fits: list[Future] = []  # per layer: fit_layer's result
@@ -266,7 +267,7 @@ class ConvexityAccumulator:
 
 def convexity(ds: xr.Dataset, *, sink_k: int | None = None, n_boot: int = N_BOOT,
               seed: int = SEED, level: float = LEVEL, layers=None, grid=DEFAULT_GRID,
-              lowess_points: int = 2000, progress: bool = False,
+              lowess_points: int = LOWESS_POINTS, progress: bool = False,
               block_elements: int = DEFAULT_BLOCK_ELEMENTS) -> xr.Dataset:
     """Quadratic fit of output_norm on the sink rate per (layer, head) and pooled per layer.
 

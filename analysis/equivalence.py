@@ -33,12 +33,13 @@ import xarray as xr
 from scipy import stats
 from statsmodels.stats.multitest import multipletests
 
-from attngeom.store.format.vocab import COMPREHENSIVENESS, LEVEL, SEED
+from attngeom.store.format.vocab import COMPREHENSIVENESS, LEVEL, ORDER_RESAMPLES, SEED
 
 from . import faithfulness as faith
 
 DELTA_LOG = 0.05          # nats of AOPC of log(PPL ratio): the design's equivalence margin
 DELTA_PPL_SHARE = 0.05    # ΔPPL margin: this share of the run's mean clean perplexity
+DELTA_ACCURACY = 0.02     # accuracy-loss margin (AOPC of clean_correct - correct): 2 points
 POWER = 0.80
 WILCOXON_ARE = 3 / np.pi  # asymptotic relative efficiency of the signed-rank vs the t test
 LOG_RATIO = "log_ppl_ratio"
@@ -48,7 +49,6 @@ EQUIVALENT = "does not hold: equivalent within ±δ"
 REVERSED = "does not hold: reversed"
 INCONCLUSIVE = "inconclusive at this n"
 NOT_TESTABLE = "not testable (identical ranking)"
-VERDICTS = (HOLDS, EQUIVALENT, REVERSED, INCONCLUSIVE, NOT_TESTABLE)
 
 EXTRA_COLUMNS = ("variable", "sd_improvement", "m_tests", "alpha_first", "mde", "mde_sd",
                  "delta", "tost_p_lower", "tost_p_upper", "p_tost", "ci90_low", "ci90_high",
@@ -173,7 +173,7 @@ def _extras(d: np.ndarray, delta: float, m: int, p_holm: float, ci_low: float, c
 
 def equivalence_table(ds: xr.Dataset, delta: float, variable: str | None = None,
                       order: tuple[str, ...] = faith.ORDER, level: float = LEVEL,
-                      power: float = POWER, n_resamples: int = 9999, seed: int = SEED
+                      power: float = POWER, n_resamples: int = ORDER_RESAMPLES, seed: int = SEED
                       ) -> pd.DataFrame:
     """The order table of ``ds`` with each step's MDE, TOST against ``delta`` and verdict.
 
@@ -191,7 +191,7 @@ def equivalence_table(ds: xr.Dataset, delta: float, variable: str | None = None,
                                "disagree with order_table's (its orientation changed, or a "
                                "ranking recorded as a copy holds other numbers)")
         rows.append(_extras(d, delta, m, r.p_holm, r.ci_low, r.ci_high, level, power))
-    extra = pd.DataFrame(rows, index=table.index)
+    extra = pd.DataFrame(rows, index=table.index, columns=list(EXTRA_COLUMNS[1:]))
     extra.insert(0, "variable", faith.loss(ds, variable).name)
     out = pd.concat([table, extra[list(EXTRA_COLUMNS)]], axis=1)
     out.attrs = dict(table.attrs, delta=delta, power=power, m_tests=m)
@@ -200,7 +200,7 @@ def equivalence_table(ds: xr.Dataset, delta: float, variable: str | None = None,
 
 def layer_table(runs: dict[int, xr.Dataset], steps: tuple[tuple[str, str], ...],
                 delta: float, variable: str | None = None, level: float = LEVEL,
-                power: float = POWER, n_resamples: int = 9999, seed: int = SEED
+                power: float = POWER, n_resamples: int = ORDER_RESAMPLES, seed: int = SEED
                 ) -> pd.DataFrame:
     """One row per (step, layer, mode, rank) of single-layer runs ``{layer: result}``.
 

@@ -21,6 +21,9 @@ signed-rank test (H1: improvement > 0), a bootstrap CI of the mean improvement
 rankings are provably identical (``same_ranking_as``, e.g. value_weighted and
 value_weighted_normalized at head granularity) are reported, not tested.
 
+These functions compute; :mod:`.faithfulness_stats` runs them once per result and stores the
+tables that every output (the command's printout, the PDF, the CSVs) reads.
+
 Output names (stable): :func:`aopc` -> DataArray ``aopc`` (metric, rank, mode, unit);
 :func:`aopc_summary` -> ``aopc_mean aopc_sem n_units`` over (metric, rank, mode);
 :func:`aopc_table` -> DataFrame of mean AOPC, metrics by (mode, rank) columns;
@@ -44,12 +47,12 @@ from scipy import stats
 from statsmodels.stats.multitest import multipletests
 
 from attngeom.store.format import derive
-from attngeom.store.format.vocab import COMPREHENSIVENESS, LEVEL, PAPER_ORDER, SEED
+from attngeom.store.format.metrics import PAPER_ORDER
+from attngeom.store.format.vocab import COMPREHENSIVENESS, LEVEL, ORDER_RESAMPLES, SEED
 
 from ._common import bootstrap_rng
 
 ORDER = PAPER_ORDER                  # the order tested step by step
-ORDER_RESAMPLES = 9999               # bootstrap resamples of each step's CI (scipy's default)
 TABLE_COLUMNS = ("mode", "rank", "lower", "higher", "n", "aopc_lower", "aopc_higher",
                  "mean_improvement", "ci_low", "ci_high", "statistic", "p_value", "p_holm",
                  "holds", "note")

@@ -26,8 +26,8 @@ MODES = ("comprehensiveness", "sufficiency")
 
 def available() -> str | None:
     try:
-        from attngeom.extract.faithfulness.interventions import (METRICS, Intervener,  # noqa: F401
-                                                    Removal, forward_logits)  # noqa: F401
+        from attngeom.extract.faithfulness.interventions import (  # noqa: F401
+            Intervener, Removal, forward_logits)
         from attngeom.extract.faithfulness.selection import Workspace  # noqa: F401
     except ImportError as exc:
         return f"attngeom.extract.faithfulness.interventions is not available yet ({exc})"
@@ -179,7 +179,7 @@ def main(argv=None) -> int:
         return 0
     import torch
 
-    from attngeom.extract.faithfulness.interventions import METRICS
+    from attngeom.store.format.metrics import BUILTIN as METRICS
 
     torch.set_num_threads(a.threads)
     model = random_llama(SMOLLM2, layers=a.layers)

@@ -18,8 +18,7 @@ from matplotlib.figure import Figure
 
 from attngeom.store.format import schema as S
 from attngeom.store.dataset.accessor import RATIO
-from attngeom.store.format.vocab import (ATTENTION, CONTRIBUTION, CONTRIBUTION_LAYER,
-                                         VALUE_WEIGHTED, VALUE_WEIGHTED_NORMALIZED)
+from attngeom.store.format import metrics as M
 
 PAGE = (11.69, 8.27)                 # A4 landscape, inches
 RC = {
@@ -32,14 +31,13 @@ RC = {
 # the area figure modules draw in (figure fractions); pdf.py adds title above, caption below
 AREA = dict(left=0.07, right=0.96, top=0.86, bottom=0.31)
 PLAIN = {"parse_math": False}
-METRIC_COLORS = {ATTENTION: "#8c8c8c", VALUE_WEIGHTED: "#4c72b0",
-                 VALUE_WEIGHTED_NORMALIZED: "#55a868", CONTRIBUTION: "#c44e52",
-                 CONTRIBUTION_LAYER: "#8172b2"}
-METRIC_LABELS = {ATTENTION: "attention α", VALUE_WEIGHTED: "value-weighted α‖ṽ‖",
-                 VALUE_WEIGHTED_NORMALIZED: "value-weighted normalized α‖ṽ‖/‖o‖",
-                 CONTRIBUTION: "contribution c", CONTRIBUTION_LAYER: "layer contribution C"}
 PART_COLORS = {S.ALPHA: "#4c72b0", RATIO: "#dd8452", S.COSINE: "#55a868"}
 PART_LABELS = {S.ALPHA: "log α", RATIO: "log ‖ṽ‖/‖o‖", S.COSINE: "log |cos|"}
+
+
+def metric_color(metric: str) -> str | None:
+    """A faithfulness metric's colour, from the metric registry (None: matplotlib's next)."""
+    return M.label(metric, "color") if metric in M.names() else None
 
 
 def colormap(name: str):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from attngeom.store.format import schema as S
+from attngeom.store.format.vocab import EPSILON
 
 from ._style import Page, figure, heatmap, legend_below
 from .summary import fmt
@@ -18,7 +19,7 @@ def pages(sinks) -> list[Page]:
     ax = fig.add_subplot(grid[0, :2])
     rate = sinks["sink_rate_mean"].transpose(S.LAYER, S.HEAD).values
     layers, heads = sinks[S.LAYER].values, sinks[S.HEAD].values
-    eps = float(sinks.attrs.get("epsilon", 0.3))
+    eps = float(sinks.attrs.get("epsilon", EPSILON))      # the analysis' own, else the default
     marks = sinks["is_sink_head"].transpose(S.LAYER, S.HEAD).values.astype(bool)
     heatmap(ax, rate, cmap="rocket_r", vmin=0, vmax=1, rows=layers, cols=heads,
             label="mean sink rate α_i0 (queries i ≥ k)", marks=marks,

@@ -2,28 +2,27 @@
 
 :func:`gather` opens the store, runs the analyses when their results are missing (or stale),
 reads ``<store>/<name>.nc`` of the faithfulness experiment when the manifest records it, and
-computes its statistics. Whatever is absent is ``None``, with the reason in ``missing``.
+its stored statistics (:mod:`attngeom.analysis.faithfulness_stats`, computed and stored first
+when missing or stale). Whatever is absent is ``None``, with the reason in ``missing``.
 No torch: everything here reads files written by other steps.
 """
 
 from __future__ import annotations
 
 import os
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 import xarray as xr
 
-from attngeom.analysis import RESULT_FILES, SUMMARY_FILE, run_all
+from attngeom.analysis import ANALYSIS_DIR, RESULT_FILES, SUMMARY_FILE, run_all
+from attngeom.analysis.faithfulness_stats import StatsSettings, for_store, stats_settings
 from attngeom.store import open_store, read_manifest
 from attngeom.store.format import schema as S
 from attngeom.store.options.stages import AnalysisOptions
 from attngeom.store.io.reader import shard_paths
-from attngeom.store.io.results import is_faith_only, verified_file
-
-ANALYSIS_DIR = "analysis"
+from attngeom.store.io.results import is_faith_only
 
 
 @dataclass
@@ -37,9 +36,12 @@ class ReportData:
     analysis: dict | None = None         # sinks, convexity, anti_alignment, decomposition, summary
     faith: xr.Dataset | None = None      # <store>/faithfulness.nc
     faith_name: str = "faithfulness"
-    aopc: pd.DataFrame | None = None     # metric rank mode aopc_mean aopc_sem n_units
-    order: pd.DataFrame | None = None    # analysis.faithfulness.order_table
-    drift: xr.Dataset | None = None      # analysis.faithfulness.drift_summary
+    # the stored statistics of the faithfulness result (analysis.faithfulness_stats), for its
+    # loss variable: AOPC table, order test (with MDE, TOST, verdict), curves, drift summary
+    aopc: pd.DataFrame | None = None
+    order: pd.DataFrame | None = None
+    curves: xr.Dataset | None = None
+    drift: xr.Dataset | None = None
     missing: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -101,37 +103,25 @@ def ensure_analysis(store: Path, ds: xr.Dataset, manifest: dict, directory: Path
 
 
 # ----------------------------------------------------------------------------- faithfulness
-def read_faithfulness(store: Path, manifest: dict, name: str) -> tuple[xr.Dataset | None, str]:
-    """The recorded faithfulness result ``name`` and, when absent, why."""
+def read_faithfulness(store: Path, manifest: dict, name: str, directory: Path | None = None,
+                      settings: StatsSettings = StatsSettings(), log=print):
+    """The recorded faithfulness result ``name`` and its stored statistics (computed into
+    ``directory`` when missing or stale), or (None, None, why)."""
     hint = (f"run `attngeom faithfulness --model MODEL --data DATA --out {store}` to add it")
-    path, why = verified_file(store, manifest, name)
     model = manifest.get("config", {}).get("model", {})
+    stats, ds, why = for_store(store, name, directory, settings, log, manifest)
     if why == "not recorded" and model.get("causal") is False:
         kind = ("a vision transformer" if model.get("inputs") == "image"
                 else "a bidirectional encoder")
-        return None, ("not applicable: it scores next-token predictions, and "
-                      f"{model.get('spec', 'this model')} is {kind}")
+        return None, None, ("not applicable: it scores next-token predictions, and "
+                            f"{model.get('spec', 'this model')} is {kind}")
     if why == "not recorded":
-        return None, f"not run for this store ({hint})"
+        return None, None, f"not run for this store ({hint})"
     if why == "missing":
-        return None, f"{path.name} is recorded in the manifest but missing ({hint})"
+        return None, None, f"{name}.nc is recorded in the manifest but missing ({hint})"
     if why:
-        return None, f"{path.name} does not match its recorded checksum ({hint})"
-    with xr.open_dataset(path, engine="h5netcdf") as f:
-        return f.load(), ""
-
-
-def faithfulness_stats(faith: xr.Dataset, level: float = 0.05, seed: int = 0
-                       ) -> tuple[pd.DataFrame, pd.DataFrame, xr.Dataset | None]:
-    """AOPC summary table, the metric-order test table and the drift summary (or None)."""
-    from attngeom.analysis.faithfulness import aopc_summary, drift_summary, order_table
-
-    aopc = aopc_summary(faith).to_dataframe().reset_index()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        order = order_table(faith, level=level, n_resamples=2000, seed=seed)
-    drift = drift_summary(faith, level) if "drift_cosine_low_before" in faith else None
-    return aopc[["metric", "rank", "mode", "aopc_mean", "aopc_sem", "n_units"]], order, drift
+        return None, None, f"{name}.nc does not match its recorded checksum ({hint})"
+    return ds, stats, ""
 
 
 # ----------------------------------------------------------------------------- all
@@ -158,14 +148,15 @@ def gather(store: str | os.PathLike, analysis_dir: str | os.PathLike | None = No
         data.analysis = read_analysis(directory)
     else:
         data.missing["analysis"] = f"no analysis results in {directory} (run `attngeom analyze`)"
-    data.faith, why = read_faithfulness(store, manifest, faithfulness)
+    settings = stats_settings(options or AnalysisOptions())
+    data.faith, stats, why = read_faithfulness(store, manifest, faithfulness, directory,
+                                               settings, log)
     if data.faith is None:
         data.missing["faithfulness"] = why
         data.missing["drift"] = why
     else:
-        level = float(data.analysis["sinks"].attrs.get("analysis_level", 0.05)) \
-            if data.analysis else 0.05
-        data.aopc, data.order, data.drift = faithfulness_stats(data.faith, level)
+        data.aopc, data.order = stats.for_variable(stats.aopc), stats.for_variable(stats.order)
+        data.curves, data.drift = stats.curves, stats.drift
         if data.drift is None:
             data.missing["drift"] = ("the faithfulness run skipped the sink-zeroing pass "
                                      "(rerun it without --no-drift)")

@@ -12,13 +12,10 @@ import numpy as np
 import pandas as pd
 
 from attngeom.store.format import schema as S
-from attngeom.store.format.vocab import (ATTENTION, CONTRIBUTION, CONTRIBUTION_LAYER,
-                                         VALUE_WEIGHTED, VALUE_WEIGHTED_NORMALIZED)
+from attngeom.store.format import metrics as M
+from attngeom.store.format.vocab import EPSILON
 
 MIN_SEQUENCES = 3            # the analyses' clustered fits and per-head tests need this many
-METRIC_LABELS = {ATTENTION: "attention", VALUE_WEIGHTED: "value-weighted",
-                 VALUE_WEIGHTED_NORMALIZED: "value-weighted normalized",
-                 CONTRIBUTION: "contribution", CONTRIBUTION_LAYER: "layer contribution"}
 
 
 def fmt(x, digits: int = 3) -> str:
@@ -55,7 +52,7 @@ def sinks_sentence(sinks) -> str | None:
         return None
     heads = sinks["is_sink_head"]
     n, total = int(heads.sum()), int(heads.size)
-    eps = sinks.attrs.get("epsilon", 0.3)
+    eps = sinks.attrs.get("epsilon", EPSILON)      # the analysis' own, else the default
     layer = sink_layer(sinks)
     rate = float(sinks["layer_sink_rate_mean"].sel(layer=layer))
     return (f"Sink heads: {n} of {total} heads (fraction {fmt(n / total)}) attend to the sink "
@@ -124,7 +121,7 @@ def faithfulness_sentence(aopc: pd.DataFrame | None, table: pd.DataFrame | None,
     for m, v in zip(comp["metric"], comp["aopc_mean"]):
         if last is not None:
             order += " = " if v == last else " < "
-        order += f"{METRIC_LABELS.get(m, m)} ({fmt(v)})"
+        order += f"{M.label(m, 'words')} ({fmt(v)})"
         last = v
     text = f"Faithfulness: by {mode} AOPC of {loss_name} ({rank} ranking), {order}"
     if table is not None and len(table):

@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 import xarray as xr
 
+from attngeom.store.format import metrics as M
 from attngeom.store.format import schema as S
 from attngeom.store.options.ranges import runs_text
 from attngeom.store.format.vocab import VIEW_MAX_BYTES as MAX_BYTES
@@ -194,6 +195,7 @@ def _meta(sub: xr.Dataset, blobs: list[V.SequenceBlob], sums: V.MapSums, seq_ind
                        "index": b.index} for b in blobs],
         "initial": _initial(sums, blobs[seq_index], seq_index),
         "note": NOTE + (COMPACT_NOTE if compact else ""),
+        "symbols": {name: M.label(name, "symbol") for name in M.names()},   # metric registry
     }
 
 

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import math
 
-SHORT = {"attention": "raw", "value_weighted": "vw", "value_weighted_normalized": "vwn",
-         "contribution": "contrib"}
+from attngeom.store.format import metrics as M
+
+SHORT = {name: M.label(name, "abbrev") for name in M.PAPER_ORDER}   # raw, vw, vwn, contrib
 
 
 def f(x, d: int = 2) -> str:

@@ -13,10 +13,14 @@ the tests and whatever the batch.
 
 from __future__ import annotations
 
+import importlib
+from functools import cache
+from typing import Callable
+
 import torch
 import torch.nn.functional as F
 
-from attngeom.store.format.vocab import METRICS
+from attngeom.store.format import metrics
 
 from ..measurement.geometry import Projection, softmax_masked, vecdot
 
@@ -30,8 +34,15 @@ def finite(x: Tensor) -> Tensor:
     return torch.nan_to_num(x, nan=0.0, posinf=big, neginf=-big)
 
 
-def unknown_metric(metric: str) -> ValueError:
-    return ValueError(f"unknown metric '{metric}'; use one of {', '.join(METRICS)}")
+@cache
+def resolve_kernel(path: str) -> Callable:
+    """The function a metric entry names as ``"module:function"``."""
+    module, _, name = path.partition(":")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as exc:
+        raise ValueError(f"metric kernel '{path}' cannot be loaded ({exc}); check the "
+                         "metric's registration (store/format/metrics.py)") from exc
 
 
 def rowmm(a: Tensor, b: Tensor) -> Tensor:
@@ -90,32 +101,80 @@ def key_norms(v: Tensor, gram: Tensor) -> Tensor:
     return vecdot(v.contiguous() @ gram, v).clamp_min(0).sqrt()
 
 
+class Rows64:
+    """Float64 inputs of a head-scope metric at some rows, and what metrics share (on demand).
+
+    alpha (P, M, Tk) clean attention of M queries of P (sequence, head) pairs (or (B, H, T, Tk)
+    for a whole layer); v (P, Tk, dh) the pairs' values, vt their transpose (contiguous);
+    gram (P, dh, dh) G_h of each pair's head (or broadcastable); value_norm: a function
+    returning ||v~_j^h|| (P, Tk); z: the head outputs before W_O when the caller has them.
+    """
+
+    def __init__(self, alpha: Tensor, v: Tensor, vt: Tensor, gram: Tensor,
+                 value_norm: Callable[[], Tensor], z: Tensor | None = None):
+        self.alpha, self.v, self.vt, self.gram = alpha, v, vt, gram
+        self._value_norm, self._z, self._output = value_norm, z, None
+
+    def value_norm(self) -> Tensor:
+        """||v~_j^h|| (P, Tk)."""
+        return self._value_norm()
+
+    def output(self) -> tuple[Tensor, Tensor]:
+        """z_i G_h (P, M, dh) and ||o_i^h|| (P, M)."""
+        if self._output is None:
+            z = rowmm(self.alpha, self.v) if self._z is None else self._z
+            zg = rowmm(z, self.gram)
+            self._output = zg, vecdot(zg, z).clamp_min(0).sqrt()
+        return self._output
+
+
+def exact_attention(x: Rows64) -> Tensor:
+    """alpha_ij^h."""
+    return x.alpha
+
+
+def exact_value_weighted(x: Rows64) -> Tensor:
+    """alpha_ij^h ||v~_j^h||."""
+    return finite(x.alpha * x.value_norm()[..., None, :])
+
+
+def exact_value_weighted_normalized(x: Rows64) -> Tensor:
+    """alpha_ij^h ||v~_j^h|| / ||o_i^h||."""
+    return finite(x.alpha * x.value_norm()[..., None, :] / x.output()[1][..., None])
+
+
+def exact_contribution(x: Rows64) -> Tensor:
+    """c_ij^h = alpha_ij^h <o_i^h, v~_j^h> / ||o_i^h||^2."""
+    zg, output_norm = x.output()
+    return finite(x.alpha * rowmm(zg, x.vt) / output_norm.square()[..., None])
+
+
+def exact_contribution_layer(alpha: Tensor, dot: Tensor, norm_sq: Tensor) -> Tensor:
+    """C_ij^h = alpha_ij^h <o_i, v~_j^h> / ||o_i||^2 from ``dot`` = <o_i, v~_j^h> and
+    ``norm_sq`` = ||o_i||^2 (broadcastable)."""
+    return finite(alpha * dot / norm_sq)
+
+
 def metric_scores(metric: str, alpha: Tensor, vf: Tensor, z: Tensor, proj: Projection) -> Tensor:
-    """Score of every (head, query, key): (B, H, T, Tk), in the inputs' dtype (the definition).
+    """Score of every (head, query, key): (B, H, T, Tk), in the inputs' dtype (the definition:
+    the metric's registered float64 kernel over the whole layer).
 
     Parameters
     ----------
     alpha : (B, H, T, Tk) clean attention; vf : (B, H, Tk, dh) values per query head;
     z : (B, H, T, dh) clean head outputs before W_O (``alpha @ vf``).
     """
-    if metric == "attention":
-        return alpha
-    if metric in ("value_weighted", "value_weighted_normalized"):
-        s = alpha * value_norms(vf, proj.gram)[:, :, None, :]
-        if metric == "value_weighted_normalized":
-            _, output_norm = gram_norm(z, proj.gram)
-            s = s / output_norm[..., None]
-        return finite(s)
-    if metric == "contribution":
-        zg, output_norm = gram_norm(z, proj.gram)                      # z_i G_h, ||o_i^h||
-        return finite(alpha * rowmm(zg, vf.transpose(-1, -2)) / output_norm.square()[..., None])
-    if metric == "contribution_layer":
+    entry = metrics.get(metric)
+    kernel = resolve_kernel(entry.exact)
+    if entry.scope == metrics.LAYER:
         B, H, T, dh = z.shape
         o = rowmm(z.transpose(1, 2).reshape(B, T, H * dh), proj.weight)   # (B, T, d)
         u = rowmm(o, proj.transposed()).reshape(B, T, H, dh).transpose(1, 2)  # o_i (W_O^h)^T
         layer_sq = o.square().sum(-1)[:, None, :, None]                    # ||o_i||^2
-        return finite(alpha * rowmm(u, vf.transpose(-1, -2)) / layer_sq)
-    raise unknown_metric(metric)
+        return kernel(alpha, rowmm(u, vf.transpose(-1, -2)), layer_sq)
+    rows = Rows64(alpha, vf, vf.transpose(-1, -2), proj.gram[None],
+                  lambda: value_norms(vf, proj.gram), z)
+    return kernel(rows)
 
 
 def exact_alpha(q: Tensor, k: Tensor, allowed: Tensor, scale: float, softcap: float | None,
@@ -148,6 +207,9 @@ class ExactScores:
     def __init__(self, metric: str, query: Tensor, key: Tensor, value: Tensor, allowed: Tensor,
                  scale: float, softcap: float | None, proj: Projection,
                  sinks: Tensor | None = None):
+        self.entry = metrics.get(metric)
+        self.kernel = resolve_kernel(self.entry.exact)
+        self.layer_scope = self.entry.scope == metrics.LAYER
         self.metric, self.q, self.k, self.v, self.allowed = metric, query, key, value, allowed
         self.scale, self.softcap, self.proj = scale, softcap, proj
         self.sinks = None if sinks is None else sinks.expand(query.shape[:-1])   # (B, H, T)
@@ -210,17 +272,9 @@ class ExactScores:
         kt, v, vt = self.kv()
         alpha = exact_alpha(self.q[b[:, None], h[:, None], i], self.take(kt, b, g).mT, allowed,
                             self.scale, self.softcap, sinks)                    # (P, M, Tk)
-        if self.metric == "attention":
-            return alpha
         v, vt = self.take(v, b, g), self.take(vt, b, g)                         # (P, Tk, dh)
-        if self.metric == "value_weighted":
-            return finite(alpha * self._norms(b, h, v)[:, None])
-        z = rowmm(alpha, v)                                                     # (P, M, dh)
-        zg = rowmm(z, self.proj.gram[h])                                        # z_i G_h
-        output_norm = vecdot(zg, z).clamp_min(0).sqrt()                         # ||o_i^h||
-        if self.metric == "value_weighted_normalized":
-            return finite(alpha * self._norms(b, h, v)[:, None] / output_norm[..., None])
-        return finite(alpha * rowmm(zg, vt) / output_norm.square()[..., None])
+        gram = None if self.proj is None else self.proj.gram[h]
+        return self.kernel(Rows64(alpha, v, vt, gram, lambda: self._norms(b, h, v)))
 
     def _norms(self, b: Tensor, h: Tensor, v: Tensor) -> Tensor:
         """||v~_j^h|| (P, Tk) of the pairs (b, h), one pair at a time (as :func:`value_norms`)."""
@@ -232,7 +286,7 @@ class ExactScores:
     def queries(self, b: Tensor, i: Tensor) -> Tensor:
         """(n, H, Tk): every head's scores at queries (b, i)."""
         n, H = len(b), self.q.shape[1]
-        if self.metric != "contribution_layer":
+        if not self.layer_scope:
             return self.local(b.repeat_interleave(H), torch.arange(H, device=b.device).repeat(n),
                               i.repeat_interleave(H)).view(n, H, -1)
         out = self.q.new_empty(n, H, self.k.shape[2], dtype=torch.float64)
@@ -242,7 +296,7 @@ class ExactScores:
         return out
 
     def _layer_rows(self, b: int, i: Tensor, h: Tensor | None = None) -> Tensor:
-        """contribution_layer in sequence b (metric_scores' steps): every head at queries i (m,),
+        """A layer-scope metric in sequence b (metric_scores' steps): every head at queries i (m,),
         (H, m, Tk); or the rows (i, h), (m, Tk), each query's heads' outputs computed once.
 
         The query heads that read one kv head are stacked ((G, rep * mq, ...)), as in
@@ -263,17 +317,17 @@ class ExactScores:
         alpha = alpha.reshape(H, mq, -1)
         if h is None:
             c = rowmm(u.reshape(G, -1, u.shape[-1]), vt).reshape(H, mq, -1)  # <o_i, v~_j^h>
-            return finite(alpha * c / layer_sq[None, :, None])
+            return self.kernel(alpha, c, layer_sq[None, :, None])
         out = alpha.new_empty(len(i), alpha.shape[-1])
         for g in (h // self.rep).unique().tolist():     # only the rows asked for, by kv head
             rows = (h // self.rep == g).nonzero()[:, 0]
             hh, at = h[rows], where[rows]
             c = rowmm(u[hh, at], vt[g])                                 # (r, Tk)
-            out[rows] = finite(alpha[hh, at] * c / layer_sq[at, None])
+            out[rows] = self.kernel(alpha[hh, at], c, layer_sq[at, None])
         return out
 
     def __call__(self, b: Tensor, i: Tensor, h: Tensor | None = None) -> Tensor:
-        if h is None or self.metric != "contribution_layer":
+        if h is None or not self.layer_scope:
             return self._chunked(b, i, h)
         order = torch.argsort(b * self.q.shape[2] + i, stable=True)    # a query's rows together
         out = self.q.new_empty(len(b), self.k.shape[2], dtype=torch.float64)
@@ -288,7 +342,7 @@ class ExactScores:
     def _chunked(self, b: Tensor, i: Tensor, h: Tensor | None) -> Tensor:
         """Rows (b, h, i), or whole queries (b, i) with h None, ``CHUNK`` entries at a time."""
         H, Tk = self.q.shape[1], self.k.shape[2]
-        per_entry = H if h is None and self.metric != "contribution_layer" else 1   # rows each
+        per_entry = H if h is None and not self.layer_scope else 1   # rows each
         step = max(1, self.CHUNK // Tk // per_entry)
         parts = [self.queries(b[lo:lo + step], i[lo:lo + step]) if h is None
                  else self.local(b[lo:lo + step], h[lo:lo + step], i[lo:lo + step])

@@ -22,7 +22,8 @@ from attngeom.store.format.manifest import portable
 from attngeom.store.io.result_files import open_partial, record_result, result_path
 from attngeom.store.options.stages import FaithConfig
 from attngeom.store.options.ranges import parse_ranges
-from attngeom.store.format.vocab import METRICS, NONNEGATIVE, RANKS
+from attngeom.store.format import metrics as M
+from attngeom.store.format.vocab import MAGNITUDE, RANKS, SIGNED
 
 from ..loading.data import Tokenized, batches, load_texts, pad_token_id
 from .interventions import DriftProbe, Intervener, Removal, forward_logits
@@ -36,34 +37,32 @@ from .selection import Workspace
 def ranking_plan(metrics, ranks, granularity: str) -> dict[tuple[str, str], tuple[str, str]]:
     """(metric, rank) -> the (metric, rank) whose forward passes give its results.
 
-    Non-negative metrics rank the same by |score|; at ``head`` granularity
-    value_weighted_normalized ranks as value_weighted (1/||o_i^h|| is constant within a
-    (head, query)). Such pairs are copied, not recomputed.
+    From the metric registry (:mod:`attngeom.store.format.metrics`): a metric that provably
+    ranks keys like another one run at this granularity takes its results, and a non-negative
+    metric ranks the same by |score| as by score. Such pairs are copied, not recomputed.
     """
     plan = {}
     for metric in metrics:
         for rank in ranks:
-            m, r = metric, rank
-            if granularity == "head" and m == "value_weighted_normalized" \
-                    and "value_weighted" in metrics:
-                m = "value_weighted"
-            if r == "magnitude" and m in NONNEGATIVE and "signed" in ranks:
-                r = "signed"
+            same = M.get(metric).same_ranking(granularity, metrics)
+            m = metric if same is None else same[0]
+            r = SIGNED if rank == MAGNITUDE and M.get(m).nonnegative and SIGNED in ranks \
+                else rank
             plan[(metric, rank)] = (m, r)
     return plan
 
 
-def plan_notes(plan: dict) -> list[str]:
+def plan_notes(plan: dict, granularity: str) -> list[str]:
+    """One note per copied (metric, rank): what it copies and why."""
     notes = []
     for (metric, rank), (m, r) in plan.items():
         if (m, r) == (metric, rank):
             continue
         why = []
         if m != metric:
-            why.append("at head granularity value_weighted_normalized ranks keys exactly as "
-                       "value_weighted (1/||o_i^h|| is constant within a head and query)")
+            why.append(M.get(metric).same_ranking(granularity, [m])[1])
         if r != rank:
-            why.append("the score is non-negative, so |score| ranks as score")
+            why.append(M.NONNEGATIVE_REASON)
         notes.append(f"{metric}/{rank}: same ranking as {m}/{r}, results copied, not "
                      f"recomputed ({'; '.join(why)})")
     return notes
@@ -120,7 +119,8 @@ def _batches(prepared: Prepared, batch_size: int, pad_id: int, device):
 
 
 def conditions(cfg: FaithConfig, plan: dict) -> list[Removal]:
-    computed = sorted(set(plan.values()), key=lambda mr: (METRICS.index(mr[0]),
+    names = M.names()
+    computed = sorted(set(plan.values()), key=lambda mr: (names.index(mr[0]),
                                                            RANKS.index(mr[1])))
     layers = None if cfg.layers is None else frozenset(cfg.layers)
     return [Removal(m, mode, p, r, cfg.granularity, layers)
@@ -222,7 +222,7 @@ def faithfulness(model: str, data: str, out: str | Path, cfg: FaithConfig | None
     config = {"model": portable(loaded.info, "spec", "id"),
               "data": portable(data_info, "spec", "dev"), "options": cfg.options()}
     plan = ranking_plan(cfg.metrics, cfg.ranks, cfg.granularity)
-    notes = plan_notes(plan)
+    notes = plan_notes(plan, cfg.granularity)
     for note in notes:
         log(f"attngeom: note: {note}")
     partial = open_partial(out, cfg.name, config, force, log)

@@ -2,7 +2,8 @@
 
 Removal (faithfulness). At each intervened layer, from that layer's own clean attention
 (alpha and head outputs computed from the inputs it receives, which earlier interventions have
-already changed), every eligible key j of every query i gets a score (see :data:`METRICS`):
+already changed), every eligible key j of every query i gets a score of the chosen metric
+(the registry, :mod:`attngeom.store.format.metrics`):
 
 =============================  =====================================  ====================
 ``attention``                  alpha_ij^h                              >= 0
@@ -12,39 +13,34 @@ already changed), every eligible key j of every query i gets a score (see :data:
 ``contribution_layer``         C_ij^h = alpha <o_i, v~_j^h> / ||o_i||^2       signed
 =============================  =====================================  ====================
 
-all from head-space Gram identities (:mod:`.geometry`). Eligible keys: those the model's mask
-allows (causal, sliding window) that are real tokens, for real queries. ``n_remove =
-floor(p * n_eligible + 0.5)``; ranking puts higher scores first, ties to the lower position
-(``rank="magnitude"`` ranks by |score|). Comprehensiveness removes the ``n_remove`` top-ranked
-keys, sufficiency the ``n_remove`` bottom-ranked. Granularity: ``head`` ranks the keys of each
-(head, query); ``query`` ranks all (key, head) pairs of a query jointly (ties: lower key, then
-lower head); ``token`` ranks keys by the head-summed score (magnitude: |sum|) and removes the key
-from every head. Removing key j deletes alpha_ij v~_j^h from o_i^h: alpha set to zero, no
-renormalisation.
+all from head-space Gram identities (:mod:`..measurement.geometry`). Eligible keys: those the
+model's mask allows (causal, sliding window) that are real tokens, for real queries.
+``n_remove = floor(p * n_eligible + 0.5)``; ranking puts higher scores first, ties to the lower
+position (``rank="magnitude"`` ranks by |score|). Comprehensiveness removes the ``n_remove``
+top-ranked keys, sufficiency the ``n_remove`` bottom-ranked. Granularity: ``head`` ranks the
+keys of each (head, query); ``query`` ranks all (key, head) pairs of a query jointly (ties:
+lower key, then lower head); ``token`` ranks keys by the head-summed score (magnitude: |sum|)
+and removes the key from every head. Removing key j deletes alpha_ij v~_j^h from o_i^h: alpha
+set to zero, no renormalisation.
 
 Precision and near-ties. Every pass (clean, sink-zeroed, removal) computes attention densely in
 float32 (or the model's dtype if wider), like the model's own eager attention (the same
-``torch.softmax``; masks applied as additive 0 / -inf biases, and the removal as a 0 / 1 factor
-of alpha, since torch's CPU ``masked_fill`` is a scalar loop; alpha @ v over blocks of query
+``torch.softmax``; masks applied as additive 0 / -inf biases and the removal as a 0 / 1 factor
+of alpha, because torch's CPU ``masked_fill`` is a scalar loop; alpha @ v over blocks of query
 rows that stop at their last allowed key, :func:`~.dense.row_blocks`), in scratch tensors
-reused from layer to layer (:mod:`.dense`). The ranking is
-that of the float64 scores of the layer's inputs (:func:`~.exact_scores.metric_scores`, the
-code's arithmetic before 2026-12): the scores are computed in float32
-(:func:`~.removal_scores.fast_scores`) with a bound on their relative rounding error, the cut is
-read from one sort of the values (:mod:`.selection`), and a ranking row is re-ranked from
+reused from layer to layer (:mod:`.dense`). The ranking is that of the float64 scores of the
+layer's inputs (:func:`~.exact_scores.metric_scores`): the scores are computed in float32
+(:func:`~.removal_scores.fast_scores`) with a bound on their relative rounding error, the cut
+is read from one sort of the values (:mod:`.selection`), and a ranking row is re-ranked from
 float64 scores recomputed for it alone (:class:`~.exact_scores.ExactScores`) when the two keys
 at its cut are closer than the bound (a tie at the cut included). Ties, in float32 and in
-float64, go to the lower position. The removal sets can differ from ranking every row in float64
-only (1) where a float32 error exceeds its bound, fitted at ten times the largest seen
-(:data:`~.removal_scores.ERROR_UNITS`), or (2) for the signed metrics, between keys whose scores
-lie within float32 rounding of *zero* (keys almost orthogonal to the output: their error is not
+float64, go to the lower position. The removal sets can differ from ranking every row in
+float64 only (1) where a float32 error exceeds its bound (each metric's ``error_unit``, fitted
+at ten times the largest seen), or (2) for the signed metrics, between keys whose scores lie
+within float32 rounding of *zero* (keys almost orthogonal to the output: their error is not
 relative to the score; this matters for rank=magnitude sufficiency and for head sums at token
-granularity). On SmolLM2-135M prose (8 texts, 4 layers, T = 512) case (2) left 8 of some 4.7
-million ranking rows (magnitude sufficiency) ranked as float32 ranks them; at T = 128 none.
-Across layers, the inputs of a layer carry the float32 rounding of the layers before it, as in
-any float32 forward pass; the code before 2026-12 ran attention in float64, so against it keys
-whose scores differ by about 1e-6 relative can swap, and perplexities differ by float32
-rounding.
+granularity; benchmarks/RESULTS.md counts such rows on real text). Across layers, the inputs
+of a layer carry the float32 rounding of the layers before it, as in any float32 forward pass.
 
 Sink zeroing (semantic drift). v_j = 0 for the sink keys j < k, alpha kept.
 """
@@ -56,7 +52,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from attngeom.store.format.vocab import GRANULARITIES, METRICS, RANKS, REMOVAL_MODES
+from attngeom.store.format import metrics as M
+from attngeom.store.format.vocab import (DRIFT_LOW_FRACTION, GRANULARITIES, RANKS, REMOVAL_MODES,
+                                         SINK_K)
 
 from ..measurement.archs import attention_layers
 from ..measurement.geometry import Projection, norm_from_gram, repeat_kv
@@ -81,7 +79,7 @@ class Removal:
     layers: frozenset[int] | None = None
 
     def __post_init__(self) -> None:
-        for name, allowed in (("metric", METRICS), ("mode", REMOVAL_MODES), ("rank", RANKS),
+        for name, allowed in (("metric", M.names()), ("mode", REMOVAL_MODES), ("rank", RANKS),
                               ("granularity", GRANULARITIES)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"unknown {name} '{getattr(self, name)}'; "
@@ -206,7 +204,7 @@ class DriftProbe:
 
     STATS = ("cosine_low", "cosine_all", "output_norm_low", "n_low", "n_all")
 
-    def __init__(self, sink_k: int = 1, low_fraction: float = 0.1):
+    def __init__(self, sink_k: int = SINK_K, low_fraction: float = DRIFT_LOW_FRACTION):
         self.sink_k, self.low_fraction = sink_k, low_fraction
         self.phase = "before"
         self.low: dict[int, Tensor] = {}

@@ -8,25 +8,18 @@ whose order the bound leaves open are ranked again from float64 scores
 
 from __future__ import annotations
 
+from functools import cached_property
+
 import torch
 
+from attngeom.store.format import metrics
+
 from .dense import grouped, weighted_values
-from .exact_scores import finite, unknown_metric
+from .exact_scores import finite, resolve_kernel
 from ..measurement.geometry import Projection, repeat_kv, vecdot
 from .selection import ErrorBound
 
 Tensor = torch.Tensor
-# The float32 rounding error of each metric's fast scores, in units of u * Lambda * |score|
-# (attention, value_weighted), u * Lambda * (1 + kappa) * |score| (value_weighted_normalized) and
-# u * Lambda * (1 + kappa) * alpha ||v~|| / ||o|| (contribution; u the unit roundoff, Lambda =
-# logit_scale, kappa = sum_j alpha ||v~|| / ||o||), u * (Lambda_h + sqrt(sum_h' (Lambda_h'
-# s_h')^2) / ||o||) times the same size (contribution_layer, see fast_scores): ten times the
-# largest ratio measured on SmolLM2-135M prose (8 texts, every layer at T = 128, 7 layers at
-# T = 512): 3.2, 3.2, 1.5, 1.0; contribution_layer 1.0 (8 texts, every layer at T = 128 and 512;
-# 0.14 on the random model of benchmarks/bench_faithfulness.py). At the cut the signed metrics
-# use it relative to |score| (see fast_scores).
-ERROR_UNITS = {"attention": 32.0, "value_weighted": 32.0, "value_weighted_normalized": 16.0,
-               "contribution": 10.0, "contribution_layer": 10.0}
 
 
 def logit_scale(query: Tensor, key: Tensor, scale: float,
@@ -44,51 +37,99 @@ def logit_scale(query: Tensor, key: Tensor, scale: float,
     return lam if sinks is None else lam + sinks.float().abs()
 
 
+class FastLayer:
+    """One layer's float32 inputs to the fast scores, and what several metrics share (each
+    computed once, on first use).
+
+    alpha (B, H, T, Tk) clean attention; value (B, G, Tk, dh) values per kv head; proj the
+    output projection in alpha's dtype; lam (B, H, T) :func:`logit_scale`; out the scores'
+    buffer; blocks :func:`~.dense.row_blocks` of the layer's mask (None: every row, every key).
+    """
+
+    def __init__(self, alpha: Tensor, value: Tensor, proj: Projection, lam: Tensor,
+                 out: Tensor | None = None, blocks=None):
+        self.alpha, self.value, self.proj, self.lam, self.blocks = alpha, value, proj, lam, blocks
+        self._out = out
+
+    @cached_property
+    def out(self) -> Tensor:
+        return torch.empty_like(self.alpha) if self._out is None else self._out
+
+    @cached_property
+    def vf(self) -> Tensor:
+        """Values per query head (B, H, Tk, dh) in alpha's dtype."""
+        return repeat_kv(self.value, self.alpha.shape[1]).to(self.alpha.dtype)
+
+    @cached_property
+    def value_norm(self) -> Tensor:
+        """||v~_j^h|| (B, H, Tk)."""
+        return vecdot(self.vf @ self.proj.gram[None], self.vf).clamp_min(0).sqrt()
+
+    @cached_property
+    def head_output(self) -> tuple[Tensor, Tensor, Tensor]:
+        """z_i^h (B, H, T, dh), z_i G_h and ||o_i^h|| (B, H, T), and the mass
+        sum_j alpha ||v~_j|| (B, H, T), from one pass of alpha over [v, ||v~||]."""
+        dh = self.vf.shape[-1]
+        zs = weighted_values(self.alpha, torch.cat([self.vf, self.value_norm[..., None]], -1),
+                             self.blocks)
+        z, mass = zs[..., :dh], zs[..., dh]
+        zg = z @ self.proj.gram[None]
+        return zg, vecdot(zg, z).clamp_min(0).sqrt(), mass
+
+
 def fast_scores(metric: str, alpha: Tensor, value: Tensor, proj: Projection, lam: Tensor,
                 out: Tensor | None = None, blocks=None) -> tuple[Tensor, ErrorBound]:
     """Scores (B, H, T, Tk) in alpha's dtype (into ``out``; ``alpha`` itself for attention)
-    and the relative size of their rounding error.
+    and the relative size of their rounding error: the metric's registered float32 kernel
+    (:mod:`attngeom.store.format.metrics`).
 
-    Parameters
-    ----------
-    alpha : (B, H, T, Tk) clean attention; value : (B, G, Tk, dh) values per kv head; proj : the
-    output projection in alpha's dtype; lam : (B, H, T) :func:`logit_scale`; blocks :
-    :func:`~.dense.row_blocks` of the layer's mask (None: every row over every key).
+    Parameters: see :class:`FastLayer`.
 
-    Error model (fitted, see :data:`ERROR_UNITS`): alpha's relative error is O(u Lambda); the
-    head output o = sum_j alpha v~ has an absolute error O(u Lambda sum_j alpha ||v~||),
-    relative kappa = sum_j alpha ||v~|| / ||o|| times that, which every score divided by or
-    projected on o inherits. At the layer level (contribution_layer) the sum over keys and heads
-    is taken in quadrature, as the roundings of alpha's entries have independent signs: relative
-    u (Lambda_h + sqrt(sum_h' (Lambda_h' s_h')^2) / ||o||), s_h = sqrt(sum_j alpha^2 ||v~||^2);
-    the sum of |terms| overstated it by up to sqrt(Tk) where attention is diffuse, and with it
-    the rows recomputed in float64. The signed scores' error is relative to |score| except
-    near 0 (a key almost orthogonal to o).
+    Error model (each metric's ``error_unit`` is fitted in its units): alpha's relative error is
+    O(u Lambda); the head output o = sum_j alpha v~ has an absolute error
+    O(u Lambda sum_j alpha ||v~||), relative kappa = sum_j alpha ||v~|| / ||o|| times that, which
+    every score divided by or projected on o inherits. At the layer level
+    (contribution_layer) the sum over keys and heads is taken in quadrature, as the roundings
+    of alpha's entries have independent signs: relative u (Lambda_h + sqrt(sum_h' (Lambda_h'
+    s_h')^2) / ||o||), s_h = sqrt(sum_j alpha^2 ||v~||^2); the sum of |terms| overstates it by
+    up to sqrt(Tk) where attention is diffuse, and with it the rows recomputed in float64. The
+    signed scores' error is relative to |score| except near 0 (a key almost orthogonal to o).
     """
-    if metric not in ERROR_UNITS:
-        raise unknown_metric(metric)
-    unit = ERROR_UNITS[metric] * torch.finfo(alpha.dtype).eps / 2
-    if metric == "attention":
-        return alpha, ErrorBound(unit * lam)
-    H, dh = alpha.shape[1], value.shape[-1]
-    vf = repeat_kv(value, H).to(alpha.dtype)                            # (B, H, Tk, dh)
-    value_norm = vecdot(vf @ proj.gram[None], vf).clamp_min(0).sqrt()   # ||v~_j|| (B, H, Tk)
-    out = torch.empty_like(alpha) if out is None else out
-    if metric == "value_weighted":
-        return torch.mul(alpha, value_norm[:, :, None, :], out=out), ErrorBound(unit * lam)
-    if metric == "contribution_layer":
-        return _layer_scores(alpha, value, value_norm, proj, lam, unit, out, blocks)
-    zs = weighted_values(alpha, torch.cat([vf, value_norm[..., None]], -1), blocks)   # z, mass
-    z, mass = zs[..., :dh], zs[..., dh]
-    zg = z @ proj.gram[None]
-    output_norm = vecdot(zg, z).clamp_min(0).sqrt()                     # ||o_i^h|| (B, H, T)
-    if metric == "value_weighted_normalized":
-        torch.mul(alpha, value_norm[:, :, None, :], out=out).div_(output_norm[..., None])
-        rel = unit * lam * (1 + mass / output_norm)
-        return _finite_(out, output_norm), ErrorBound(finite(rel))
+    entry = metrics.get(metric)
+    unit = entry.error_unit * torch.finfo(alpha.dtype).eps / 2
+    return resolve_kernel(entry.fast)(FastLayer(alpha, value, proj, lam, out, blocks), unit)
+
+
+def fast_attention(x: FastLayer, unit: float) -> tuple[Tensor, ErrorBound]:
+    """alpha itself; error u Lambda alpha."""
+    return x.alpha, ErrorBound(unit * x.lam)
+
+
+def fast_value_weighted(x: FastLayer, unit: float) -> tuple[Tensor, ErrorBound]:
+    """alpha ||v~||; error u Lambda |score|."""
+    return (torch.mul(x.alpha, x.value_norm[:, :, None, :], out=x.out),
+            ErrorBound(unit * x.lam))
+
+
+def fast_value_weighted_normalized(x: FastLayer, unit: float) -> tuple[Tensor, ErrorBound]:
+    """alpha ||v~|| / ||o||; error u Lambda (1 + kappa) |score|."""
+    _, output_norm, mass = x.head_output
+    torch.mul(x.alpha, x.value_norm[:, :, None, :], out=x.out).div_(output_norm[..., None])
+    rel = unit * x.lam * (1 + mass / output_norm)
+    return _finite_(x.out, output_norm), ErrorBound(finite(rel))
+
+
+def fast_contribution(x: FastLayer, unit: float) -> tuple[Tensor, ErrorBound]:
+    """alpha <o, v~> / ||o||^2; error u Lambda (1 + kappa) alpha ||v~|| / ||o||."""
+    zg, output_norm, mass = x.head_output
     g = zg / output_norm.square()[..., None]                            # o_i^h / ||o_i^h||^2
-    rel = unit * lam * (1 + mass / output_norm)
-    return _project(alpha, g, value, output_norm, out), ErrorBound(finite(rel))
+    rel = unit * x.lam * (1 + mass / output_norm)
+    return _project(x.alpha, g, x.value, output_norm, x.out), ErrorBound(finite(rel))
+
+
+def fast_contribution_layer(x: FastLayer, unit: float) -> tuple[Tensor, ErrorBound]:
+    """alpha <o_i, v~_j^h> / ||o_i||^2; error in quadrature over heads (see fast_scores)."""
+    return _layer_scores(x.alpha, x.value, x.value_norm, x.proj, x.lam, unit, x.out, x.blocks)
 
 
 def _layer_scores(alpha: Tensor, value: Tensor, value_norm: Tensor, proj: Projection,

@@ -5,8 +5,8 @@ The rule. A *ranking row* is one (head, query) at ``head`` granularity, and one 
 head-summed score, removed from every head). Its eligible candidates are ranked by score,
 higher first, ties to the lower position (key, then head); ``n_remove = floor(p * n + 0.5)``
 of the n eligible; comprehensiveness removes the first n_remove, sufficiency the last n_remove.
-:func:`stable_select` is that rule written as a stable sort: the reference, and what the code
-did for every row before the fast path.
+:func:`stable_select` is that rule written as a stable sort: the reference, and what decides
+the near rows below.
 
 The fast path, :func:`threshold_select`, sorts score values only (numpy's SIMD sort on the
 CPU; no indices, no stability) to read each row's boundary: ``hi``, the m-th highest score,

@@ -15,13 +15,13 @@ from dataclasses import dataclass
 
 import torch
 
+from attngeom.store.format.vocab import COMPACT, DENSE, SINK_K, TAIL_W
+
 from .geometry import (Projection, attention_bias, attention_probs, band, band_values,
                        fused_attention, per_token, repeat_kv, tail_index)
 
 Tensor = torch.Tensor
 PAIR_NAMES = ("alpha", "cosine", "cosine_layer", "contribution", "contribution_layer")
-DERIVED_NAMES = ("contribution", "contribution_layer", "tail_contribution",
-                 "tail_contribution_layer")
 NAN = float("nan")
 
 
@@ -30,9 +30,9 @@ class Options:
     """What to measure: the layout, the sink/tail group sizes, and whether to return the
     contributions that a store derives on read (``derived=False`` skips them)."""
 
-    mode: str = "compact"
-    sink_k: int = 1
-    tail_w: int = 8
+    mode: str = COMPACT
+    sink_k: int = SINK_K
+    tail_w: int = TAIL_W
     derived: bool = True
 
 
@@ -98,7 +98,7 @@ def measure_layer(q: Tensor, k: Tensor, v: Tensor, masks: Masks, scale: float,
     H = q.shape[1]
     kr, vr = repeat_kv(k, H), repeat_kv(v, H)
     kk = masks.sink_ok.shape[-1]
-    if opts.mode == "dense" or softcap is not None:
+    if opts.mode == DENSE or softcap is not None:
         alpha, learned = attention_probs(q, kr, scale, masks.allowed, softcap, sinks)
         vf = vr.float()
         z, zf, lse = None, alpha @ vf, None
@@ -109,7 +109,7 @@ def measure_layer(q: Tensor, k: Tensor, v: Tensor, masks: Masks, scale: float,
     tok = per_token(zf, v.float(), r, kk, proj)
     zg, u = tok.pop("_zg"), tok.pop("_u")
     sink_dots = tok.pop("_sink_dot"), tok.pop("_sink_dot_layer")
-    if opts.mode == "dense":
+    if opts.mode == DENSE:
         out = _dense(alpha, zg, u, vf, tok, masks, opts)
     else:
         out = _compact(q, k, v, alpha, lse, sink_alpha, sink_dots, zg, u, tok, masks, scale,

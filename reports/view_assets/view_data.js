@@ -72,10 +72,14 @@ function get(name, idx) {            // undefined: the variable is not in this v
 }
 
 // ------------------------------------------------------------------ what a key shows
+var SYMBOL = meta.symbols;          // the metric registry's symbols (store/format/metrics.py)
 var METRICS = {
-  alpha: {label: "α", total: "α (mean over heads)", kind: "prob", needs: ["alpha"]},
-  contribution: {label: "c", total: "C = Σ_h C^h", kind: "signed", needs: ["contribution"]},
-  value_weighted: {label: "α‖ṽ‖", kind: "pos", needs: ["alpha", "value_norm"]},
+  alpha: {label: SYMBOL.attention, total: SYMBOL.attention + " (mean over heads)", kind: "prob",
+          needs: ["alpha"]},
+  contribution: {label: SYMBOL.contribution,
+                 total: SYMBOL.contribution_layer + " = Σ_h " + SYMBOL.contribution_layer + "^h",
+                 kind: "signed", needs: ["contribution"]},
+  value_weighted: {label: SYMBOL.value_weighted, kind: "pos", needs: ["alpha", "value_norm"]},
   cosine: {label: "cos(o, ṽ)", kind: "cos", needs: ["cosine"]},
   value_norm: {label: "‖ṽ‖", kind: "norm", needs: ["value_norm"]}
 };
@@ -99,7 +103,7 @@ function pairValue(m, i, j) {        // number, NaN (masked) or null (not stored
 }
 function keyValue(m, i, j) {
   if (m === "value_norm") return get("value_norm", [state.layer, state.head, j]);
-  if (m === "value_weighted") {      // value-weighted attention (store/derive.py)
+  if (m === "value_weighted") {      // value-weighted attention (store/format/derive.py)
     var a = pairValue("alpha", i, j);
     return a === null ? null : a * get("value_norm", [state.layer, state.head, j]);
   }

@@ -1,9 +1,11 @@
-"""Derived quantities, each implemented once: contributions, key groups, AOPC.
+"""Derived quantities of a store, each implemented once: contributions, key groups, AOPC.
 
-The functions use only arithmetic and indexing that numpy arrays, xarray objects and torch
-tensors share, so the store (deriving on read), the analyses, the reports and extract's torch
-code (:mod:`attngeom.extract.measurement.layer`,
-:mod:`attngeom.extract.faithfulness.interventions`) call the same definition.
+The functions use only arithmetic and indexing that numpy arrays and xarray objects share, so
+the store (deriving on read), the analyses and the reports call the same definition. Extraction
+computes the stored quantities in head space from Gram identities
+(:mod:`attngeom.extract.measurement.geometry`); tests check both against the model-space
+reference (tests/reference.py). The faithfulness metrics' scores are the metric registry's
+(:mod:`attngeom.store.format.metrics`).
 
 Contribution weights (notation of README.md, "The store"):
 
@@ -30,11 +32,6 @@ def contribution(alpha, value_norm, cosine, output_norm):
 def contribution_layer(alpha, value_norm, cosine_layer, layer_output_norm):
     """C = alpha * ||v~|| * cos(o, v~) / ||o|| (any array type, broadcasting)."""
     return alpha * value_norm * cosine_layer / layer_output_norm
-
-
-def value_weighted(alpha, value_norm):
-    """alpha * ||v~||: value-weighted attention (Kobayashi et al. 2020)."""
-    return alpha * value_norm
 
 
 def tail_keys(n_positions: int, k: int, w: int) -> tuple[np.ndarray, np.ndarray]:

@@ -36,7 +36,8 @@ from attngeom import __version__
 
 from .derive import AOPC_NOTE, aopc
 from .manifest import config_hash, now
-from .vocab import METRICS, RANKS
+from . import metrics as M
+from .vocab import RANKS
 
 DESCRIPTIONS = {
     "ppl": "perplexity exp(mean next-token NLL over the scored positions) under the intervention",
@@ -171,7 +172,7 @@ def assemble(parts: list[xr.Dataset], kind: str, cfg, config: dict, plan: dict,
         "loss_variable": loss, "unit_dim": U, "aopc": AOPC_NOTE,
         "notes": "\n".join(notes), "config_hash": config_hash(config),
         "attngeom_config": json.dumps(config, sort_keys=True), "created": now(),
-        "metric_order": ",".join(m for m in METRICS if m in cfg.metrics),
+        "metric_order": ",".join(M.order(cfg.metrics)),
         "ranks": ",".join(r for r in RANKS if r in cfg.ranks),
     }
     return ds

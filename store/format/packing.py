@@ -103,13 +103,6 @@ def pack(name: str, x: np.ndarray) -> np.ndarray:
     return np.where(finite, np.clip(q, -p.qmax, p.qmax), FILL).astype(np.int16)
 
 
-def unpack(name: str, q: np.ndarray) -> np.ndarray:
-    """int16 q of ``name`` decoded as a CF reader does (float32; FILL -> NaN)."""
-    p = PACKED_VARIABLES[name]
-    x = np.asarray(q).astype(np.float32) * p.scale_factor + p.add_offset
-    return np.where(np.asarray(q) == FILL, np.float32(np.nan), x)
-
-
 def bitround(x: np.ndarray, keep: int = KEEP_BITS) -> np.ndarray:
     """float32 ``x`` with mantissas rounded to ``keep`` bits (to nearest, ties to even);
     NaN and infinities unchanged. Relative error at most 2**-(keep + 1); idempotent."""

@@ -129,7 +129,6 @@ DESCRIPTIONS: dict[str, str] = {
     "token": "token string at each position (absent when stored with --no-text)",
 }
 
-COMPACT_ONLY = tuple(TAIL_VARIABLES) + tuple(MIDDLE_VARIABLES)
 MODES = LAYOUTS
 
 # variables that do not vary by head: packed stores keep them once, on these dims (the

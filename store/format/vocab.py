@@ -23,22 +23,13 @@ SINK, TAIL, MIDDLE = "sink", "tail", "middle"
 GROUPS = (SINK, TAIL, MIDDLE)            # j < k; the w most recent non-sink keys j <= i; the rest
 
 # ------------------------------------------------------------------ faithfulness
-ATTENTION, VALUE_WEIGHTED, VALUE_WEIGHTED_NORMALIZED, CONTRIBUTION, CONTRIBUTION_LAYER = (
-    "attention", "value_weighted", "value_weighted_normalized", "contribution",
-    "contribution_layer")
-# token scores ranked by the removal experiment, in the paper's expected order of faithfulness
-# (attention < value-weighted < output-normalized < contribution), then the layer-level C
-METRICS = (ATTENTION, VALUE_WEIGHTED, VALUE_WEIGHTED_NORMALIZED, CONTRIBUTION,
-           CONTRIBUTION_LAYER)
-PAPER_ORDER = METRICS[:4]
-NONNEGATIVE = (ATTENTION, VALUE_WEIGHTED, VALUE_WEIGHTED_NORMALIZED)   # |score| ranks as score
+# the metrics themselves (names, labels, kernels): store/format/metrics.py
 COMPREHENSIVENESS, SUFFICIENCY = "comprehensiveness", "sufficiency"
 REMOVAL_MODES = (COMPREHENSIVENESS, SUFFICIENCY)   # remove the top / the bottom fraction p
 SIGNED, MAGNITUDE = "signed", "magnitude"
 RANKS = (SIGNED, MAGNITUDE)                        # rank by score, or by |score|
 GRANULARITIES = ("head", "query", "token")         # keys ranked per (head, query), per query, per key
 TASKS = ("lm", "gsm8k-answer", "mmlu", "winogrande", "boolq")
-LM_TASKS = ("lm", "gsm8k-answer")                  # scored by perplexity; the others by accuracy
 
 # ------------------------------------------------------------------ defaults
 SINK_K = 1                # sink keys: the first k positions
@@ -46,10 +37,16 @@ TAIL_W = 8                # tail window: the w most recent non-sink keys up to t
 MAX_LENGTH = 512          # tokens per text
 BATCH_SIZE = 4
 EPSILON = 0.3             # sink-head threshold on the mean sink rate (Gu et al., ICLR 2025)
-N_BOOT = 200              # bootstrap resamples (vertex CI, faithfulness order CIs)
+N_BOOT = 200              # sequence-cluster bootstrap resamples of the convexity vertex CI
+ORDER_RESAMPLES = 9999    # bootstrap resamples of each faithfulness order step's CI
+#                           (scipy.stats.bootstrap's default)
 LEVEL = 0.05              # test and false-discovery level
 SEED = 0
 FRACTIONS = (0.1, 0.2, 0.5)           # removal fractions p of `attngeom faithfulness`
+# removal fractions p of `attngeom run`, the five-minute demo: a set of its own, documented as
+# the demo's (README's quick start, `attngeom run`'s docstring); `attngeom faithfulness`
+# defaults to FRACTIONS
+RUN_FRACTIONS = (0.1, 0.25, 0.5)
 GRANULARITY = "head"
 DRIFT_LOW_FRACTION = 0.1  # lowest-norm share of head outputs followed by the drift probe
 BLOCK_SIZE = 16           # faithfulness texts/items per checkpoint block

@@ -34,6 +34,12 @@ def result_entry(manifest: dict, name: str) -> dict | None:
     return entries(manifest).get(name)
 
 
+def recorded_sha256(manifest: dict, name: str) -> str | None:
+    """The sha256 the manifest records for result ``name`` (None when not recorded)."""
+    found = result_entry(manifest, name)
+    return None if found is None else found.get("sha256")
+
+
 def result_file(store: str | Path, entry: dict) -> Path:
     """The path of a recorded result file; StoreError when the record points outside."""
     name = Path(str(entry.get("file", "")))

@@ -36,7 +36,6 @@ from ..io.results import is_faith_only
 from ..io.atomic import atomic_file, atomic_write_bytes, copy_file
 
 FORMATS = ("zarr", "parquet", "hf")
-TABLE_FORMATS = ("parquet", "hf")          # the long-table layouts: flat files, or a Hub repo
 TABLES = ("per_query", "per_key", "pairs", "sequences", "tokens")
 ZARR_CHUNK_BYTES = 16 << 20
 

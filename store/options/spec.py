@@ -38,9 +38,12 @@ def option(default: Any, help: str, *, flag: str | None = None, aliases: Sequenc
         (``--no-x`` sets False), ``"names"``/``"numbers"`` (comma-separated, a tuple),
         ``"ranges"`` (the range syntax of :mod:`attngeom.store.options.ranges`).
     type : the command line's converter (default: the type of ``default``).
-    choices : allowed values (of each item for ``names``).
-    at_least : the smallest allowed integer; within : ``(lo, hi, "[]")``, brackets ``(``/``[``
-        for open/closed ends.
+    choices : allowed values (of each item for ``names``), or a function returning them when
+        they can grow at run time (the metric registry).
+    at_least : the smallest allowed integer; within : ``(lo, hi, "[]")``, the interval a number
+        (each number for ``numbers``) must lie in, brackets ``(``/``[`` for open/closed ends.
+        Every numeric option declares one of them; both the command line (argparse, exit 2)
+        and ``check()`` refuse a value outside it, naming the option, the value and the range.
     record : where a store's manifest records the option (``"options"`` or ``"data"`` of its
         config): it shapes the numbers and is part of the store's identity. auto : None lets
         the run choose the value (it records the chosen one; any recorded value matches None).
@@ -51,12 +54,21 @@ def option(default: Any, help: str, *, flag: str | None = None, aliases: Sequenc
     """
     if kind not in KINDS:
         raise ValueError(f"unknown option kind {kind!r}")
+    if within is not None and (len(within) != 3 or within[2] not in ("()", "(]", "[)", "[]")):
+        raise ValueError(f"within={within!r}: give (lo, hi, ends), ends one of (), (], [), []")
     meta = dict(help=help, flag=flag, aliases=tuple(aliases), kind=kind, type=type,
-                choices=None if choices is None else tuple(choices), at_least=at_least,
+                choices=choices if choices is None or callable(choices) else tuple(choices),
+                at_least=at_least,
                 within=within, record=record, auto=auto, provenance=provenance,
                 positional=positional, required=required, metavar=metavar, cli=cli,
                 omit_default=omit_default)
     return field(default=default, metadata=meta)
+
+
+def _choices(m: dict) -> tuple | None:
+    """The declared choices (called when declared as a function)."""
+    c = m["choices"]
+    return tuple(c()) if callable(c) else c
 
 
 def flag_of(f: dataclasses.Field) -> str:
@@ -114,10 +126,15 @@ def _spellings(f: dataclasses.Field) -> tuple[str, ...]:
 def _argparse_kwargs(f: dataclasses.Field, default: Any) -> dict:
     m = f.metadata
     kind, help_text = m["kind"], m["help"]
-    if m["kind"] == "names" and m["choices"]:
-        help_text += f"; from {', '.join(m['choices'])}"
+    if m["kind"] == "names" and _choices(m):
+        help_text += f"; from {', '.join(_choices(m))}"
+    shown = []
     if default is not None and kind not in ("flag", "negated") and not m["required"]:
-        help_text += f" (default {_show(default)})"
+        shown.append(f"default {_show(default)}")
+    if _valid_range(m):
+        shown.append(_valid_range(m))
+    if shown:
+        help_text += f" ({'; '.join(shown)})"
     kw: dict = dict(help=help_text)
     if not m["positional"]:
         kw["dest"] = f.name
@@ -133,14 +150,31 @@ def _argparse_kwargs(f: dataclasses.Field, default: Any) -> dict:
     if kind == "names":
         kw["type"] = _names
     elif kind == "numbers":
-        kw["type"] = _numbers
+        kw["type"] = _checked(_numbers, lambda values: _list_problem(values, m))
     elif kind == "ranges":
         kw["type"] = _ranges(flag_of(f))
     else:
         kw["type"] = m["type"] or (type(default) if default is not None else str)
-        if m["choices"]:
-            kw["choices"] = list(m["choices"])
+        if m["at_least"] is not None or m["within"] is not None:
+            kw["type"] = _checked(kw["type"], lambda value: _bounds_problem(value, m))
+        if _choices(m):
+            kw["choices"] = list(_choices(m))
     return kw
+
+
+def _checked(convert: Callable[[str], Any],
+             problem: Callable[[Any], str | None]) -> Callable[[str], Any]:
+    """``convert`` followed by the declared bounds: a value outside them is argparse's one-line
+    usage error ``argument --x: <problem>`` (exit status 2)."""
+    def converter(text: str) -> Any:
+        value = convert(text)
+        found = problem(value)
+        if found:
+            raise argparse.ArgumentTypeError(found)
+        return value
+    # argparse names the converter in "invalid int value: 'ten'"
+    converter.__name__ = getattr(convert, "__name__", "value")
+    return converter
 
 
 def from_args(args: argparse.Namespace, cls: type, **overrides) -> Any:
@@ -158,31 +192,58 @@ def check_fields(obj: Any) -> None:
         if value is None:
             continue
         what = flag_of(f)
+        problem = None
         if m["kind"] in LISTS:
-            _check_list(what, value, m)
+            problem = _list_problem(tuple(value), m)
         elif m["kind"] == "ranges":
             _check_ranges(what, value)
-        elif m["choices"] and value not in m["choices"]:
-            raise ValueError(f"{what} must be one of {', '.join(map(str, m['choices']))}, "
-                             f"not '{value}'")
-        if m["at_least"] is not None and not (isinstance(value, int) and value >= m["at_least"]):
-            raise ValueError(f"{what} must be at least {m['at_least']}, not {value}")
-        if m["within"] is not None and m["kind"] != "numbers" and not _inside(value, m["within"]):
-            raise ValueError(f"{what} {value} must be in {_interval(m['within'])}")
+        elif _choices(m) and value not in _choices(m):
+            problem = f"must be one of {', '.join(map(str, _choices(m)))}, not '{value}'"
+        else:
+            problem = _bounds_problem(value, m)
+        if problem:
+            raise ValueError(f"{what} {problem}")
 
 
-def _check_list(what: str, values: Sequence, m: dict) -> None:
-    values = tuple(values)
+def _list_problem(values: tuple, m: dict) -> str | None:
+    """What is wrong with the items of a ``names``/``numbers`` option, or None."""
     if m["kind"] == "names":
-        bad = [v for v in values if m["choices"] and v not in m["choices"]]
+        bad = [v for v in values if _choices(m) and v not in _choices(m)]
         if bad or not values or len(set(values)) != len(values):
-            raise ValueError(f"{what} {','.join(map(str, values))}: give distinct values from "
-                             f"{', '.join(m['choices'] or ())}")
-        return
+            return (f"{','.join(map(str, values))}: give distinct values from "
+                    f"{', '.join(_choices(m) or ())}")
+        return None
     if not values or len(set(values)) != len(values) or any(
-            not isinstance(v, (int, float)) or not _inside(v, m["within"]) for v in values):
-        raise ValueError(f"{what} '{_show(values)}': give distinct numbers in "
-                         f"{_interval(m['within'])}, e.g. 0.1,0.2,0.5")
+            not _is_number(v) or not _inside(v, m["within"]) for v in values):
+        return (f"'{_show(values)}': give distinct numbers in {_interval(m['within'])}, "
+                f"e.g. 0.1,0.2,0.5")
+    return None
+
+
+def _bounds_problem(value: Any, m: dict) -> str | None:
+    """What is wrong with a number outside its declared ``at_least``/``within``, or None:
+    ``must be at least 1, not 0``, ``2.0 must be in (0, 1)``."""
+    low = m["at_least"]
+    if low is not None and not (isinstance(value, int) and not isinstance(value, bool)):
+        return f"must be an integer of at least {low}, not {value!r}"
+    if low is not None and value < low:
+        return f"must be at least {low}, not {value}"
+    if m["within"] is not None and not (_is_number(value) and _inside(value, m["within"])):
+        return f"{value} must be in {_interval(m['within'])}"
+    return None
+
+
+def _valid_range(m: dict) -> str | None:
+    """The declared range as the help text shows it: ``at least 1``, ``in (0, 1)``."""
+    if m["at_least"] is not None:
+        return f"at least {m['at_least']}"
+    if m["within"] is not None:
+        return f"{'each ' if m['kind'] == 'numbers' else ''}in {_interval(m['within'])}"
+    return None
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _check_ranges(what: str, value: Any) -> None:

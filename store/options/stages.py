@@ -23,6 +23,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from ..format import metrics as M
 from ..format import vocab as V
 from .spec import (add_arguments, check_fields, flag_of, from_args, identity, mismatches,
                          option, provenance)
@@ -117,13 +118,15 @@ class FaithConfig:
 
     task: str = option("lm", "lm (perplexity of texts) or a task scored by accuracy",
                        choices=V.TASKS, record="options")
-    metrics: tuple[str, ...] = option(V.METRICS, "comma-separated metrics", kind="names",
-                                      choices=V.METRICS, record="options")
+    metrics: tuple[str, ...] = option(M.BUILTIN, "comma-separated metrics (registered ones: "
+                                      "store/format/metrics.py)", kind="names",
+                                      choices=M.names, record="options")
     modes: tuple[str, ...] = option(V.REMOVAL_MODES, "remove the top or the bottom keys",
                                     kind="names", choices=V.REMOVAL_MODES, record="options")
     ranks: tuple[str, ...] = option(V.RANKS, "rank by score (signed) or |score| (magnitude)",
                                     aliases=("--rank",), kind="names", choices=V.RANKS,
                                     record="options")
+    # p = 0 removes no key and p = 1 every eligible one: both ends are defined conditions
     fractions: tuple[float, ...] = option(V.FRACTIONS, "removal fractions p", kind="numbers",
                                           within=(0, 1, "[]"), record="options")
     granularity: str = option(
@@ -194,12 +197,17 @@ class AnalysisOptions:
     tail_w: int | None = option(None, f"tail window w of the decomposition (default: the "
                                       f"store's, else {V.TAIL_W})", type=int, at_least=1,
                                 provenance=True)
+    # a sink rate lies in [0, 1]: at 0 every head that looks at the sink at all is a sink head,
+    # at 1 or above none can be
     epsilon: float = option(V.EPSILON, "sink-head threshold on the mean sink rate (Gu et al.)",
-                            provenance=True)
+                            within=(0, 1, "()"), provenance=True)
     n_boot: int = option(V.N_BOOT, "sequence-cluster bootstrap resamples for the vertex CI "
                                    "(0: off)", flag="--bootstrap", at_least=0, provenance=True)
-    seed: int = option(V.SEED, "seed of the bootstrap and subsamples", provenance=True)
+    seed: int = option(V.SEED, "seed of the bootstrap and subsamples", at_least=0,
+                       provenance=True)             # numpy's SeedSequence takes no negatives
     level: float = option(V.LEVEL, "test/FDR level", within=(0, 1, "()"), provenance=True)
+    order_resamples: int = option(V.ORDER_RESAMPLES, "bootstrap resamples of each faithfulness "
+                                                     "order step's CI", at_least=1)
     layers: str | tuple[int, ...] | None = option(
         None, "layers to analyse, e.g. 0:4,7 (default: all)", kind="ranges")
 
@@ -236,7 +244,8 @@ class ReportCommand:
     no_progress: bool = option(False, "hide the progress bar", kind="flag")
 
 
-REPORT_ANALYSIS = ("epsilon", "n_boot", "seed", "level")   # analysis options `report` takes
+# analysis options `report` takes
+REPORT_ANALYSIS = ("epsilon", "n_boot", "seed", "level", "order_resamples")
 
 
 # ----------------------------------------------------------------------------- run
@@ -267,7 +276,7 @@ RUN_STAGES: tuple[tuple[type, tuple[str, ...], dict], ...] = (
     (ExtractConfig, ("limit", "max_length", "mode", "text_field", "batch_size", "device",
                      "dtype"), {"limit": 48, "max_length": 128}),
     (FaithConfig, ("metrics", "ranks", "fractions"),
-     {"metrics": V.PAPER_ORDER, "fractions": (0.1, 0.25, 0.5)}),
+     {"metrics": M.PAPER_ORDER, "fractions": V.RUN_FRACTIONS}),
     (AnalysisOptions, ("n_boot", "seed"), {}),
 )
 RUN_FAITH_BLOCK = 4                 # texts per faithfulness checkpoint in `run`

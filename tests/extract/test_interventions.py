@@ -25,11 +25,13 @@ except ImportError:
     import tiny_models as tm
 
 from attngeom.extract.measurement.hooks import attention_handler
-from attngeom.extract.faithfulness.interventions import (GRANULARITIES, METRICS, MODES, RANKS,
+from attngeom.extract.faithfulness.interventions import (GRANULARITIES, MODES, RANKS,
                                                          DriftProbe, Intervener, Removal,
                                                          metric_scores, select)
 
 CAUSAL = ("llama", "mistral", "qwen2", "gemma3", "gpt2")
+METRICS = ("attention", "value_weighted", "value_weighted_normalized", "contribution",
+           "contribution_layer")
 
 
 @functools.lru_cache(maxsize=None)

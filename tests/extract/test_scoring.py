@@ -23,6 +23,8 @@ from attngeom.extract.faithfulness import experiment as F
 from attngeom.extract.faithfulness.scoring import (encode_pair, prepare_answers, prepare_choices,
                                       prepare_texts, span_logprobs, unit_scores)
 from attngeom.extract.loading.tasks import AnswerItem, ChoiceItem
+from attngeom.store.format.metrics import BUILTIN as METRICS
+from attngeom.store.format.vocab import RANKS
 from attngeom.store.format.manifest import file_sha256, read_manifest
 from attngeom.store.errors import StoreError
 
@@ -131,15 +133,15 @@ def test_lm_perplexity_matches_each_text_alone(tok):
 
 # ------------------------------------------------------------------------------ the plan
 def test_plan_copies_provably_identical_rankings_and_says_why():
-    plan = F.ranking_plan(F.METRICS, F.RANKS, "head")
+    plan = F.ranking_plan(METRICS, RANKS, "head")
     assert plan[("value_weighted_normalized", "signed")] == ("value_weighted", "signed")
     assert plan[("attention", "magnitude")] == ("attention", "signed")
     assert plan[("contribution", "magnitude")] == ("contribution", "magnitude")   # signed
-    notes = F.plan_notes(plan)
+    notes = F.plan_notes(plan, "head")
     assert any(n.startswith("value_weighted_normalized/signed") and "at head granularity "
                "value_weighted_normalized ranks keys exactly as value_weighted" in n
                for n in notes)
-    query = F.ranking_plan(F.METRICS, F.RANKS, "query")
+    query = F.ranking_plan(METRICS, RANKS, "query")
     assert query[("value_weighted_normalized", "signed")] == ("value_weighted_normalized",
                                                               "signed")
     assert F.conditions(F.FaithConfig(fractions=(0.1, 0.5)), plan)[0].rank == "signed"
@@ -192,9 +194,12 @@ def test_run_writes_a_labeled_file_and_records_it(tiny_dir, tmp_path, tok):
     manifest = read_manifest(out)
     entry = manifest["faithfulness"]["faithfulness"]
     assert entry["sha256"] == file_sha256(path) and manifest["kind"] == "faithfulness"
+    from attngeom.analysis.faithfulness_stats import for_store
     from attngeom.commands.faithfulness import summarize
 
-    text = summarize(path)
+    stats, _, why = for_store(out, "faithfulness")
+    assert why == "" and (out / "analysis" / "faithfulness_stats.nc").is_file()
+    text = summarize(ds, stats)
     assert "attention/magnitude: same ranking as attention/signed" in text
     lines = text.splitlines()
     aopc_at = next(i for i, ln in enumerate(lines) if ln.startswith("AOPC"))

@@ -24,7 +24,7 @@ except ImportError:
     import tiny_models as tm
 
 from attngeom.extract.measurement.hooks import attention_handler
-from attngeom.extract.faithfulness.interventions import (GRANULARITIES, METRICS, MODES, RANKS,
+from attngeom.extract.faithfulness.interventions import (GRANULARITIES, MODES, RANKS,
                                                          Intervener, Removal, forward_logits)
 from attngeom.extract.faithfulness.dense import attention_weights
 from attngeom.extract.faithfulness.exact_scores import (ExactScores, exact_alpha, metric_scores,
@@ -34,6 +34,8 @@ from attngeom.extract.faithfulness.selection import (ErrorBound, Workspace, n_re
                                         threshold_select, width_groups)
 
 FRACTIONS = (0.0, 0.02, 0.1, 0.25, 0.5, 0.9, 1.0)
+METRICS = ("attention", "value_weighted", "value_weighted_normalized", "contribution",
+           "contribution_layer")
 
 
 def numpy_rule(score, eligible, p, mode, rank, granularity):

@@ -8,17 +8,15 @@ significant digits, and looked up in the PDF's text.
 from __future__ import annotations
 
 import numpy as np
+import pypdf
 import pytest
 import xarray as xr
 
-pytest.importorskip("torch")
-pypdf = pytest.importorskip("pypdf")
-
-from attngeom import cli  # noqa: E402
-from attngeom.reports import SECTIONS, build_report  # noqa: E402
-from attngeom.reports.summary import fmt  # noqa: E402
-from attngeom.store import open_store  # noqa: E402
-from attngeom.store.options.stages import AnalysisOptions  # noqa: E402
+from attngeom import cli
+from attngeom.reports import SECTIONS, build_report
+from attngeom.reports.summary import fmt
+from attngeom.store import open_store
+from attngeom.store.options.stages import AnalysisOptions
 
 EPSILON = 0.19             # splits the tiny model's heads into sink and non-sink heads
 QUIET = dict(progress=False, log=lambda m: None, options=AnalysisOptions(n_boot=20))
@@ -223,7 +221,27 @@ def test_faithfulness_is_not_suggested_for_an_encoder(tmp_path):
     from attngeom.reports.load import read_faithfulness
 
     enc = {"config": {"model": {"causal": False, "spec": "minilm-l6"}}}
-    ds, why = read_faithfulness(tmp_path, enc, "faithfulness")
-    assert ds is None and "not applicable" in why and "attngeom faithfulness" not in why
+    ds, stats, why = read_faithfulness(tmp_path, enc, "faithfulness")
+    assert ds is None and stats is None and "not applicable" in why and "attngeom faithfulness" not in why
     dec = {"config": {"model": {"causal": True, "spec": "smollm2-135m"}}}
-    assert "attngeom faithfulness" in read_faithfulness(tmp_path, dec, "faithfulness")[1]
+    assert "attngeom faithfulness" in read_faithfulness(tmp_path, dec, "faithfulness")[2]
+
+
+def test_the_command_and_the_pdf_print_the_same_stored_order_table(dense_store, full_report):
+    """One faithfulness result, one stored table: the CIs the command prints are the PDF's."""
+    from attngeom.analysis.faithfulness_stats import StatsSettings, for_store, stats_path
+    from attngeom.commands.faithfulness import summarize
+    from attngeom.reports.summary import ci
+
+    _, text = full_report
+    stats, ds, why = for_store(dense_store, "faithfulness")
+    assert why == "" and stats_path(dense_store / "analysis", "faithfulness",
+                                    StatsSettings()).is_file()
+    printed = summarize(ds, stats)
+    order = stats.for_variable(stats.order)
+    tested = order[order["p_holm"].notna()]
+    assert len(tested) >= 2
+    for r in tested.itertuples():
+        assert ci(r.ci_low, r.ci_high) in text                       # the PDF's table
+        assert f"{r.ci_low:.4g}" in printed and f"{r.ci_high:.4g}" in printed
+    assert stats.attrs["n_resamples"] == 9999                           # one declared default

@@ -10,7 +10,7 @@ import dataclasses
 
 import pytest
 
-from attngeom.cli import build_parser
+from attngeom.cli import build_parser, main
 from attngeom.store.options import stages as O
 from attngeom.store.options.ranges import check_syntax, parse_ranges
 
@@ -77,6 +77,11 @@ def test_run_takes_smaller_defaults_and_shares_options_between_stages():
     (O.AnalysisOptions(n_boot=-1), ["--bootstrap must be at least 0, not -1"]),
     (O.AnalysisOptions(level=1.0), ["--level 1.0 must be in (0, 1)"]),
     (O.AnalysisOptions(sink_k=0), ["--sink-k must be at least 1"]),
+    (O.AnalysisOptions(epsilon=2), ["--epsilon 2 must be in (0, 1)"]),
+    (O.AnalysisOptions(epsilon=0.0), ["--epsilon 0.0 must be in (0, 1)"]),
+    (O.AnalysisOptions(epsilon=float("nan")), ["--epsilon nan must be in (0, 1)"]),
+    (O.AnalysisOptions(seed=-1), ["--seed must be at least 0, not -1"]),
+    (O.ExtractConfig(tail_w=2.5), ["--tail-w must be an integer of at least 1, not 2.5"]),
 ])
 def test_check_names_the_option_and_the_fix(cfg, words):
     with pytest.raises(ValueError) as info:
@@ -126,3 +131,64 @@ def test_range_syntax_check_allows_open_ends_and_refuses_the_rest():
     for bad in ("a-b", "", "-3", "1-"):
         with pytest.raises(ValueError, match="--layers"):
             check_syntax(bad, "--layers")
+
+
+# ----------------------------------------------------------------------------- ranges
+FAITH = ("faithfulness", "--model", "m", "--data", "d", "--out", "o")
+ANALYZE = ("analyze", "STORE", "--out", "o")
+
+
+@pytest.mark.parametrize("argv, words", [
+    (ANALYZE + ("--epsilon", "2"), ["argument --epsilon: 2.0 must be in (0, 1)"]),
+    (ANALYZE + ("--epsilon", "0"), ["--epsilon", "0.0", "(0, 1)"]),          # an open end
+    (ANALYZE + ("--level", "1"), ["--level", "1.0", "(0, 1)"]),
+    (ANALYZE + ("--seed", "-1"), ["--seed", "at least 0, not -1"]),
+    (FAITH + ("--fractions", "0.1,1.5"), ["argument --fractions", "0.1,1.5", "[0, 1]"]),
+    (FAITH + ("--drift-low-fraction", "0"), ["--drift-low-fraction", "0.0", "(0, 1]"]),
+    (("run", "--fractions", "1.5"), ["--fractions", "1.5", "[0, 1]"]),
+    (("run", "--bootstrap", "-1"), ["--bootstrap", "at least 0, not -1"]),
+])
+def test_a_value_outside_its_range_is_a_one_line_usage_error(argv, words, capsys):
+    with pytest.raises(SystemExit) as info:
+        main(list(argv))
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert info.value.code == 2 and len(lines) == 1 and "Traceback" not in err, err
+    assert lines[0].startswith(f"attngeom {argv[0]}: error: "), err
+    for word in words:
+        assert word in lines[0], (word, lines[0])
+
+
+def test_values_on_the_closed_ends_of_a_range_are_accepted():
+    args = parse(*FAITH, "--fractions", "0,1", "--drift-low-fraction", "1", "--k-shot", "0",
+                 "--max-length", "2", "--sink-k", "1")
+    cfg = O.from_args(args, O.FaithConfig)
+    assert (cfg.fractions, cfg.drift_low_fraction, cfg.k_shot) == ((0.0, 1.0), 1.0, 0)
+    cfg.check()
+    args = parse(*ANALYZE, "--epsilon", "0.999", "--level", "1e-9", "--bootstrap", "0",
+                 "--seed", "0", "--sink-k", "1", "--tail-w", "1")
+    opts = O.from_args(args, O.AnalysisOptions)
+    assert (opts.epsilon, opts.level, opts.n_boot, opts.seed) == (0.999, 1e-9, 0, 0)
+    opts.check()
+    O.ExtractConfig(max_length=2, batch_size=1, limit=1, shard_size=1).check()
+
+
+STAGE_CLASSES = (O.ExtractConfig, O.ExtractCommand, O.FaithConfig, O.FaithCommand,
+                 O.AnalysisOptions, O.AnalyzeCommand, O.ReportCommand, O.RunOptions)
+
+
+def test_every_numeric_option_declares_its_range_and_its_help_shows_it():
+    numeric = 0
+    for cls in STAGE_CLASSES:
+        for f in dataclasses.fields(cls):
+            m = f.metadata
+            kind = m["type"] or type(f.default)
+            if m["kind"] != "numbers" and (m["kind"] or kind not in (int, float)):
+                continue
+            numeric += 1
+            assert m["at_least"] is not None or m["within"] is not None, (cls.__name__, f.name)
+    assert numeric >= 20                     # the walk above found the numeric options
+    sub = build_parser(["analyze"])._subparsers._group_actions[0].choices["analyze"]
+    helps = {a.dest: a.help for a in sub._actions}
+    assert helps["epsilon"].endswith("(default 0.3; in (0, 1))")
+    assert helps["n_boot"].endswith("(default 200; at least 0)")

@@ -1,0 +1,165 @@
+"""The faithfulness metrics: each one entry, the only place a metric is described.
+
+An entry (:class:`Metric`) holds the metric's name, its labels, whether its scores are
+non-negative (then ranking by |score| is ranking by score), which metric it provably ranks keys
+like at a granularity (then its results are copied, not recomputed), the unit of its float32
+rounding error, and the names of its two score kernels, ``"module:function"``, which
+extract/faithfulness/ implements and resolves from the entry (torch stays out of the store):
+
+- ``fast``: float32 scores of a whole layer and their error bound,
+  ``kernel(layer: FastLayer, unit: float) -> (scores, ErrorBound)``
+  (:mod:`attngeom.extract.faithfulness.removal_scores`);
+- ``exact``: the float64 definition, ``kernel(rows: Rows64) -> scores`` for a ``head``-scope
+  metric (a head's score needs that head's output only), ``kernel(alpha, dot, norm_sq)`` for the
+  ``layer``-scope one (:mod:`attngeom.extract.faithfulness.exact_scores`).
+
+The removal ranking, the recomputed float64 rows, the copy notes, ``faithfulness --metrics``,
+the reports' labels and the view's all read this registry; no other code compares a metric's
+name. A metric of one's own is one :func:`register` call (README.md, "Faithfulness"):
+
+    register(Metric("value_norm_only", symbol="‖ṽ‖", words="value norm", short="norm",
+                    abbrev="vn", paper="value norm alone", nonnegative=True,
+                    fast="mypkg.scores:fast_value_norm", exact="mypkg.scores:exact_value_norm"))
+
+or, for the command line, an entry point in the ``attngeom.metrics`` group naming a function
+that registers it (loaded by :func:`load_plugins`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+HEAD, LAYER = "head", "layer"     # scope: a score needs its head's output / every head's output
+_SCORES = "attngeom.extract.faithfulness"
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One faithfulness metric (see the module docstring)."""
+
+    name: str
+    symbol: str                     # "α‖ṽ‖": figures' legends, the view
+    words: str                      # "value-weighted": tables and sentences
+    short: str                      # "value-weighted": narrow figure panels
+    abbrev: str                     # "vw": column names of compact tables
+    paper: str                      # the paper's (or its source's) name for it
+    nonnegative: bool = False       # every score >= 0: |score| ranks as score
+    ranks_like: tuple[tuple[str, str, str], ...] = ()   # (granularity, metric, why)
+    error_unit: float = 32.0        # float32 rounding error, in units of the kernel's model
+    scope: str = HEAD
+    fast: str = ""                  # "module:function" of the float32 kernel
+    exact: str = ""                 # "module:function" of the float64 kernel
+    color: str = "#333333"          # figures
+
+    @property
+    def label(self) -> str:
+        """The legend label: words and symbol ("value-weighted α‖ṽ‖")."""
+        return f"{self.words} {self.symbol}"
+
+    def same_ranking(self, granularity: str, among) -> tuple[str, str] | None:
+        """(metric, why) whose ranking this one provably equals at ``granularity``, when that
+        metric is among those run; else None."""
+        for gran, other, why in self.ranks_like:
+            if gran == granularity and other in among:
+                return other, why
+        return None
+
+
+_REGISTRY: dict[str, Metric] = {}
+
+
+def register(metric: Metric, replace: bool = False) -> Metric:
+    """Add ``metric`` to the registry (``replace``: overwrite an entry of the same name)."""
+    if not metric.fast or not metric.exact:
+        raise ValueError(f"metric '{metric.name}' names no kernels: give fast= and exact= as "
+                         "'module:function'")
+    if metric.scope not in (HEAD, LAYER):
+        raise ValueError(f"metric '{metric.name}': scope must be '{HEAD}' or '{LAYER}'")
+    if metric.name in _REGISTRY and not replace:
+        raise ValueError(f"a metric named '{metric.name}' is registered already; pass "
+                         "replace=True to overwrite it")
+    _REGISTRY[metric.name] = metric
+    return metric
+
+
+def unregister(name: str) -> None:
+    """Remove a metric (a user's; the built-in ones can be removed too, at one's own risk)."""
+    _REGISTRY.pop(name, None)
+
+
+def get(name: str) -> Metric:
+    """The entry of ``name``; a one-line ValueError naming the registered ones otherwise."""
+    load_plugins()
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise ValueError(f"unknown metric '{name}'; use one of {', '.join(names())}") from None
+
+
+def label(name: str, kind: str = "label") -> str:
+    """The metric's ``kind`` of label (``label``, ``words``, ``short``, ``symbol``, ``abbrev``);
+    the name itself for a metric not registered here (a file from elsewhere)."""
+    load_plugins()
+    found = _REGISTRY.get(name)
+    return name if found is None else getattr(found, kind)
+
+
+def names() -> tuple[str, ...]:
+    """Registered metric names, built-in ones first in the paper's order."""
+    load_plugins()
+    return tuple(_REGISTRY)
+
+
+def order(among) -> tuple[str, ...]:
+    """``among`` sorted in registry order (unknown names last, as given)."""
+    known = [m for m in names() if m in among]
+    return tuple(known + [m for m in among if m not in known])
+
+
+_PLUGINS = {"loaded": False}
+
+
+def load_plugins() -> None:
+    """Call every ``attngeom.metrics`` entry point once (each registers its metrics)."""
+    if _PLUGINS["loaded"]:
+        return
+    _PLUGINS["loaded"] = True
+    from importlib.metadata import entry_points
+
+    for ep in entry_points(group="attngeom.metrics"):
+        ep.load()()
+
+
+def _builtin(name, symbol, words, short, abbrev, paper, color, **kw) -> Metric:
+    fast, exact = f"{_SCORES}.removal_scores:fast_{name}", f"{_SCORES}.exact_scores:exact_{name}"
+    return register(Metric(name, symbol, words, short, abbrev, paper, fast=fast, exact=exact,
+                           color=color, **kw))
+
+
+# In the paper's expected order of faithfulness (attention < value-weighted < output-normalized
+# < contribution), then the layer-level C. Error units: ten times the largest float32 error
+# ratio measured on SmolLM2-135M prose (benchmarks/RESULTS.md), in the units of each kernel's
+# error model (extract/faithfulness/removal_scores.py).
+_builtin(
+    "attention", "α", "attention", "attention", "raw", "raw attention", "#8c8c8c",
+    nonnegative=True, error_unit=32.0)
+_builtin(
+    "value_weighted", "α‖ṽ‖", "value-weighted", "value-weighted", "vw",
+    "value-weighted attention (Kobayashi et al. 2020)", "#4c72b0",
+    nonnegative=True, error_unit=32.0)
+_builtin(
+    "value_weighted_normalized", "α‖ṽ‖/‖o‖", "value-weighted normalized", "normalized", "vwn",
+    "value-weighted output-normalized attention", "#55a868", nonnegative=True, error_unit=16.0,
+    ranks_like=((HEAD, "value_weighted", "at head granularity value_weighted_normalized ranks "
+                 "keys exactly as value_weighted (1/||o_i^h|| is constant within a head and "
+                 "query)"),))
+_builtin(
+    "contribution", "c", "contribution", "contribution", "contrib", "contribution weights",
+    "#c44e52", error_unit=10.0)
+_builtin(
+    "contribution_layer", "C", "layer contribution", "layer contribution", "contrib_layer",
+    "layer-level contribution weights", "#8172b2", error_unit=10.0, scope=LAYER)
+
+BUILTIN = tuple(_REGISTRY)
+PAPER_ORDER = BUILTIN[:4]          # the order the paper expects, tested step by step
+NONNEGATIVE_REASON = "the score is non-negative, so |score| ranks as score"
