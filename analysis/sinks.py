@@ -12,6 +12,15 @@ Output names (stable), :func:`sinks`:
 ``sink_head_count``, ``sink_head_fraction``, ``layer_sink_rate_mean``   over (layer)
 ``learned_sink_rate_mean`` over (layer, head): the mean weight of a learned sink logit
 (``learned_sink_alpha``, gpt-oss) over the same queries; only for stores that have one
+
+Gu et al.'s per-input count (their Table 1 and released code): per input, the first token's
+score of a head is the mean of alpha_i0 over *every* query i >= 0 (the first query's
+alpha_00 = 1 included), always on key 0 whatever k is; the head is a sink head on that input
+when the score exceeds ``epsilon``. ``gu_sink_share`` (layer, head) is the share of inputs on
+which it is one, ``gu_layer_sink_share`` (layer) its mean over heads, ``gu_sink_head_share``
+() the mean over inputs, layers and heads: the percentage their Table 1 reports, divided by
+100. ``gu_n_inputs`` counts the inputs (finite sequences) per layer. The pooled count above
+(``sink_head_fraction``) thresholds the score pooled over sequences, over queries i >= k.
 """
 
 from __future__ import annotations
@@ -41,7 +50,8 @@ class SinkAccumulator:
 
     def _reset(self) -> None:
         h = len(self.heads)
-        self._n, self._s, self._ss, self._mass = (np.zeros(h) for _ in range(4))
+        self._n, self._s, self._ss, self._mass, self._gu = (np.zeros(h) for _ in range(5))
+        self._inputs = 0
 
     def update(self, block: Block) -> None:
         g = block.groups
@@ -51,6 +61,12 @@ class SinkAccumulator:
         self._s += np.where(ok, rate, 0).sum((0, 2))
         self._ss += np.where(ok, rate**2, 0).sum((0, 2))
         self._mass += np.nan_to_num(g.group(SINK, S.ALPHA).values.sum(-1)).sum((0, 2))
+        first = g.first_key_rate.values                       # (S, H, Q), every query i >= 0
+        seen = np.isfinite(first).any((1, 2))                 # inputs with finite activations
+        with np.errstate(invalid="ignore"):
+            score = np.nanmean(np.where(seen[:, None, None], first, 0.0), axis=2)   # (S, H)
+        self._gu += (score[seen] > self.epsilon).sum(0)
+        self._inputs += int(seen.sum())
 
     def end_layer(self, layer) -> None:
         n = np.where(self._n > 0, self._n, np.nan)
@@ -58,7 +74,10 @@ class SinkAccumulator:
         var = (self._ss - n * mean**2) / (n - 1)
         self.rows.append({"sink_rate_mean": mean,
                           "sink_rate_sd": np.sqrt(np.clip(var, 0, None)),
-                          "sink_mass_mean": self._mass / n, "n_queries": self._n.copy()})
+                          "sink_mass_mean": self._mass / n, "n_queries": self._n.copy(),
+                          "gu_sink_share": self._gu / max(self._inputs, 1) if self._inputs
+                          else np.full(len(self.heads), np.nan),
+                          "gu_n_inputs": np.full(len(self.heads), self._inputs)})
         self.layers.append(layer)
         self._reset()
 
@@ -70,6 +89,12 @@ class SinkAccumulator:
         out["sink_head_count"] = out["is_sink_head"].sum(S.HEAD)
         out["sink_head_fraction"] = out["is_sink_head"].mean(S.HEAD)
         out["layer_sink_rate_mean"] = out["sink_rate_mean"].mean(S.HEAD)
+        out["gu_n_inputs"] = out["gu_n_inputs"].max(S.HEAD)
+        out["gu_layer_sink_share"] = out["gu_sink_share"].mean(S.HEAD)
+        out["gu_sink_head_share"] = out["gu_sink_share"].mean()
+        out["gu_sink_share"].attrs["description"] = (
+            f"share of inputs whose mean alpha_i0 over all queries i >= 0 exceeds epsilon = "
+            f"{self.epsilon} (Gu et al.'s per-input count)")
         out["sink_rate_mean"].attrs["description"] = (
             "mean of alpha_i0 over queries i >= k of all sequences (token-pooled)")
         out["is_sink_head"].attrs["description"] = f"sink_rate_mean > epsilon = {self.epsilon}"

@@ -16,6 +16,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "faithfulness": ("faithfulness", "remove keys ranked by each metric and measure the loss"),
     "analyze": ("analyze", "sink, convexity, anti-alignment and decomposition statistics"),
     "report": ("report", "build the PDF report of a store"),
+    "compare": ("compare", "several stores side by side: one table, per-layer figures"),
     "run": ("main_job", "the main job: extract, faithfulness, analyze and report"),
     "view": ("view", "explore a store in a browser: one self-contained HTML file"),
     "store": ("store", "inspect, validate, merge, subset and export stores"),

@@ -24,10 +24,12 @@ from attngeom.store.format.packing import stored_arrays, stored_attrs
 from attngeom.store.format.vocab import FLOAT32
 from attngeom.store.format.shards import build_shard
 from attngeom.store.io.writer import StoreWriter
-from attngeom.store.options.stages import ExtractConfig
+from attngeom.store.options.stages import ExtractConfig, identity
 
 from .measurement.capture import capture
-from .loading.data import Tokenized, batches, load_texts, pad_token_id, tokenize_texts
+from .loading.data import (TextSet, Tokenized, batches, load_texts, pad_token_id, texts_sha256,
+                           tokenize_texts)
+from .loading.probes import ProbeSet, is_probe, probe_set
 from .loading.images import ImageSet, image_tokens, is_image_spec, load_images, measure_images
 from .measurement.layer import Options
 
@@ -44,6 +46,10 @@ def store_config(info: dict, texts, cfg: ExtractConfig, shard_size: int) -> dict
     model = portable(info, "spec", "id")
     data = {"spec": spec_label(texts.spec), "text_field": cfg.text_field, "sha256": texts.sha256,
             "n_texts": len(texts.texts), "limit": cfg.limit}
+    data.update({name: value for name, value in identity(cfg, "data").items()
+                 if name in ("bos", "min_length")})          # recorded when not the default
+    if isinstance(texts, ProbeSet):
+        data["tokenizer_sha256"] = texts.tokenizer_sha256
     if cfg.image_field is not None:                  # recorded only for image datasets
         data["image_field"] = cfg.image_field
     options = {"mode": cfg.mode, "sink_k": cfg.sink_k, "tail_w": cfg.tail_w,
@@ -52,6 +58,17 @@ def store_config(info: dict, texts, cfg: ExtractConfig, shard_size: int) -> dict
     if cfg.precision != FLOAT32:          # absent means float32: older stores keep their hash
         options["precision"] = cfg.precision
     return {"model": model, "data": data, "options": options}
+
+
+def long_enough(texts: TextSet, tok, cfg: ExtractConfig) -> TextSet:
+    """The texts of at least ``cfg.min_length`` tokens (as the run tokenizes them), then the
+    first ``cfg.limit`` of those; a one-line error when none is long enough."""
+    lengths = [len(ids) for ids in tokenize_texts(tok, texts.texts, 10**9, cfg.bos).ids]
+    kept = [t for t, n in zip(texts.texts, lengths) if n >= cfg.min_length][:cfg.limit]
+    if not kept:
+        raise ValueError(f"--min-length {cfg.min_length}: no text of '{texts.spec}' has that many "
+                         f"tokens (the longest has {max(lengths)}); lower --min-length")
+    return TextSet(kept, texts.spec, texts_sha256(kept), texts.skipped_empty)
 
 
 def versions() -> dict:
@@ -80,14 +97,18 @@ def extract(model: str, data: str, out: str | Path, cfg: ExtractConfig | None = 
     cfg.check()
     shard = parse_shard(shard) if shard is not None else None   # "I/N" or (I, N): checked
     out = Path(out)
-    if texts is None:                     # the command line passes the texts it checked
+    if texts is None and not is_probe(data):   # the command line passes the texts it checked
         texts = (load_images(data, cfg.image_field, cfg.limit) if is_image_spec(
             data, cfg.image_field) else load_texts(data, text_field=cfg.text_field,
-                                                   limit=cfg.limit))
-    if not texts.texts:
+                                                   limit=None if cfg.min_length else cfg.limit))
+    if texts is not None and not texts.texts:
         raise ValueError(f"data '{data}' has no non-empty texts")
     loaded = load(model, device=cfg.device, dtype=cfg.dtype, trust_remote_code=trust_remote_code,
                   tower=cfg.tower)
+    if is_probe(data):                    # token ids drawn from this tokenizer's vocabulary
+        texts = probe_set(data, loaded.tokenizer, bos=cfg.bos == "yes")
+    elif cfg.min_length and not isinstance(texts, ImageSet):
+        texts = long_enough(texts, loaded.tokenizer, cfg)
     if (loaded.info.get("inputs") == "image") != isinstance(texts, ImageSet):
         raise ValueError(f"--model {model} takes {loaded.info.get('inputs', 'text')} but --data "
                          f"{data} holds {'images' if isinstance(texts, ImageSet) else 'texts'}")
@@ -146,7 +167,7 @@ def extract_shard(loaded, texts: list[str], start: int, cfg: ExtractConfig, opts
         measured = measure_images(loaded, texts, cfg.batch_size, opts, cfg.store_text, bar)
     else:
         tokenized = texts if isinstance(texts, Tokenized) else tokenize_texts(
-            tok, texts, cfg.max_length)
+            tok, texts, cfg.max_length, cfg.bos)
         lengths = np.array([len(ids) for ids in tokenized.ids])
         measured = measure_batches(loaded.model, tokenized, cfg, opts, pad_token_id(tok), bar,
                                    current=current)

@@ -40,6 +40,21 @@ def metric_color(metric: str) -> str | None:
     return M.label(metric, "color") if metric in M.names() else None
 
 
+def table(ax, rows, header, widths=None, title: str = "") -> None:
+    """A plain table of strings filling ``ax`` (header row shaded)."""
+    ax.axis("off")
+    t = ax.table(cellText=rows, colLabels=header, loc="upper center", cellLoc="center",
+                 colWidths=widths)
+    t.auto_set_font_size(False)
+    t.set_fontsize(7.5)
+    t.scale(1, 1.25)
+    for (r, _), cell in t.get_celld().items():
+        cell.set_linewidth(0.3)
+        if r == 0:
+            cell.set_facecolor("#e8e8e8")
+    ax.set_title(title, loc="left", fontsize=10)
+
+
 def colormap(name: str):
     """matplotlib's registered colormap ``name``."""
     return matplotlib.colormaps[name]

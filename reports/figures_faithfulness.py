@@ -8,7 +8,7 @@ from attngeom.analysis import equivalence as eq
 from attngeom.store.format import metrics as M
 from attngeom.store.format import schema as S
 
-from ._style import Page, figure, metric_color
+from ._style import Page, figure, metric_color, table
 from .summary import ci, fmt
 
 SECTION = "Faithfulness"
@@ -72,20 +72,6 @@ def _curves_page(faith, curves, level: float) -> Page:
                 f"(task: {faith.attrs.get('task', 'lm')})", fig, caption)
 
 
-def _table(ax, rows, header, widths=None, title=""):
-    ax.axis("off")
-    table = ax.table(cellText=rows, colLabels=header, loc="upper center", cellLoc="center",
-                     colWidths=widths)
-    table.auto_set_font_size(False)
-    table.set_fontsize(7.5)
-    table.scale(1, 1.25)
-    for (r, _), cell in table.get_celld().items():
-        cell.set_linewidth(0.3)
-        if r == 0:
-            cell.set_facecolor("#e8e8e8")
-    ax.set_title(title, loc="left", fontsize=10)
-
-
 def _tables_page(faith, aopc, order, label: str) -> Page:
     fig = figure(top=0.88, bottom=0.3, hspace=0.2)
     grid = fig.add_gridspec(2, 1, height_ratios=[1, 1.9])
@@ -99,9 +85,9 @@ def _tables_page(faith, aopc, order, label: str) -> Page:
                        if len(sel) else "")
         rows.append(row)
     header = ["metric"] + [f"{m[:4]}. {r}" for m, r in combos]
-    _table(fig.add_subplot(grid[0]), rows, header,
-           [0.26] + [0.74 / len(combos)] * len(combos),
-           f"AOPC of {label} (mean over fractions, then mean ± s.e. over units)")
+    table(fig.add_subplot(grid[0]), rows, header,
+          [0.26] + [0.74 / len(combos)] * len(combos),
+          f"AOPC of {label} (mean over fractions, then mean ± s.e. over units)")
     rows = []
     for _, t in order.iterrows():
         step = f"{M.label(t['lower'], 'short')} → {M.label(t['higher'], 'short')}"
@@ -110,11 +96,11 @@ def _tables_page(faith, aopc, order, label: str) -> Page:
                      ci(t["ci_low"], t["ci_high"]) if tested else "",
                      fmt(t["p_holm"]) if tested else "", fmt(t["mde"]) if tested else "",
                      VERDICTS.get(t["verdict"], t["verdict"])])
-    _table(fig.add_subplot(grid[1]), rows,
-           ["mode", "rank", "step (lower → higher)", "n", "improvement",
-            f"{100 * (1 - float(order.attrs.get('level', 0.05))):g}% CI (bootstrap)",
-            "Holm p", "MDE", "verdict"], [0.13, 0.08, 0.27, 0.04, 0.09, 0.15, 0.07, 0.07, 0.10],
-           "Hierarchy test: " + " < ".join(M.label(m, "short") for m in M.PAPER_ORDER))
+    table(fig.add_subplot(grid[1]), rows,
+          ["mode", "rank", "step (lower → higher)", "n", "improvement",
+           f"{100 * (1 - float(order.attrs.get('level', 0.05))):g}% CI (bootstrap)",
+           "Holm p", "MDE", "verdict"], [0.13, 0.08, 0.27, 0.04, 0.09, 0.15, 0.07, 0.07, 0.10],
+          "Hierarchy test: " + " < ".join(M.label(m, "short") for m in M.PAPER_ORDER))
     tested = order[order["p_holm"].notna()]
     caption = (f"Top: area over the perturbation curve (AOPC) per metric, mode and ranking; "
                f"larger is more faithful for comprehensiveness, smaller for sufficiency. Bottom: "

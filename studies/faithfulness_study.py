@@ -269,8 +269,8 @@ class SecondStudy(survey.Study):
         if not a.gu_n or self.missing("gu", a.wikitext) or self.skip("gu", done):
             return
         with plan.Clock() as clock:
-            rows, heads = gu_sinks.gu_table(self.model().model, self.model().tokenizer,
-                                            a.wikitext, a.gu_n, a.gu_length,
+            rows, heads = gu_sinks.gu_table(a.model, self.model().tokenizer, a.wikitext,
+                                            a.work / "gu", a.gu_n, a.gu_length,
                                             batch_size=a.batch_size * 2)
         rows.insert(0, "model", a.model)
         heads.to_csv(a.results / "gu_sinks_heads.csv", index=False)

@@ -11,8 +11,10 @@ its score exceeds epsilon = 0.3. Two aggregations over the inputs:
   their released code does (``eval_sink_open_source.py``: ``(importance > eps).mean((0,1,2))``);
   this is the figure their Table 1 reports.
 
-alpha_{i0} comes from ``attngeom.extract.measurement.capture.capture`` (compact layout, sink k =
-1), which reads it from the attention kernel's log-sum-exp: exact, no T x T matrix.
+The inputs are the package's: probe specs ``probe:random:T:N:SEED`` / ``probe:repeated:...``
+(extract/loading/probes.py) and natural text with ``--min-length T``; each variant is an
+``attngeom extract`` store (compact, k = 1: alpha_{i0} from the attention kernel's
+log-sum-exp, exact), and the per-input and pooled counts are ``attngeom.analysis.sinks``'.
 """
 
 from __future__ import annotations
@@ -62,36 +64,66 @@ def measure_alpha0(model, ids: np.ndarray, batch_size: int = 8) -> np.ndarray:
     return np.concatenate(parts)
 
 
-def gu_inputs(tok, wikitext: str, n: int, length: int, seed: int = 0):
-    """(input, bos, design_row, ids) of every variant: natural text as the tokenizer makes it
-    (the design's row) and, when the tokenizer adds a BOS, also without it; random and repeated
-    tokens without BOS (the design's rows) and, for BOS tokenizers, with it."""
-    import texts
-
-    bos_default = texts.adds_bos(tok)
-    bos_id = tok.bos_token_id if bos_default else None
-    yield "natural", bos_default, True, texts.natural_inputs(tok, wikitext, n, length, bos_default)
+def gu_variants(bos_default: bool, n: int, length: int, seed: int = 0):
+    """(input, bos, design_row, data spec or None for natural text, --bos) of every variant:
+    natural text as the tokenizer makes it (the design's row) and, when the tokenizer adds a
+    BOS, also without it; random and repeated tokens without BOS (the design's rows) and, for
+    BOS tokenizers, with it. Probe specs are the package's (extract/loading/probes.py)."""
+    yield "natural", bos_default, True, None, "auto"
     if bos_default:
-        yield "natural", False, False, texts.natural_inputs(tok, wikitext, n, length, False)
-    for kind, make, s in (("random", texts.random_inputs, seed),
-                          ("repeated", texts.repeated_inputs, seed + 1)):
-        yield kind, False, True, make(tok, n, length, s)
+        yield "natural", False, False, None, "no"
+    for kind, s in (("random", seed), ("repeated", seed + 1)):
+        spec = f"probe:{kind}:{length}:{n}:{s}"
+        yield kind, False, True, spec, "auto"
         if bos_default:
-            yield kind, True, False, make(tok, n, length, s, bos_id)
+            yield kind, True, False, spec, "yes"
 
 
-def gu_table(model, tok, wikitext: str, n: int = 100, length: int = 64,
+def natural_file(wikitext: str | Path, out: Path, chunk_chars: int = 1400) -> Path:
+    """WikiText-2 chunks, round-robin over the articles, as a .jsonl for ``attngeom extract``."""
+    import json
+
+    import prepare
+
+    groups = [prepare.chunk_text(prepare.text_of(r, "text"), chunk_chars)
+              for r in prepare.read_jsonl(wikitext)]
+    chunks = prepare.round_robin(groups, sum(len(g) for g in groups))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("".join(json.dumps({"text": t}) + "\n" for t in chunks))
+    return out
+
+
+def gu_table(model: str, tok, wikitext: str, work: Path, n: int = 100, length: int = 64,
              epsilon: float = EPSILON, batch_size: int = 8, seed: int = 0
              ) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(one row per input variant, per-head scores) of a model; see the module doc."""
+    """(one row per input variant, per-head scores) of ``model``: each variant is an
+    ``attngeom extract`` store (probe specs, or natural text with ``--min-length``) read by
+    ``attngeom.analysis.sinks`` (the per-input count and the pooled one); the two other
+    aggregations of :func:`sink_percentages` come from the same store's alpha_i0."""
+    import texts
+
+    from attngeom.analysis import sinks
+    from attngeom.extract.run import ExtractConfig, extract
+    from attngeom.store import open_store
+
+    natural = natural_file(wikitext, work / "gu_natural.jsonl")
     rows, heads = [], []
-    for kind, bos, design, ids in gu_inputs(tok, wikitext, n, length, seed):
-        if len(ids) == 0:
-            continue
-        alpha0 = measure_alpha0(model, ids, batch_size)
+    for kind, bos, design, spec, bos_option in gu_variants(texts.adds_bos(tok), n, length, seed):
+        store = work / f"gu_{kind}_{'bos' if bos else 'nobos'}"
+        cfg = ExtractConfig(max_length=length, sink_k=1, bos=bos_option, batch_size=batch_size,
+                            limit=None if spec else n, min_length=None if spec else length)
+        if not (store / "manifest.json").exists():
+            extract(model, spec or str(natural), store, cfg, progress=False)
+        ds = open_store(store)
+        out = sinks(ds, epsilon=epsilon, sink_k=1)
+        alpha0 = ds["alpha"].isel(sink=0).transpose("sequence", "layer", "head",
+                                                    "query").values          # (N, L, H, T)
         N, L, H, T = alpha0.shape
+        pct = sink_percentages(alpha0, epsilon)
+        pct["pct_per_input_q0"] = 100 * float(out["gu_sink_head_share"])      # the package's
+        pct["pct_pooled_q1"] = 100 * float(out["is_sink_head"].mean())
         rows.append(dict(input=kind, bos=bool(bos), design_row=design, n_inputs=N, length=T,
-                         n_heads=L * H, epsilon=epsilon, **sink_percentages(alpha0, epsilon)))
+                         n_heads=L * H, epsilon=epsilon, **pct))
         s1, s0 = first_token_scores(alpha0, 1).mean(0), first_token_scores(alpha0, 0).mean(0)
         for layer in range(L):
             for head in range(H):

@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 import prepare
+from attngeom.extract.loading.probes import Probe, probe_ids
 
 
 def token_lengths(tok, texts: list[str], special: bool = True) -> np.ndarray:
@@ -74,14 +75,6 @@ def adds_bos(tok) -> bool:
     return bos is not None and len(with_special) > len(plain) and with_special[0] == bos
 
 
-def non_special_ids(tok) -> np.ndarray:
-    """Token ids 0..len(tok)-1 that are not special (nor added special tokens such as
-    Gemma's ``<unusedN>``)."""
-    special = set(getattr(tok, "all_special_ids", []))
-    special |= {i for i, t in getattr(tok, "added_tokens_decoder", {}).items() if t.special}
-    return np.array([i for i in range(len(tok)) if i not in special], dtype=np.int64)
-
-
 def with_bos(ids: np.ndarray, bos_id: int | None) -> np.ndarray:
     """BOS + the first T - 1 tokens of each row (unchanged when ``bos_id`` is None)."""
     if bos_id is None:
@@ -109,18 +102,14 @@ def natural_inputs(tok, wikitext: str | Path, n: int, length: int = 64,
 
 def random_inputs(tok, n: int, length: int = 64, seed: int = 0,
                   bos_id: int | None = None) -> np.ndarray:
-    """(n, length) ids drawn uniformly from the non-special vocabulary."""
-    vocab = non_special_ids(tok)
-    ids = np.random.default_rng(seed).choice(vocab, size=(n, length), replace=True)
-    return with_bos(ids, bos_id)
+    """(n, length) ids drawn uniformly from the non-special vocabulary (the package's probe)."""
+    return with_bos(probe_ids(Probe("random", length, n, seed), tok), bos_id)
 
 
 def repeated_inputs(tok, n: int, length: int = 64, seed: int = 0,
                     bos_id: int | None = None) -> np.ndarray:
     """(n, length): row r is one random non-special token repeated ``length`` times."""
-    vocab = non_special_ids(tok)
-    token = np.random.default_rng(seed).choice(vocab, size=(n, 1), replace=True)
-    return with_bos(np.repeat(token, length, axis=1), bos_id)
+    return with_bos(probe_ids(Probe("repeated", length, n, seed), tok), bos_id)
 
 
 def chunk_ids(tok, chunks: str | Path, n: int, max_length: int) -> np.ndarray:

@@ -41,10 +41,15 @@ def load_data(data: str, cfg: ExtractConfig):
     """The texts, or for a folder / ``--image-field`` the images, named by ``--data``."""
     from attngeom.extract.loading.data import load_texts
     from attngeom.extract.loading.images import is_image_spec, load_images
+    from attngeom.extract.loading.probes import is_probe, parse_probe
 
+    if is_probe(data):                   # drawn from the tokenizer once the model is loaded
+        parse_probe(data)
+        return None
     if is_image_spec(data, cfg.image_field):
         return load_images(data, cfg.image_field, cfg.limit)
-    texts = load_texts(data, text_field=cfg.text_field, limit=cfg.limit)
+    texts = load_texts(data, text_field=cfg.text_field,
+                       limit=None if cfg.min_length else cfg.limit)
     if not texts.texts:
         raise ValueError(f"--data {data} holds no non-empty text "
                          f"({texts.skipped_empty} empty skipped); give a file with texts")

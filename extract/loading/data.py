@@ -76,6 +76,9 @@ class Tokenized:
     def __len__(self) -> int:
         return len(self.ids)
 
+    def __getitem__(self, rows: slice) -> "Tokenized":
+        return Tokenized(self.ids[rows], self.truncated[rows])
+
 
 def texts_sha256(texts: Sequence[str]) -> str:
     """Canonical hash of a list of texts (JSON list, UTF-8)."""
@@ -275,8 +278,13 @@ def load_texts(spec: str, text_field: str | None = None, limit: int | None = Non
 
 
 # ----------------------------------------------------------------------------------- tokens
-def tokenize_texts(tokenizer: Any, texts: Sequence[str], max_length: int) -> Tokenized:
+def tokenize_texts(tokenizer: Any, texts: Sequence[str], max_length: int,
+                   bos: str = "auto") -> Tokenized:
     """Tokenize with the tokenizer's own special tokens (BOS where it adds one), truncating.
+
+    ``bos``: ``"auto"`` (the tokenizer's special tokens), ``"no"`` (none:
+    ``add_special_tokens=False``) or ``"yes"`` (the special tokens, and BOS first where the
+    tokenizer does not put it there).
 
     Parameters
     ----------
@@ -293,14 +301,21 @@ def tokenize_texts(tokenizer: Any, texts: Sequence[str], max_length: int) -> Tok
     if max_length < 1:
         raise ValueError(f"max_length must be >= 1, got {max_length}; pass a positive max_length")
     texts = list(texts)
-    full = tokenizer(texts, add_special_tokens=True, truncation=False, verbose=False)["input_ids"]
+    special = bos != "no"
+    full = tokenizer(texts, add_special_tokens=special, truncation=False,
+                     verbose=False)["input_ids"]
+    if bos == "yes":
+        first = getattr(tokenizer, "bos_token_id", None)
+        if first is None:
+            raise ValueError("--bos yes: this tokenizer has no BOS token; use --bos auto")
+        full = [x if len(x) and x[0] == first else [first, *x] for x in full]
     long = [i for i, ids in enumerate(full) if len(ids) > max_length]
     ids = [list(map(int, x)) for x in full]
-    if long and cuts_by_slicing(tokenizer):          # the same ids, without encoding twice
+    if long and (bos == "yes" or cuts_by_slicing(tokenizer)):   # the same ids, encoded once
         for i in long:
             ids[i] = ids[i][:max_length]
     elif long:
-        cut = tokenizer([texts[i] for i in long], add_special_tokens=True, truncation=True,
+        cut = tokenizer([texts[i] for i in long], add_special_tokens=special, truncation=True,
                         max_length=max_length, verbose=False)["input_ids"]
         for i, row in zip(long, cut):
             ids[i] = list(map(int, row))

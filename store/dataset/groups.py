@@ -9,7 +9,8 @@ group as one DataArray, whatever the layout keeps:
                     value_norm, or ``ratio`` = value_norm / output_norm.
 ``total(g, name)``  (..., head, query): the sum over the group's keys (compact middle: the
                     stored ``middle_*`` total, plus stored tail lags >= w).
-``sink_rate``       (..., head, query): alpha_i0.
+``sink_rate``       (..., head, query): alpha_i0 (queries i >= k).
+``first_key_rate``  (..., head, query): alpha_i0 at every query i >= 0 (Gu et al.'s score).
 
 The key groups are defined in :mod:`attngeom.store.format.derive`. With ``mask=True`` (the default)
 cells outside the analyses are NaN: queries i < k or beyond the sequence's length, keys beyond
@@ -345,6 +346,16 @@ class KeyGroups:
         """alpha_i0: attention to the first key, (..., head, query)."""
         a = self._group(SINK, S.ALPHA)
         return self._wrap(_A(a.data[..., 0], a.dims[:-1]))
+
+    @property
+    @_memo
+    def first_key_rate(self) -> xr.DataArray:
+        """alpha_i0 at every query 0 <= i < length, (..., head, query), NaN elsewhere: the score
+        of Gu et al.'s count, which includes the first query (alpha_00 = 1 in a decoder) and
+        reads key 0 whatever k is."""
+        a = self._stored(SINK, S.ALPHA)
+        return self._wrap(_where(self._positions_ok(S.QUERY, 0), _A(a.data[..., 0],
+                                                                     a.dims[:-1])))
 
     @_memo
     def pairs(self, name: str) -> xr.DataArray:

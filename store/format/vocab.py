@@ -31,6 +31,9 @@ RANKS = (SIGNED, MAGNITUDE)                        # rank by score, or by |score
 GRANULARITIES = ("head", "query", "token")         # keys ranked per (head, query), per query, per key
 TASKS = ("lm", "gsm8k-answer", "mmlu", "winogrande", "boolq")
 
+BOS_AUTO = "auto"
+BOS_CHOICES = (BOS_AUTO, "yes", "no")    # --bos of extract (Gu et al.'s probes: no BOS)
+
 # ------------------------------------------------------------------ defaults
 SINK_K = 1                # sink keys: the first k positions
 TAIL_W = 8                # tail window: the w most recent non-sink keys up to the query

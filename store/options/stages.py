@@ -45,7 +45,8 @@ def check_sink_window(sink_k: int, max_length: int) -> None:
 
 # ----------------------------------------------------------------------------- common
 MODEL_HELP = "hub id, model directory, .gguf file, or smollm2-135m/gemma3-270m/minilm-l6"
-DATA_HELP = "a .jsonl/.parquet/.txt file, hf:NAME[:CONFIG]:SPLIT, or builtin"
+DATA_HELP = ("a .jsonl/.parquet/.txt file, hf:NAME[:CONFIG]:SPLIT, builtin, or a probe: "
+             "probe:random:T:N[:SEED] / probe:repeated:T:N[:SEED]")
 TRUST_HELP = "allow model code from the hub (off by default)"
 DTYPE_HELP = "float32, bfloat16 or float16 (GPU)"
 
@@ -68,6 +69,13 @@ class ExtractConfig:
                                record="data")
     text_field: str | None = option(None, "field of JSONL/Parquet records", type=str,
                                     record="data")
+    bos: str = option(V.BOS_AUTO, "BOS first: auto (texts: the tokenizer's special tokens; "
+                      "probe: specs: none), yes, or no (texts without special tokens)",
+                      choices=V.BOS_CHOICES, record="data", omit_default=True)
+    min_length: int | None = option(None, "drop texts shorter than this many tokens (special "
+                                          "tokens included) instead of padding them; --limit "
+                                          "counts the texts kept", type=int, at_least=1,
+                                    record="data", omit_default=True)
     shard_size: int | None = option(None, "sequences per shard file (default: about 256 MiB)",
                                     type=int, at_least=1, record="options", auto=True)
     store_text: bool = option(True, "leave token strings out", flag="--no-text", kind="negated",

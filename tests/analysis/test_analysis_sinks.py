@@ -58,3 +58,27 @@ def test_compact_dense_and_dask_agree():
         out = sinks(store, block_elements=5000)
         np.testing.assert_allclose(out["sink_rate_mean"].values, ref["sink_rate_mean"].values)
         assert out.attrs["mode"] == store.attrs["mode"]
+
+
+def _gu_reference(alpha0: np.ndarray, eps: float) -> np.ndarray:
+    """Gu et al.'s released code, eval_sink_open_source.py: importance = mean of alpha_i0 over
+    all queries i >= 0 per input (here NaN-padded rows), (importance > eps).mean over inputs."""
+    importance = np.nanmean(alpha0, axis=-1)             # (S, L, H)
+    return (importance > eps).mean(0)                    # (L, H)
+
+
+def test_gu_per_input_count_matches_their_formula_whatever_k_is():
+    ds, _ = _planted()
+    a0 = ds["alpha"].values[..., 0]                      # (S, L, H, Q), NaN past each length
+    for eps in (0.2, 0.3, 0.5):
+        want = _gu_reference(a0, eps)
+        for k in (1, 2):
+            out = sinks(ds, epsilon=eps, sink_k=k)
+            np.testing.assert_allclose(out["gu_sink_share"].values, want, rtol=1e-12)
+            assert out["gu_sink_head_share"].item() == np.mean(want)
+            np.testing.assert_allclose(out["gu_layer_sink_share"].values, want.mean(1))
+            assert (out["gu_n_inputs"].values == ds.sizes["sequence"]).all()
+    # per input it is not the pooled count: thresholding the pooled mean gives 0 or 1 per head
+    out = sinks(ds, epsilon=0.3)
+    per_input = out["gu_sink_share"].values
+    assert ((per_input > 0) & (per_input < 1)).any()

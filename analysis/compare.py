@@ -1,0 +1,271 @@
+"""Models side by side: the stored analyses of several stores in one labeled Dataset.
+
+:func:`compare` reads what ``attngeom analyze`` (and ``attngeom faithfulness``) stored in each
+store's ``analysis/`` folder — it computes nothing again — and lays it out along a ``store``
+dimension whose coordinates are the label, model, data, probe input kind, BOS choice, layout,
+k, w and the settings the analyses used (ε, level). Per-layer variables share one ``layer``
+dimension (NaN where a store has no such layer) with the coordinate ``relative_depth``
+(store, layer) = layer / (the model's layers - 1), so an 18-layer and a 30-layer model share
+one axis. A variable whose stores differ in a setting that changes it carries the attribute
+``differs`` naming those settings; ``why`` (store, section) says why a section is empty.
+
+Output names (stable): over (store) ``n_sequences n_tokens sink_head_share gu_sink_head_share
+sink_rate_mean convex_share interior_minimum_share anti_aligned_share
+residual_anti_aligned_share paper_pattern faith_loss_variable``; over (store, layer)
+``layer_sink_rate_mean sink_head_fraction gu_layer_sink_share layer_convex_share
+layer_interior_minimum_share pooled_vertex pooled_vertex_ci_low pooled_vertex_ci_high
+layer_anti_aligned_share layer_residual_anti_aligned_share``; ``lmg_share`` (store, layer,
+group, part) and ``pooled_lmg_share`` (store, group, part); ``aopc`` (store, metric, mode,
+rank); ``verdict`` and ``mde`` (store, step); ``why`` (store, section).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import xarray as xr
+
+from attngeom.store import read_manifest
+from attngeom.store.format import schema as S
+from attngeom.store.io.reader import describe_store
+from attngeom.store.io.results import entries
+
+from . import ANALYSIS_DIR, RESULT_FILES
+from .faithfulness_stats import StatsSettings, read, stats_path
+
+SECTIONS = ("sinks", "convexity", "anti_alignment", "decomposition", "faithfulness")
+# the settings each section's numbers depend on (a cell is flagged where stores differ in one)
+DEPENDS = {"sinks": ("epsilon", "sink_k"), "convexity": ("sink_k", "level"),
+           "anti_alignment": ("sink_k", "level"), "decomposition": ("sink_k", "tail_w"),
+           "faithfulness": ("level", "data")}
+PROBE_KINDS = {"probe:random": "random", "probe:repeated": "repeated"}
+
+
+def input_kind(spec: str) -> str:
+    """``random``/``repeated`` for a probe spec, else ``natural``."""
+    return next((kind for prefix, kind in PROBE_KINDS.items() if spec.startswith(prefix)),
+                "natural")
+
+
+def _results(store: Path, directory: Path) -> tuple[dict, dict]:
+    """The stored analysis Datasets of a store, and why each missing one is missing."""
+    found, why = {}, {}
+    for name, filename in RESULT_FILES.items():
+        path = directory / filename
+        if path.is_file():
+            with xr.open_dataset(path, engine="h5netcdf") as f:
+                found[name] = f.load()
+        else:
+            why[name] = f"no {filename} in {directory} (run `attngeom analyze {store} --out " \
+                        f"{directory}`)"
+    return found, why
+
+
+def _per_layer(values: xr.DataArray, layers: np.ndarray) -> np.ndarray:
+    """A (layer,) DataArray on the comparison's layer axis (NaN where absent)."""
+    return values.reindex({S.LAYER: layers}).values.astype(float)
+
+
+def _one(store: Path, label: str, layers: np.ndarray, faith_name: str,
+         settings: StatsSettings) -> dict:
+    manifest = read_manifest(store)
+    info = describe_store(manifest)
+    directory = store / ANALYSIS_DIR
+    res, why = _results(store, directory)
+    row: dict = {"label": label, **info, "kind": input_kind(info["data"]), "why": why,
+                 "scalars": {}, "layers": {}, "lmg": None, "pooled_lmg": None, "aopc": None,
+                 "steps": {}}
+    sc, per = row["scalars"], row["layers"]
+    if "sinks" in res:
+        s = res["sinks"]
+        row["epsilon"], row["level"] = float(s.attrs.get("epsilon", np.nan)), float(
+            s.attrs.get("analysis_level", np.nan))
+        row["sink_k"] = int(s.attrs.get("analysis_sink_k", info["sink_k"] or 0))
+        row["tail_w"] = int(s.attrs.get("analysis_tail_w", info["tail_w"] or 0))
+        sc["sink_head_share"] = float(s["is_sink_head"].mean())
+        sc["sink_rate_mean"] = float(s["sink_rate_mean"].mean())
+        sc["n_tokens"] = float(s["n_queries"].isel({S.LAYER: 0}).max())
+        if "gu_sink_head_share" in s:
+            sc["gu_sink_head_share"] = float(s["gu_sink_head_share"])
+            per["gu_layer_sink_share"] = _per_layer(s["gu_layer_sink_share"], layers)
+        per["layer_sink_rate_mean"] = _per_layer(s["layer_sink_rate_mean"], layers)
+        per["sink_head_fraction"] = _per_layer(s["sink_head_fraction"], layers)
+    if "convexity" in res:
+        c = res["convexity"]
+        sc["convex_share"] = float(c["convex"].mean())
+        sc["interior_minimum_share"] = float(c["interior_minimum"].mean())
+        per["layer_convex_share"] = _per_layer(c["convex"].mean(S.HEAD), layers)
+        per["layer_interior_minimum_share"] = _per_layer(c["interior_minimum"].mean(S.HEAD),
+                                                         layers)
+        for name in ("pooled_vertex", "pooled_vertex_ci_low", "pooled_vertex_ci_high"):
+            per[name] = _per_layer(c[name], layers)
+    if "anti_alignment" in res:
+        a = res["anti_alignment"]
+        for name in ("anti_aligned", "residual_anti_aligned"):
+            sc[f"{name}_share"] = float(a[name].mean())
+            per[f"layer_{name}_share"] = _per_layer(a[name].mean(S.HEAD), layers)
+    if "decomposition" in res:
+        d = res["decomposition"]
+        row["lmg"] = d["lmg_share"].reindex({S.LAYER: layers})
+        row["pooled_lmg"] = d["pooled_lmg_share"]
+        row["paper_pattern"] = str(d["pooled_paper_pattern"].item())
+    _faithfulness(row, store, manifest, directory, faith_name, settings)
+    return row
+
+
+def _faithfulness(row: dict, store: Path, manifest: dict, directory: Path, name: str,
+                  settings: StatsSettings) -> None:
+    if not row["causal"]:
+        row["why"]["faithfulness"] = "not applicable: an encoder has no next-token loss"
+        return
+    if name not in entries(manifest):
+        row["why"]["faithfulness"] = f"no faithfulness result '{name}' in the store"
+        return
+    path = stats_path(directory, name, settings)
+    if not path.is_file():
+        row["why"]["faithfulness"] = (f"no stored statistics {path.name} (run `attngeom "
+                                      f"analyze {store} --out {directory}`)")
+        return
+    stats = read(path)
+    row["faith_loss_variable"] = stats.attrs["loss_variable"]
+    row.setdefault("level", float(stats.attrs["level"]))
+    row["aopc"] = stats.for_variable(stats.aopc)
+    order = stats.for_variable(stats.order)
+    for r in order.itertuples():
+        row["steps"][f"{r.mode}/{r.rank}: {r.lower} → {r.higher}"] = (r.verdict, r.mde)
+
+
+def _layer_axis(stores: Sequence[Path]) -> np.ndarray:
+    top = 0
+    for store in stores:
+        n = describe_store(read_manifest(store)).get("n_layers") or 0
+        top = max(top, int(n))
+    return np.arange(top)
+
+
+def _differs(rows: list[dict]) -> dict[str, list[str]]:
+    """Per section, the settings it depends on whose values differ between the stores."""
+    out = {}
+    for section, settings in DEPENDS.items():
+        out[section] = [s for s in settings if len({str(r.get(s)) for r in rows}) > 1]
+    return out
+
+
+def compare(stores: Sequence[str | Path], labels: Sequence[str] | None = None, *,
+            faithfulness: str = "faithfulness",
+            settings: StatsSettings = StatsSettings()) -> xr.Dataset:
+    """The stored analyses of ``stores`` side by side (module docstring).
+
+    ``labels``: one per store (default "model · data"); ``faithfulness``: the result name;
+    ``settings``: which stored faithfulness statistics to read.
+    """
+    stores = [Path(s) for s in stores]
+    if labels is not None and len(labels) != len(stores):
+        raise ValueError(f"--labels gives {len(labels)} labels for {len(stores)} stores; give "
+                         "one per store")
+    layers = _layer_axis(stores)
+    rows = []
+    for i, store in enumerate(stores):
+        info = describe_store(read_manifest(store))
+        label = labels[i] if labels else f"{info['model']} · {Path(str(info['data'])).name}"
+        rows.append(_one(store, label, layers, faithfulness, settings))
+    return _dataset(rows, layers, _differs(rows))
+
+
+def _dataset(rows: list[dict], layers: np.ndarray, differs: dict) -> xr.Dataset:
+    n = len(rows)
+    coords = {"store": np.arange(n), S.LAYER: layers}
+    for name in ("label", "model", "data", "kind", "bos", "mode"):
+        coords[name] = ("store", np.array([str(r.get(name)) for r in rows], dtype=object))
+    for name in ("sink_k", "tail_w", "epsilon", "level", "n_layers"):
+        coords[name] = ("store", np.array([r.get(name, np.nan) if r.get(name) is not None
+                                           else np.nan for r in rows], dtype=float))
+    depth = np.array([layers / max(float(r.get("n_layers") or 1) - 1, 1.0) for r in rows])
+    coords["relative_depth"] = (("store", S.LAYER), depth)
+    ds = xr.Dataset(coords=coords)
+    ds["n_sequences"] = ("store", np.array([r["n_sequences"] for r in rows], dtype=float))
+    scalar = {k for r in rows for k in r["scalars"]}
+    for name in sorted(scalar):
+        ds[name] = ("store", np.array([r["scalars"].get(name, np.nan) for r in rows]))
+    for name in sorted({k for r in rows for k in r["layers"]}):
+        ds[name] = (("store", S.LAYER), np.array(
+            [r["layers"].get(name, np.full(len(layers), np.nan)) for r in rows]))
+    _lmg(ds, rows)
+    _faith(ds, rows)
+    ds["paper_pattern"] = ("store", np.array([r.get("paper_pattern", "") for r in rows],
+                                             dtype=object))
+    ds["why"] = (("store", "section"), np.array(
+        [[r["why"].get(sec, "") for sec in SECTIONS] for r in rows], dtype=object))
+    ds = ds.assign_coords(section=list(SECTIONS))
+    for section, names in _SECTION_VARS.items():
+        for name in names:
+            if name in ds and differs[section]:
+                ds[name].attrs["differs"] = ", ".join(differs[section])
+    ds.attrs["differs"] = "; ".join(f"{k}: {', '.join(v)}" for k, v in differs.items() if v)
+    return ds
+
+
+_SECTION_VARS = {
+    "sinks": ("sink_head_share", "gu_sink_head_share", "sink_rate_mean", "layer_sink_rate_mean",
+              "sink_head_fraction", "gu_layer_sink_share"),
+    "convexity": ("convex_share", "interior_minimum_share", "layer_convex_share",
+                  "layer_interior_minimum_share", "pooled_vertex", "pooled_vertex_ci_low",
+                  "pooled_vertex_ci_high"),
+    "anti_alignment": ("anti_aligned_share", "residual_anti_aligned_share",
+                       "layer_anti_aligned_share", "layer_residual_anti_aligned_share"),
+    "decomposition": ("lmg_share", "pooled_lmg_share", "paper_pattern"),
+    "faithfulness": ("aopc", "verdict", "mde"),
+}
+
+
+def _lmg(ds: xr.Dataset, rows: list[dict]) -> None:
+    template = next((r["pooled_lmg"] for r in rows if r["pooled_lmg"] is not None), None)
+    if template is None:
+        return
+    empty = xr.full_like(template, np.nan)
+    ds["pooled_lmg_share"] = xr.concat([r["pooled_lmg"] if r["pooled_lmg"] is not None
+                                        else empty for r in rows], "store",
+                                       coords="minimal").drop_vars("store", errors="ignore")
+    layered = [r["lmg"] for r in rows]
+    base = next(x for x in layered if x is not None)
+    ds["lmg_share"] = xr.concat([x if x is not None else xr.full_like(base, np.nan)
+                                 for x in layered], "store", coords="minimal").drop_vars(
+        "store", errors="ignore")
+
+
+def _faith(ds: xr.Dataset, rows: list[dict]) -> None:
+    ds["faith_loss_variable"] = ("store", np.array([r.get("faith_loss_variable", "")
+                                                    for r in rows], dtype=object))
+    tables = [r["aopc"] for r in rows if r["aopc"] is not None]
+    if not tables:
+        return
+    keys = ("metric", "mode", "rank")
+    axes = {k: list(dict.fromkeys(v for t in tables for v in t[k])) for k in keys}
+    aopc = np.full((len(rows),) + tuple(len(axes[k]) for k in keys), np.nan)
+    for i, r in enumerate(rows):
+        for t in ([] if r["aopc"] is None else r["aopc"].itertuples()):
+            aopc[i, axes["metric"].index(t.metric), axes["mode"].index(t.mode),
+                 axes["rank"].index(t.rank)] = t.aopc_mean
+    ds["aopc"] = (("store",) + keys, aopc)
+    steps = list(dict.fromkeys(s for r in rows for s in r["steps"]))
+    ds["verdict"] = (("store", "step"), np.array(
+        [[r["steps"].get(s, ("", np.nan))[0] for s in steps] for r in rows], dtype=object))
+    ds["mde"] = (("store", "step"), np.array(
+        [[r["steps"].get(s, ("", np.nan))[1] for s in steps] for r in rows], dtype=float))
+    ds.coords.update({k: axes[k] for k in keys})
+    ds.coords["step"] = steps
+
+
+def table1(ds: xr.Dataset, variable: str = "gu_sink_head_share") -> "pd.DataFrame":
+    """Gu et al.'s Table 1: percent of sink heads, model x input kind (natural, random,
+    repeated, in that order), with BOS choice in the row label where stores differ in it."""
+    import pandas as pd
+
+    frame = pd.DataFrame({"model": ds["model"].values, "bos": ds["bos"].values,
+                          "kind": ds["kind"].values, "value": 100 * ds[variable].values})
+    if frame["bos"].nunique() > 1:
+        frame["model"] = frame["model"] + " (BOS " + frame["bos"] + ")"
+    out = frame.pivot_table(index="model", columns="kind", values="value", sort=False)
+    return out[[k for k in ("natural", "random", "repeated") if k in out.columns]]

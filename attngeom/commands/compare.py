@@ -1,0 +1,41 @@
+"""``attngeom compare STORE [STORE ...] --out compare.pdf [--csv DIR] [--labels a,b,...]``.
+
+Reads each store's stored analyses (``attngeom analyze``; :func:`attngeom.analysis.compare.
+compare`) and writes one PDF: a table with a row per store, per-layer figures on a shared
+relative-depth axis, the faithfulness verdicts, and Gu et al.'s Table 1 for probe stores.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from attngeom.store.format.vocab import FAITHFULNESS_NAME
+
+
+def add_parser(p: argparse.ArgumentParser) -> None:
+    p.add_argument("stores", nargs="+", help="store directories (each analysed first with "
+                                             "`attngeom analyze STORE --out STORE/analysis`)")
+    p.add_argument("--out", required=True, help="the PDF to write")
+    p.add_argument("--csv", help="also write summary.csv, layers.csv (and table1.csv) here")
+    p.add_argument("--png", help="also write the per-layer figure as a PNG")
+    p.add_argument("--labels", help="comma-separated labels, one per store (default: model · "
+                                    "data)")
+    p.add_argument("--faithfulness", default=FAITHFULNESS_NAME, metavar="NAME",
+                   help=f"which faithfulness result to show (default {FAITHFULNESS_NAME})")
+
+
+def run(args: argparse.Namespace) -> int:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from attngeom.analysis.compare import compare
+    from attngeom.reports.compare import write_csv, write_pdf
+
+    labels = args.labels.split(",") if args.labels else None
+    ds = compare(args.stores, labels, faithfulness=args.faithfulness)
+    path = write_pdf(ds, args.out, args.png)
+    print(f"attngeom: wrote {path}")
+    if args.csv:
+        for f in write_csv(ds, args.csv):
+            print(f"attngeom: wrote {f}")
+    return 0
