@@ -2,7 +2,8 @@
 
 :func:`compare` reads what ``attngeom analyze`` (and ``attngeom faithfulness``) stored in each
 store's ``analysis/`` folder — it computes nothing again — and lays it out along a ``store``
-dimension whose coordinates are the label, model, data, probe input kind, BOS choice, layout,
+dimension whose coordinates are the label, model, data, probe input kind, BOS (``bos``: whether
+the first token is the tokenizer's BOS, ``auto`` resolved; ``bos_option``: as asked), layout,
 k, w and the settings the analyses used (ε, level). Per-layer variables share one ``layer``
 dimension (NaN where a store has no such layer) with the coordinate ``relative_depth``
 (store, layer) = layer / (the model's layers - 1), so an 18-layer and a 30-layer model share
@@ -63,6 +64,19 @@ def _results(store: Path, directory: Path) -> tuple[dict, dict]:
     return found, why
 
 
+def _tokens(store: Path, bos: str) -> tuple[str, float]:
+    """The BOS choice as it came out (``auto`` resolved: is the first token of every sequence
+    a special token?) and the number of tokens measured."""
+    from attngeom.store.io.reader import open_store
+
+    ds = open_store(store)
+    n = float(ds[S.LENGTH].sum())
+    if bos == "auto" and S.SPECIAL in ds:
+        first = ds[S.SPECIAL].isel({S.POSITION: 0}).values
+        bos = "yes" if first.size and bool(first.all()) else "no"
+    return bos, n
+
+
 def _per_layer(values: xr.DataArray, layers: np.ndarray) -> np.ndarray:
     """A (layer,) DataArray on the comparison's layer axis (NaN where absent)."""
     return values.reindex({S.LAYER: layers}).values.astype(float)
@@ -76,8 +90,10 @@ def _one(store: Path, label: str, layers: np.ndarray, faith_name: str,
     res, why = _results(store, directory)
     row: dict = {"label": label, **info, "kind": input_kind(info["data"]), "why": why,
                  "scalars": {}, "layers": {}, "lmg": None, "pooled_lmg": None, "aopc": None,
-                 "steps": {}}
+                 "steps": {}, "bos_option": info["bos"]}
     sc, per = row["scalars"], row["layers"]
+    if info["mode"] is not None:                   # a results-only store has no tokens
+        row["bos"], sc["n_tokens"] = _tokens(store, info["bos"])
     if "sinks" in res:
         s = res["sinks"]
         row["epsilon"], row["level"] = float(s.attrs.get("epsilon", np.nan)), float(
@@ -86,7 +102,6 @@ def _one(store: Path, label: str, layers: np.ndarray, faith_name: str,
         row["tail_w"] = int(s.attrs.get("analysis_tail_w", info["tail_w"] or 0))
         sc["sink_head_share"] = float(s["is_sink_head"].mean())
         sc["sink_rate_mean"] = float(s["sink_rate_mean"].mean())
-        sc["n_tokens"] = float(s["n_queries"].isel({S.LAYER: 0}).max())
         if "gu_sink_head_share" in s:
             sc["gu_sink_head_share"] = float(s["gu_sink_head_share"])
             per["gu_layer_sink_share"] = _per_layer(s["gu_layer_sink_share"], layers)
@@ -149,7 +164,8 @@ def _differs(rows: list[dict]) -> dict[str, list[str]]:
     """Per section, the settings it depends on whose values differ between the stores."""
     out = {}
     for section, settings in DEPENDS.items():
-        out[section] = [s for s in settings if len({str(r.get(s)) for r in rows}) > 1]
+        filled = [r for r in rows if section not in r["why"]]   # a store without it: no vote
+        out[section] = [s for s in settings if len({str(r.get(s)) for r in filled}) > 1]
     return out
 
 
@@ -177,7 +193,7 @@ def compare(stores: Sequence[str | Path], labels: Sequence[str] | None = None, *
 def _dataset(rows: list[dict], layers: np.ndarray, differs: dict) -> xr.Dataset:
     n = len(rows)
     coords = {"store": np.arange(n), S.LAYER: layers}
-    for name in ("label", "model", "data", "kind", "bos", "mode"):
+    for name in ("label", "model", "data", "kind", "bos", "bos_option", "mode"):
         coords[name] = ("store", np.array([str(r.get(name)) for r in rows], dtype=object))
     for name in ("sink_k", "tail_w", "epsilon", "level", "n_layers"):
         coords[name] = ("store", np.array([r.get(name, np.nan) if r.get(name) is not None

@@ -78,24 +78,45 @@ def _table_page(ds: xr.Dataset) -> Page:
     return Page(SECTION, "Models side by side", fig, caption)
 
 
+KIND_STYLE = {"natural": "-", "random": "--", "repeated": ":"}
+VERTEX_YLIM = (-0.25, 1.25)     # α* lives on [0, 1]; wider CIs (a flat parabola) are clipped
+
+
+def _line_styles(ds: xr.Dataset) -> list[dict]:
+    """Colour by model and line style by input kind when stores repeat a model over kinds;
+    else a colour per store."""
+    models, kinds = list(ds["model"].values), list(ds["kind"].values)
+    by_model = len(set(models)) < len(models) and len(set(kinds)) > 1
+    keys = list(dict.fromkeys(models)) if by_model else list(range(len(models)))
+    return [{"color": f"C{keys.index(models[i] if by_model else i) % 10}",
+             "ls": KIND_STYLE.get(kinds[i], "-") if by_model else "-"}
+            for i in range(len(models))]
+
+
 def layer_figure(ds: xr.Dataset):
     """Per-layer panels of every store on the relative-depth axis (a matplotlib Figure)."""
     panels = [(n, t) for n, t in LAYER_PANELS if n in ds]
-    fig = figure(hspace=0.5, wspace=0.25, bottom=0.3)
-    cols = 2
+    fig = figure(hspace=0.55, wspace=0.2, bottom=0.3)
+    cols, rows = 2, -(-len(panels) // 2)
+    styles = _line_styles(ds)
     for p, (name, title) in enumerate(panels):
-        ax = fig.add_subplot(-(-len(panels) // cols), cols, p + 1)
+        ax = fig.add_subplot(rows, cols, p + 1)
         for i in range(ds.sizes["store"]):
             x = ds["relative_depth"].values[i]
             y = ds[name].values[i]
             ok = np.isfinite(y)
-            ax.plot(x[ok], y[ok], "o-", ms=2.5, lw=1.1, label=str(ds["label"].values[i]))
+            ax.plot(x[ok], y[ok], marker="o", ms=2.2, lw=1.1, label=str(ds["label"].values[i]),
+                    **styles[i])
             if name == "pooled_vertex":
                 lo, hi = (ds[f"pooled_vertex_ci_{e}"].values[i] for e in ("low", "high"))
                 good = ok & np.isfinite(lo) & np.isfinite(hi)
-                ax.fill_between(x[good], lo[good], hi[good], alpha=0.12, lw=0)
+                ax.fill_between(x[good], lo[good], hi[good], alpha=0.1, lw=0,
+                                color=styles[i]["color"])
+        if name == "pooled_vertex":
+            ax.set_ylim(*VERTEX_YLIM)
         ax.set_title(title + (f" {FLAG}" if ds[name].attrs.get("differs") else ""))
-        ax.set_xlabel("relative depth (layer / (layers − 1))")
+        if p >= len(panels) - cols:
+            ax.set_xlabel("relative depth (layer / (layers − 1))")
         ax.set_xlim(-0.02, 1.02)
     handles, labels = fig.axes[0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, 0.255), ncol=4,
@@ -167,7 +188,9 @@ def write_pdf(ds: xr.Dataset, out: str | os.PathLike, png: str | os.PathLike | N
         pages = [_table_page(ds),
                  Page(SECTION, "Per layer, on a shared relative-depth axis", layer_figure(ds),
                       "Each line is one store; x = layer / (the model's layers − 1), so models of "
-                      "different depth share the axis (a subset store keeps its place).")]
+                      "different depth share the axis (a subset store keeps its place). "
+                      "Vertex panel: y clipped to [−0.25, 1.25] (α* lies in [0, 1]; a "
+                      "near-flat parabola's CI runs off the axis).")]
         pages += [p for p in (_faith_page(ds), _table1_page(ds)) if p is not None]
         with atomic_file(out) as tmp, PdfPages(tmp, metadata={"Title": "attngeom compare"}) \
                 as pdf:
@@ -176,5 +199,5 @@ def write_pdf(ds: xr.Dataset, out: str | os.PathLike, png: str | os.PathLike | N
                 pdf.savefig(page.fig)
         if png is not None:
             with atomic_file(png) as tmp:
-                layer_figure(ds).savefig(tmp, format="png", dpi=110)
+                layer_figure(ds).savefig(tmp, format="png", dpi=110, bbox_inches="tight")
     return out
