@@ -1,7 +1,9 @@
 """The faithfulness experiment: remove the keys each metric ranks first (or last), measure the loss.
 
 One forward pass per (metric, rank, mode, fraction) and batch, plus a clean pass and, with
-``drift``, a sink-zeroed pass (:mod:`.interventions`). Units (texts or items) are processed in
+``drift``, a sink-zeroed pass (:mod:`.interventions`); with ``layers`` above 0 the removal
+passes start at the lowest intervened layer from the clean pass's hidden states there
+(:mod:`.resume`: the same numbers, fewer layers run). Units (texts or items) are processed in
 blocks; each finished block is written atomically to ``<out>/<name>.partial/`` so a killed run
 resumes where it stopped (:func:`attngeom.store.io.result_files.open_partial`). The result,
 ``<out>/<name>.nc``, is described in :mod:`attngeom.store.format.faithfulness`;
@@ -27,6 +29,7 @@ from attngeom.store.format.vocab import MAGNITUDE, RANKS, SIGNED
 
 from ..loading.data import Tokenized, batches, load_texts, pad_token_id
 from .interventions import DriftProbe, Intervener, Removal, forward_logits
+from .resume import HiddenAt, decoder_stack, logits_from, lowest_layer
 from ..run import BatchSize
 from .scoring import (Prepared, items_sha256, prepare_answers, prepare_choices, prepare_texts,
                       span_logprobs)
@@ -128,7 +131,7 @@ def conditions(cfg: FaithConfig, plan: dict) -> list[Removal]:
 
 
 def compute_block(model, prepared: Prepared, cfg: FaithConfig, removals: list[Removal],
-                  pad_id: int, bar=None) -> dict:
+                  pad_id: int, bar=None, log=print) -> dict:
     """Span log-probs for the clean, drift and every removal pass, and drift probe sums.
 
     Returns ``{"clean": (S,), "drift": (S,), "removal": (C, S), "probe": {phase: {stat: (R, L)}}}``
@@ -140,21 +143,41 @@ def compute_block(model, prepared: Prepared, cfg: FaithConfig, removals: list[Re
     probe_rows: dict[str, dict[str, np.ndarray]] = {}
     shared: dict = {}                                  # Gram matrices, once per model
     work = Workspace()                                 # scratch tensors, reused by every pass
+    start = 0 if cfg.drift else lowest_layer(cfg.layers)      # removal passes begin here
+    stack = decoder_stack(model) if start and removals else None
+    if start and removals and stack is None:
+        log("faithfulness: no decoder layer list found; every removal pass runs in full")
+    verified = False
     for index, inputs in _batches(prepared, cfg.batch_size, pad_id, device):
         where = {int(r): b for b, r in enumerate(index)}
         spans = np.flatnonzero(np.isin(prepared.span_row, index))
         local = np.array([where[int(r)] for r in prepared.span_row[spans]], dtype=np.int64)
         tokens = [prepared.span_tokens[s] for s in spans]
 
-        def score(handler) -> np.ndarray:
-            logits = forward_logits(model, inputs, handler)
+        def score(handler, hidden=None) -> np.ndarray:
+            logits = (forward_logits(model, inputs, handler) if hidden is None else
+                      logits_from(model, stack, start, hidden, inputs, handler))
             if bar is not None:
                 bar.update(1)
             return span_logprobs(logits, local, prepared.span_start[spans], tokens)
 
         probe = DriftProbe(cfg.sink_k, cfg.drift_low_fraction) if cfg.drift else None
-        out["clean"][spans] = score(Intervener(model, probe=probe, projections=shared,
-                                                 workspace=work))
+        clean = lambda: Intervener(model, probe=probe, projections=shared, workspace=work)
+        if stack is None:
+            out["clean"][spans] = score(clean())
+            hidden = None
+        else:
+            with HiddenAt(stack[2], start).watching() as at:
+                logits = forward_logits(model, inputs, clean())
+            if bar is not None:
+                bar.update(1)
+            out["clean"][spans] = span_logprobs(logits, local, prepared.span_start[spans], tokens)
+            hidden, verified = at.hidden, verified or torch.equal(
+                logits_from(model, stack, start, at.hidden, inputs, clean()), logits)
+            if not verified:                              # checked on the block's first batch
+                log(f"faithfulness: this model's forward from layer {start} differs from its "
+                    "full pass; every removal pass runs in full")
+                stack = hidden = None
         if cfg.drift:
             probe.phase = "after"
             out["drift"][spans] = score(Intervener(model, sink_k=cfg.sink_k, probe=probe,
@@ -166,7 +189,8 @@ def compute_block(model, prepared: Prepared, cfg: FaithConfig, removals: list[Re
                     arr[index] = x.numpy()
         for c, removal in enumerate(removals):
             out["removal"][c, spans] = score(Intervener(model, removal=removal,
-                                                         projections=shared, workspace=work))
+                                                         projections=shared, workspace=work),
+                                             hidden)
     out["probe"] = probe_rows
     return out
 
@@ -186,7 +210,7 @@ def compute_retrying(model, prepared: Prepared, cfg: FaithConfig, removals: list
     while True:
         try:
             return compute_block(model, prepared, replace(cfg, batch_size=current.size),
-                                 removals, pad_id, bar)
+                                 removals, pad_id, bar, log)
         except RuntimeError as exc:
             current.size = halved_batch(exc, current.size, cfg.device, log, "redoing the block",
                                       "--max-length, fewer --layers")

@@ -117,6 +117,7 @@ class Intervener:
         self.trace = trace
         self.token_mask: Tensor | None = None
         self.work = Workspace() if workspace is None else workspace
+        self.start = 0                  # layers skipped below the first call (resume.py)
 
     def projection(self, layer: int, dtype: torch.dtype = torch.float64) -> Projection:
         """W_O and its per-head Gram matrices in ``dtype`` (built once per layer and dtype)."""
@@ -143,7 +144,7 @@ class Intervener:
         alpha comes from the call's own logits (scale, soft-cap, learned sink logits) in
         float32 (the model's dtype if wider), the ranking from float64 where it is near (see
         the module docstring); a learned sink keeps its weight (removal zeroes real keys only)."""
-        layer = call.index
+        layer = call.index + self.start
         if layer >= self.n_layers or self.found[layer].module is not call.module:
             raise RuntimeError(f"attention call {layer} ({type(call.module).__name__}) is not "
                                "the layer the probe found there")
