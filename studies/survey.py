@@ -222,7 +222,8 @@ class Study:
             new = pd.DataFrame(rows, columns=None if rows else [key])
             if path.exists():
                 old = pd.read_csv(path)
-                new = pd.concat([df for df in (old[~old[key].isin(new[key])], new) if len(df)])
+                kept = [df for df in (old[~old[key].isin(new[key])], new) if len(df)]
+                new = pd.concat(kept) if kept else old
             new.to_csv(path, index=False)
 
 

@@ -101,6 +101,7 @@ ARCHS: dict[str, Arch] = {
     "olmo3": Arch("decoder", WINDOW2),
     "vaultgemma": Arch("decoder", dict(WINDOW2, attn_logit_softcapping=2.0,
                                        query_pre_attn_scalar=16)),
+    "falcon": Arch("decoder", dict(head_dim=None), w_o="dense"),   # rotary; ALiBi is refused
     # ------------------------------------------------------------------ encoders
     "bert": Arch("encoder", w_o="^output.dense"),
     "roberta": Arch("encoder", w_o="^output.dense"),
@@ -121,7 +122,6 @@ ARCHS: dict[str, Arch] = {
     # ------------------------------------------------------------------ refused
     "bloom": Arch("decoder", dict(n_layer=2, n_head=4), refused=NOT_HOOKED),
     "mpt": Arch("decoder", dict(d_model=32, n_heads=4, n_layers=2), refused=NOT_HOOKED),
-    "falcon": Arch("decoder", dict(head_dim=None), refused=NOT_HOOKED),
     "gpt_neo": Arch("decoder", dict(num_layers=2, attention_types=[[["global", "local"], 1]],
                                     window_size=4), refused=NOT_HOOKED),
     "xglm": Arch("decoder", dict(d_model=32, num_layers=2, ffn_dim=64), refused=NOT_HOOKED),

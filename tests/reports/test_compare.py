@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -32,14 +33,16 @@ def stores(tiny, dense_store, compact_store, tmp_path_factory):
     from attngeom.extract.run import ExtractConfig, extract
 
     root = tmp_path_factory.mktemp("compare")
-    out = {"dense": _analyze(dense_store), "compact": _analyze(compact_store, "--epsilon",
-                                                               "0.2")}
+    dense, compact = root / "dense", root / "compact"        # copies: the fixtures are shared
+    shutil.copytree(dense_store, dense)
+    shutil.copytree(compact_store, compact)
+    out = {"dense": _analyze(dense), "compact": _analyze(compact, "--epsilon", "0.2")}
     for kind in ("random", "repeated"):
         store = root / kind
         extract(str(tiny["model"]), f"probe:{kind}:12:6:3", store,
                 ExtractConfig(mode="compact", max_length=12, tail_w=4), progress=False)
         out[kind] = _analyze(store)
-    assert main(["store", "subset", str(dense_store), "--out", str(root / "subset"),
+    assert main(["store", "subset", str(dense), "--out", str(root / "subset"),
                  "--layers", "1"]) == 0
     out["subset"] = _analyze(root / "subset")
     bert = tm.save_tiny("bert", root / "bert-model")
