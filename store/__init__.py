@@ -2,7 +2,8 @@
 
 ``attngeom.store.open(path)`` (or ``xarray.open_dataset(path, engine="attngeom")``) returns one
 lazily loaded xarray.Dataset over all shards; ``attngeom.store.write(ds, path)`` saves such a
-Dataset (or one ``attngeom.measure`` made in memory) as a store. Importing this package
+Dataset (or one ``attngeom.measure`` made in memory) as a store; ``attngeom.store.import_export(
+DIR, path)`` rebuilds a store from a Hub export (``store export --format hf``). Importing this package
 registers the ``ds.attngeom`` accessor (:mod:`attngeom.store.dataset.accessor`) that reads both
 layouts alike.
 """
@@ -13,5 +14,6 @@ from .errors import StoreError
 from .io.reader import open_store as open
 from .io.reader import open_store
 from .io.save import write
+from .ops.hub_import import import_export
 
-__all__ = ["open", "open_store", "write", "read_manifest", "StoreError"]
+__all__ = ["open", "open_store", "write", "import_export", "read_manifest", "StoreError"]

@@ -1,4 +1,5 @@
-"""``attngeom store info|validate|merge|subset|export``: inspect, join, cut and share stores."""
+"""``attngeom store info|validate|merge|subset|export|import``: inspect, join, cut and share
+stores."""
 
 from __future__ import annotations
 
@@ -46,6 +47,11 @@ def add_parser(p) -> None:
                                        "mit, cc-by-4.0 (default unknown)")
     exp.add_argument("--no-text", action="store_true", help="leave token strings out")
 
+    imp = sub.add_parser("import", help="rebuild a store from a --format hf export (a Hub "
+                                        "dataset as `hf download` leaves it)")
+    imp.add_argument("export", help="the export's folder (with manifest.source.json)")
+    imp.add_argument("--out", required=True, help="new store directory")
+
 
 def run(args) -> int:
     from attngeom.store.ops.info import summary
@@ -79,6 +85,12 @@ def run(args) -> int:
         if added:
             print(f"attngeom: also kept {', '.join(added)} (contribution is derived from them)")
         print(summary(args.out))
+        return 0
+    if args.store_command == "import":
+        from attngeom.store.ops.hub_import import describe_import, import_export
+
+        manifest = import_export(args.export, args.out, log=print)
+        print(f"{args.out}: {describe_import(manifest)}")
         return 0
     from attngeom.store.ops.export import export
 

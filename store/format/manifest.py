@@ -89,6 +89,11 @@ def read_manifest(store: str | Path) -> dict:
         raise StoreError(f"{store}: not a store directory (expected a folder with {MANIFEST})")
     if not path.is_file():
         raise StoreError(f"{store}: no {MANIFEST}; not an attngeom store or never started")
+    return parse_manifest(path, store)
+
+
+def parse_manifest(path: Path, store: str | Path) -> dict:
+    """Parse and check the manifest file ``path`` (of ``store``, named in errors)."""
     if path.stat().st_size > MAX_MANIFEST_BYTES:
         raise StoreError(f"{path}: manifest larger than {MAX_MANIFEST_BYTES} bytes; refusing")
     try:

@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from ..format import schema as S
-from ..format.manifest import MANIFEST, read_manifest
+from ..format.manifest import MANIFEST, file_sha256, read_manifest
 from ..errors import StoreError
 from ..format.readme import README, readme_text
 from ..io.results import entries as result_entries
@@ -36,6 +36,8 @@ from ..io.results import is_faith_only
 from ..io.atomic import atomic_file, atomic_write_bytes, copy_file
 
 FORMATS = ("zarr", "parquet", "hf")
+SOURCE_MANIFEST = MANIFEST.replace(".json", ".source.json")   # the source manifest, copied
+EXPORT_RECORD = "export"       # its key for what the export holds: tables, no_text, sha256s
 TABLES = ("per_query", "per_key", "pairs", "sequences", "tokens")
 ZARR_CHUNK_BYTES = 16 << 20
 
@@ -66,8 +68,10 @@ def export(store: str | Path, out: str | Path, fmt: str, tables=None, no_text: b
         written = _parquet(ds, out, manifest, tables, hub=fmt == "hf")
     written = {**{t: written[t] for t in TABLES if t in written},
                **_results(store, manifest, out, fmt)}
-    atomic_write_bytes(out / MANIFEST.replace(".json", ".source.json"),
-                json.dumps(manifest, indent=1, sort_keys=True).encode())
+    copy = dict(manifest)
+    if fmt != "zarr":                        # what `store import` checks before reading
+        copy[EXPORT_RECORD] = export_record(out, fmt, tables, no_text)
+    atomic_write_bytes(out / SOURCE_MANIFEST, json.dumps(copy, indent=1, sort_keys=True).encode())
     if fmt == "hf":
         from .hub_card import dataset_card
 
@@ -77,6 +81,16 @@ def export(store: str | Path, out: str | Path, fmt: str, tables=None, no_text: b
     else:
         atomic_write_bytes(out / README, _export_readme(manifest, fmt, store, no_text).encode())
     return out
+
+
+def export_record(out: Path, fmt: str, tables: list[str], no_text: bool) -> dict:
+    """The format, the tables asked for, ``no_text`` and the sha256 of every data file under
+    ``out`` (the prose, README and dataset card, is left out: the Hub edits cards)."""
+    prose = {README, "README.md", SOURCE_MANIFEST}
+    files = sorted(p for p in out.rglob("*") if p.is_file() and p.name not in prose
+                   and not p.name.startswith("."))
+    return {"format": fmt, "tables": list(tables), "no_text": bool(no_text),
+            "sha256": {p.relative_to(out).as_posix(): file_sha256(p) for p in files}}
 
 
 def _tables(spec) -> list[str]:

@@ -166,7 +166,13 @@ def dataset_card(manifest: dict, out: Path, configs: dict[str, str], license: st
         "Long tables, one row per cell inside each sequence's length. Join `pairs`, `per_key` "
         "and `per_query` on (sequence, layer, head, query/key) to rebuild any score, e.g. "
         "value-weighted attention α‖ṽ‖. Configs: " + ", ".join(f"`{c}`" for c in configs) + ".",
-        "", "## Tables", "",
+        "", "## Getting the store back", "",
+        "The tables hold every measured value, so attngeom rebuilds the store they came from "
+        "(same content hash; `attngeom analyze`, `report`, `view` and `compare` then run on it; "
+        "each file's sha256 in `manifest.source.json` is checked first):", "", "```bash",
+        "hf download USER/NAME --repo-type dataset --local-dir NAME",
+        "attngeom store import NAME --out NAME.store", "```", "",
+        "## Tables", "",
     ]
     for name, pattern in configs.items():
         lines += _table_section(out, name, pattern, results)
@@ -175,7 +181,7 @@ def dataset_card(manifest: dict, out: Path, configs: dict[str, str], license: st
         "- `data/<config>/train-NNNNN-of-NNNNN.parquet`: the tables (one file per store shard); "
         "each file's metadata holds `attngeom_manifest`",
         "- `manifest.source.json`: the source store's manifest (provenance, options, "
-        "checksums)",
+        "checksums) and, under `export`, the tables exported and the sha256 of every data file",
         "- `<name>.nc`: each faithfulness result as written by attngeom (netCDF4)"
         if results else "", "",
         "## Uploading", "", "```bash",

@@ -5,7 +5,7 @@ DIR``) is tested over its own family of layers; the committed tables used all of
 verdicts are compared after putting the rerun's p-values into the committed family (Holm over
 every layer, as ``studies/export.py`` does), and the per-unit perplexities are compared directly.
 
-Usage: python studies/check_design2.py DIR [--committed studies/smollm2-135m/results_faithfulness]
+Usage: python studies/check_layer_resume.py DIR [--committed studies/smollm2-135m/results_faithfulness]
 """
 
 from __future__ import annotations
