@@ -60,15 +60,26 @@ class HiddenAt:
             handle.remove()
 
 
+PER_LAYER_CONFIG = "layer_types"   # transformers' per-layer list a stack's forward indexes by i
+
+
 @contextlib.contextmanager
 def cut_below(stack: tuple[nn.Module, str, nn.ModuleList], start: int) -> Iterator[None]:
-    """The decoder stack is ``layers[start:]`` inside the block."""
+    """The decoder stack is ``layers[start:]`` inside the block, and so is the config's
+    ``layer_types`` (Gemma 3 picks layer i's mask and rotary table by ``layer_types[i]``)."""
     owner, name, layers = stack
+    config = getattr(owner, "config", None)
+    types = getattr(config, PER_LAYER_CONFIG, None)
+    cut_types = isinstance(types, (list, tuple)) and len(types) == len(layers)
     setattr(owner, name, nn.ModuleList(list(layers)[start:]))
+    if cut_types:
+        setattr(config, PER_LAYER_CONFIG, type(types)(types[start:]))
     try:
         yield
     finally:
         setattr(owner, name, layers)
+        if cut_types:
+            setattr(config, PER_LAYER_CONFIG, types)
 
 
 @torch.inference_mode()
