@@ -32,14 +32,35 @@ from .loading.data import (TextSet, Tokenized, batches, load_texts, pad_token_id
 from .loading.probes import ProbeSet, is_probe, probe_set
 from .loading.images import ImageSet, image_tokens, is_image_spec, load_images, measure_images
 from .measurement.layer import Options
+from .loading.budget import (check_budget, check_context, context_length, directory_bytes,
+                             sequence_bytes)
 
 
 def default_shard_size(cfg: ExtractConfig, n_layers: int, n_heads: int) -> int:
     """Sequences per shard so that a shard holds about 256 MiB before compression."""
-    T = cfg.max_length
-    keys = T if cfg.mode == "dense" else cfg.sink_k + cfg.tail_w
-    per_seq = 4 * n_layers * n_heads * T * (3 * keys + 12)
+    per_seq = sequence_bytes(cfg.mode, cfg.max_length, cfg.sink_k, cfg.tail_w, n_layers, n_heads)
     return int(max(1, min(256, (256 << 20) // per_seq)))
+
+
+BUDGET_SAMPLE = 256            # texts tokenized to size the store before it is started
+
+
+def check_run(loaded, cfg: ExtractConfig, texts, n: int, out: Path, beyond_context: bool
+              ) -> None:
+    """ValueError before anything is written: ``--max-length`` past the model's context, or a
+    store or batch that will not fit (:mod:`attngeom.extract.loading.budget`)."""
+    info, items = loaded.info, texts.texts
+    if isinstance(texts, ImageSet):
+        lengths = [cfg.max_length]
+    else:
+        check_context(cfg.max_length, context_length(loaded.model.config), beyond_context)
+        ids = items.ids[:BUDGET_SAMPLE] if isinstance(items, Tokenized) else tokenize_texts(
+            loaded.tokenizer, items[:BUDGET_SAMPLE], cfg.max_length, cfg.bos).ids
+        lengths = [len(i) for i in ids]
+    check_budget(out, n, lengths, cfg.mode, cfg.max_length, cfg.sink_k, cfg.tail_w,
+                 info["n_layers"],
+                 info["n_heads"], bool(info.get("causal", True)), cfg.precision != FLOAT32,
+                 cfg.batch_size, have=directory_bytes(out / "shards"))
 
 
 def store_config(info: dict, texts, cfg: ExtractConfig, shard_size: int) -> dict:
@@ -84,12 +105,15 @@ def versions() -> dict:
 
 def extract(model: str, data: str, out: str | Path, cfg: ExtractConfig | None = None,
             trust_remote_code: bool = False, progress: bool = True,
-            shard: str | tuple[int, int] | None = None, texts=None) -> dict:
+            shard: str | tuple[int, int] | None = None, texts=None,
+            beyond_context: bool = False) -> dict:
     """Extract ``data`` through ``model`` into the store ``out``; return the manifest.
 
     ``shard="I/N"`` extracts only part I (0-based) of N: a contiguous block of whole shard
     files (see :mod:`attngeom.store.dataset.distributed`); merging the N part stores with
-    ``attngeom store merge`` gives exactly the single-process store.
+    ``attngeom store merge`` gives exactly the single-process store. ``beyond_context``:
+    allow ``max_length`` past the model's configured context (refused otherwise, before the
+    store is created, as a store or batch too large for the disk or memory is).
     """
     from .loading.models import load
 
@@ -114,6 +138,9 @@ def extract(model: str, data: str, out: str | Path, cfg: ExtractConfig | None = 
                          f"{data} holds {'images' if isinstance(texts, ImageSet) else 'texts'}")
     if isinstance(texts, ImageSet):       # one sequence per image, of the model's token count
         cfg = replace(cfg, max_length=image_tokens(loaded, texts.texts))
+    n = len(texts.texts)
+    check_run(loaded, cfg, texts, n if shard is None else -(-n // shard[1]), out,
+              beyond_context)
     shard_size = cfg.shard_size or default_shard_size(cfg, loaded.info["n_layers"],
                                                       loaded.info["n_heads"])
     config = store_config(loaded.info, texts, cfg, shard_size)
@@ -127,7 +154,6 @@ def extract(model: str, data: str, out: str | Path, cfg: ExtractConfig | None = 
     done = writer.finished()
     current = BatchSize(cfg.batch_size)   # halved on out-of-memory for the rest of the run
     opts = Options(cfg.mode, cfg.sink_k, cfg.tail_w, derived=False)   # store derives on read
-    n = len(texts.texts)
     chosen = range(*part["shards"]) if part is not None else None
     if chosen is not None and not chosen:
         tqdm.write(f"attngeom: --shard {part['index']}/{part['count']} gets no shard file (the "

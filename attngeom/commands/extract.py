@@ -29,12 +29,25 @@ def check_out(out: str) -> None:
         raise ValueError(f"--out {path}: {parent} is not writable; choose a writable folder")
 
 
-def check_model(model: str, dtype: str, device: str) -> None:
-    """Model spec, dtype and device, without importing torch."""
+def check_model(model: str, dtype: str, device: str, max_length: int | None = None,
+                beyond_context: bool = False) -> None:
+    """Model spec, dtype, device and (where the config reads without the weights)
+    ``max_length`` against the model's context, without importing torch."""
+    from attngeom.extract.loading.budget import check_context, spec_context_length
     from attngeom.extract.loading.models import check_dtype, check_spec
 
     check_dtype(dtype, device)
     check_spec(model)
+    if max_length is not None and not beyond_context:
+        check_context(max_length, spec_context_length(model), beyond_context)
+
+
+def use_threads(n: int | None) -> None:
+    """``--threads``: set torch's and BLAS's thread count (None: leave torch's default)."""
+    if n is not None:
+        from .main_job import limit_threads
+
+        limit_threads(n)
 
 
 def load_data(data: str, cfg: ExtractConfig):
@@ -62,14 +75,16 @@ def run(args) -> int:
     cmd, cfg = from_args(args, ExtractCommand), from_args(args, ExtractConfig)
     cfg.check()
     shard = parse_shard(cmd.shard) if cmd.shard is not None else None   # (I, N), parsed once
-    check_model(cmd.model, cfg.dtype, cfg.device)
+    check_model(cmd.model, cfg.dtype, cfg.device, cfg.max_length, cmd.beyond_context)
     check_out(cmd.out)
+    use_threads(cmd.threads)
     texts = load_data(cmd.data, cfg)
 
     from attngeom.extract.run import extract
     from attngeom.store.ops.info import summary
 
     extract(cmd.model, cmd.data, cmd.out, cfg, trust_remote_code=cmd.trust_remote_code,
-            progress=not cmd.quiet, shard=shard, texts=texts)
+            progress=not cmd.quiet, shard=shard, texts=texts,
+            beyond_context=cmd.beyond_context)
     print(summary(cmd.out))
     return 0

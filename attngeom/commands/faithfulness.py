@@ -29,13 +29,14 @@ def add_parser(p) -> None:
 def run(args) -> int:
     import time
 
-    from .extract import check_model, check_out
+    from .extract import check_model, check_out, use_threads
 
     cmd, cfg = from_args(args, FaithCommand), from_args(args, FaithConfig)
     cfg.check()                                  # everything checkable before torch loads
-    check_model(cmd.model, cfg.dtype, cfg.device)
+    check_model(cmd.model, cfg.dtype, cfg.device, cfg.max_length, cmd.beyond_context)
     check_out(cmd.out)
     check_data(cfg, cmd.data)
+    use_threads(cmd.threads)
     from attngeom.extract.faithfulness.experiment import faithfulness
 
     from attngeom.analysis.faithfulness_stats import for_store
@@ -43,7 +44,7 @@ def run(args) -> int:
     t0 = time.perf_counter()
     path = faithfulness(cmd.model, cmd.data, cmd.out, cfg,
                         trust_remote_code=cmd.trust_remote_code, progress=not cmd.quiet,
-                        force=cmd.force)
+                        force=cmd.force, beyond_context=cmd.beyond_context)
     print(f"wrote {path} ({time.perf_counter() - t0:.1f} s)")
     stats, ds, why = for_store(cmd.out, cfg.name)
     if stats is None:

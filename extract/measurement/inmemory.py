@@ -118,6 +118,7 @@ def _measure(model, inputs, cfg: ExtractConfig, tokenizer, max_length, data, pro
     cfg = replace(cfg, max_length=width, device=str(_parameter(model).device),
                   store_text=cfg.store_text and (tokenizer is not None or arch.inputs == "image"))
     check_sink_window(cfg.sink_k, cfg.max_length)
+    _warn_beyond_context(model, cfg.max_length, arch.inputs)
     shard_size = cfg.shard_size or default_shard_size(cfg, info["n_layers"], info["n_heads"])
     opts = Options(cfg.mode, cfg.sink_k, cfg.tail_w, derived=False)   # derived as on read
     bar = tqdm(total=len(items), unit="seq", desc="measure", disable=not progress)
@@ -330,3 +331,18 @@ class Collector:
 
     def close(self) -> None:
         pass
+
+
+def _warn_beyond_context(model, width: int, inputs: str) -> None:
+    """A warning (not a refusal: the caller chose the inputs) past the model's context."""
+    import warnings
+
+    from ..loading.budget import check_context, context_length
+
+    if inputs == "image" or getattr(model, "config", None) is None:
+        return
+    try:
+        check_context(width, context_length(model.config), False, what="the inputs' length")
+    except ValueError as exc:
+        warnings.warn(str(exc).split("; use")[0] + "; positions past it are ones the model "
+                      "never saw", UserWarning, stacklevel=3)

@@ -49,6 +49,14 @@ DATA_HELP = ("a .jsonl/.parquet/.txt file, hf:NAME[:CONFIG]:SPLIT, builtin, or a
              "probe:random:T:N[:SEED] / probe:repeated:T:N[:SEED]")
 TRUST_HELP = "allow model code from the hub (off by default)"
 DTYPE_HELP = "float32, bfloat16 or float16 (GPU)"
+BEYOND_HELP = ("allow --max-length beyond the model's configured context (length-extrapolation "
+               "research: positions past it are ones the model never saw)")
+
+
+def threads_option(default: str):
+    """``--threads N``: torch's and BLAS's CPU threads, a run setting (not in the config)."""
+    return option(None, f"CPU threads of torch and BLAS (default: {default})", type=int,
+                  at_least=1)
 
 
 # ----------------------------------------------------------------------------- extract
@@ -111,6 +119,8 @@ class ExtractCommand:
     shard: str | None = option(
         None, "extract only part I (0-based) of N, a contiguous block of shard files; join the "
               "N part stores with `attngeom store merge`", type=str, metavar="I/N")
+    threads: int | None = threads_option("torch's, one per core")
+    beyond_context: bool = option(False, BEYOND_HELP, kind="flag")
     trust_remote_code: bool = option(False, TRUST_HELP, kind="flag")
     quiet: bool = option(False, "no progress bar", kind="flag")
 
@@ -190,6 +200,8 @@ class FaithCommand:
                       type=str, required=True)
     force: bool = option(False, "start over: replace an existing result or interrupted run",
                          kind="flag")
+    threads: int | None = threads_option("torch's, one per core")
+    beyond_context: bool = option(False, BEYOND_HELP, kind="flag")
     trust_remote_code: bool = option(False, TRUST_HELP, kind="flag")
     quiet: bool = option(False, "no progress bar", kind="flag")
 
@@ -266,9 +278,8 @@ class RunOptions:
     data: str = option("builtin", "texts: .jsonl/.parquet/.txt, hf:..., builtin")
     faith_limit: int = option(8, "texts for the faithfulness experiment (0 skips it)",
                               at_least=0)
-    threads: int | None = option(
-        None, "CPU threads of torch and BLAS (default: $OMP_NUM_THREADS, else 1; on a shared "
-              "machine more threads wait on each other and run slower)", type=int, at_least=1)
+    threads: int | None = threads_option("$OMP_NUM_THREADS, else 1; on a shared machine more "
+                                         "threads wait on each other and run slower")
     trust_remote_code: bool = option(False, TRUST_HELP, kind="flag")
     quiet: bool = option(False, "no progress bars", kind="flag")
 

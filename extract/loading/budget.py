@@ -1,0 +1,155 @@
+"""What a run needs before it starts: the model's context, disk for the store, memory a batch.
+
+Checked in one line before anything is written (and, for the context, before the weights load
+when the model's config can be read alone), so that an impossible run fails in a second with
+the fix, instead of after loading with numpy's "Unable to allocate 101. GiB" and a manifest
+left behind.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+# config fields transformers models use for their position limit, most common first
+CONTEXT_FIELDS = ("max_position_embeddings", "n_positions", "max_sequence_length", "n_ctx",
+                  "seq_length")
+GIB = float(1 << 30)
+
+
+def context_length(config) -> int | None:
+    """The position limit of a transformers config (its text config), or None."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    for name in CONTEXT_FIELDS:
+        value = getattr(text, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+def spec_context_length(spec: str) -> int | None:
+    """The position limit of a model spec read without its weights (a local config.json, a
+    GGUF header, or a built-in model's cached conversion); None when it cannot be read so."""
+    from .models import BUILTIN, cache_dir, resolve
+
+    try:
+        where, gguf = resolve(spec, assemble=False)
+    except ValueError:
+        return None
+    if gguf is None:
+        path = Path(where) / "config.json" if isinstance(where, Path) else None
+        if path is None or not path.is_file():
+            return None                                   # a hub id: checked after loading
+        return _from_json(json.loads(path.read_text(encoding="utf-8")))
+    if spec in BUILTIN:
+        for config in sorted((cache_dir() / "models").glob(f"{Path(gguf).stem}-*/config.json")):
+            return _from_json(json.loads(config.read_text(encoding="utf-8")))
+    file = Path(where) / gguf
+    return _gguf_context(file) if file.is_file() else None
+
+
+def _from_json(config: dict) -> int | None:
+    config = config.get("text_config") or config
+    return next((config[n] for n in CONTEXT_FIELDS if isinstance(config.get(n), int)), None)
+
+
+def _gguf_context(path: Path) -> int | None:
+    try:
+        from gguf import GGUFReader
+    except ImportError:
+        return None
+    reader = GGUFReader(str(path))
+    for name, field in reader.fields.items():
+        if name.endswith(".context_length"):
+            return int(field.parts[field.data[0]][0])
+    return None
+
+
+def check_context(max_length: int, limit: int | None, beyond: bool, what: str = "--max-length"
+                  ) -> None:
+    """ValueError when ``max_length`` exceeds the model's position limit (unless ``beyond``)."""
+    if limit is not None and max_length > limit and not beyond:
+        raise ValueError(f"{what} {max_length} is beyond the model's context of {limit} tokens "
+                         f"(its configured position limit); use --max-length {limit} or less, "
+                         "or --beyond-context to go past it on purpose")
+
+
+# ------------------------------------------------------------------ disk and memory
+def sequence_bytes(mode: str, T: int, sink_k: int, tail_w: int, n_layers: int,
+                   n_heads: int) -> int:
+    """Float32 bytes one sequence's measurements take before compression (every cell)."""
+    keys = T if mode == "dense" else sink_k + tail_w
+    return 4 * n_layers * n_heads * T * (3 * keys + 12)
+
+
+def stored_bytes(mode: str, T: int, sink_k: int, tail_w: int, n_layers: int, n_heads: int,
+                 causal: bool, packed: bool) -> float:
+    """Bytes one sequence's finite values take in the store (gzip stores NaN padding for
+    almost nothing; finite float32 values compress little): the estimate of the store."""
+    pairs = (T * (T + 1) / 2 if causal else T * T) if mode == "dense" else (sink_k + tail_w) * T
+    value = 2 if packed else 4
+    return n_layers * n_heads * (3 * pairs * value + 12 * T * 4)
+
+
+def batch_bytes(mode: str, T: int, longest: int, sink_k: int, tail_w: int, n_layers: int,
+                n_heads: int, batch: int) -> float:
+    """Working memory of one batch: its measurements, padded to ``T`` positions, held until
+    written (twice: measured and encoded), and one layer's attention workspace over the
+    ``longest`` text (scores, weights and their products)."""
+    held = 2 * sequence_bytes(mode, T, sink_k, tail_w, n_layers, n_heads)
+    return batch * (held + 4 * 4 * n_heads * longest * longest)
+
+
+def available_memory() -> float | None:
+    """Bytes of memory available (Linux MemAvailable), or None where unknown."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return float(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def free_disk(out: Path) -> float:
+    """Free bytes on the file system ``out`` will be created on."""
+    path = Path(out).expanduser().absolute()
+    while not path.exists():
+        path = path.parent
+    return float(shutil.disk_usage(path).free)
+
+
+def check_budget(out: Path, n: int, lengths, mode: str, T: int, sink_k: int, tail_w: int,
+                 n_layers: int, n_heads: int, causal: bool, packed: bool, batch: int,
+                 have: int = 0) -> None:
+    """ValueError, with the estimate and the fix, when the store will not fit on the disk at
+    ``out`` (``have``: bytes already there, a resumed run) or one batch not in memory.
+
+    ``lengths``: token counts of a sample of the texts (their mean sizes the store, their
+    maximum a padded batch); stores keep ``T`` positions, but padding compresses to nothing.
+    """
+    per_text = [stored_bytes(mode, int(t), sink_k, tail_w, n_layers, n_heads, causal, packed)
+                for t in lengths]
+    need = n * sum(per_text) / max(1, len(per_text)) - have
+    free = free_disk(out)
+    fix = "--mode compact, " if mode == "dense" else ""
+    if need > free:
+        raise ValueError(f"the store needs about {need / GIB:.3g} GiB ({n} texts, {mode}, "
+                         f"{n_layers} layers x {n_heads} heads, up to {T} tokens) but {out} has "
+                         f"{free / GIB:.3g} GiB free; use {fix}fewer texts (--limit) or a "
+                         "shorter --max-length")
+    longest = int(max(lengths, default=T))
+    ram = batch_bytes(mode, T, longest, sink_k, tail_w, n_layers, n_heads, min(batch, n))
+    memory = available_memory()
+    if memory is not None and ram > memory:
+        raise ValueError(f"a batch of {min(batch, n)} x {T} tokens ({mode}) needs about "
+                         f"{ram / GIB:.3g} GiB of memory, {memory / GIB:.3g} GiB are available; "
+                         f"use {fix}a smaller --batch-size or a shorter --max-length")
+
+
+def directory_bytes(path: Path) -> int:
+    """Bytes of the files under ``path`` (0 when absent)."""
+    return sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file()) \
+        if Path(path).is_dir() else 0
+

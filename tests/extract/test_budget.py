@@ -1,0 +1,114 @@
+"""What a run needs, checked before it starts: the context, the disk, the memory; --threads.
+
+A tiny llama whose config says 128 positions: --max-length 200 is refused by extract and
+faithfulness before the weights load and leaves nothing on disk; --beyond-context measures
+past it; attngeom.measure warns. Disk and memory refusals are driven by shrinking what the
+machine reports (free_disk, available_memory), against the estimate's closed form.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import tiny_models as tm
+from attngeom.cli import main
+from attngeom.extract.loading import budget
+from store_helpers import write_texts
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    root = tmp_path_factory.mktemp("budget")
+    model = tm.save_tiny("llama", root / "model")
+    assert json.loads((model / "config.json").read_text())["max_position_embeddings"] == 128
+    long = " ".join(tm._WORDS[:40] * 6)                       # 240 words: past 128 tokens
+    data = root / "texts.jsonl"
+    write_texts(data)
+    with data.open("a") as f:
+        f.write(json.dumps({"text": long}) + "\n")
+    return {"model": model, "data": data}
+
+
+def _refused(capsys, argv, out, *words) -> None:
+    assert main(argv) != 0
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "Traceback" not in err, err
+    assert all(w in err for w in words), err
+    assert not out.exists()                                   # nothing left on disk
+
+
+@pytest.mark.parametrize("command", ["extract", "faithfulness"])
+def test_max_length_beyond_the_context_is_refused_before_loading(tiny, tmp_path, capsys,
+                                                                 command, monkeypatch):
+    from attngeom.extract.loading import models
+
+    loads = []
+    monkeypatch.setattr(models, "load", lambda *a, **k: loads.append(a) or pytest.fail("loaded"))
+    out = tmp_path / "out"
+    _refused(capsys, [command, "--model", str(tiny["model"]), "--data", str(tiny["data"]),
+                      "--max-length", "200", "--out", str(out), "--quiet"], out,
+             "--max-length 200 is beyond the model's context of 128 tokens", "--beyond-context")
+    assert not loads
+
+
+def test_beyond_context_measures_past_it_and_measure_warns(tiny, tmp_path):
+    from attngeom import measure
+    from attngeom.store import open_store
+
+    out = tmp_path / "store"
+    assert main(["extract", "--model", str(tiny["model"]), "--data", str(tiny["data"]),
+                 "--max-length", "200", "--beyond-context", "--out", str(out), "--quiet"]) == 0
+    ds = open_store(out)
+    assert int(ds["length"].max()) > 128                      # the long text went past it
+    model, tok = _pair(tiny["model"])
+    with pytest.warns(UserWarning, match="beyond the model's context of 128"):
+        measure(model, [" ".join(tm._WORDS[:40] * 6)], tokenizer=tok, max_length=200)
+
+
+def _pair(directory):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    return AutoModelForCausalLM.from_pretrained(directory), AutoTokenizer.from_pretrained(directory)
+
+
+def test_a_store_larger_than_the_free_disk_is_refused(tiny, tmp_path, capsys, monkeypatch):
+    """Dense, causal: 3 pair variables x T(T+1)/2 cells + 12 per-token values, per head."""
+    L, H = 2, 4
+    per_text = lambda t: L * H * (3 * t * (t + 1) / 2 * 4 + 12 * t * 4)     # noqa: E731
+    assert budget.stored_bytes("dense", 10, 1, 8, L, H, True, False) == per_text(10)
+    monkeypatch.setattr(budget, "free_disk", lambda out: 1000.0)
+    out = tmp_path / "out"
+    _refused(capsys, ["extract", "--model", str(tiny["model"]), "--data", str(tiny["data"]),
+                      "--mode", "dense", "--max-length", "64", "--out", str(out), "--quiet"],
+             out, "the store needs about", "GiB free", "--mode compact")
+
+
+def test_a_batch_larger_than_the_memory_is_refused(tiny, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(budget, "available_memory", lambda: 1e5)
+    out = tmp_path / "out"
+    _refused(capsys, ["extract", "--model", str(tiny["model"]), "--data", str(tiny["data"]),
+                      "--max-length", "64", "--out", str(out), "--quiet"], out,
+             "needs about", "GiB of memory", "a smaller --batch-size")
+
+
+def test_threads_sets_torch_s_threads_and_not_the_content_hash(tiny, tmp_path, monkeypatch):
+    from attngeom.store import read_manifest
+
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        monkeypatch.delenv(var, raising=False)                 # restored afterwards
+    before = torch.get_num_threads()
+    hashes = []
+    try:
+        for n in (1, 2):
+            out = tmp_path / f"t{n}"
+            assert main(["extract", "--model", str(tiny["model"]), "--data", str(tiny["data"]),
+                         "--max-length", "16", "--threads", str(n), "--out", str(out),
+                         "--quiet"]) == 0
+            assert torch.get_num_threads() == n
+            hashes.append(read_manifest(out)["config_hash"])
+    finally:
+        torch.set_num_threads(before)
+    assert hashes[0] == hashes[1]
