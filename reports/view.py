@@ -12,6 +12,8 @@ heads: the layer total), the tokens as a strip with two colour bands (α and the
 by default; value-weighted attention, cosine, value norm), the learned sink's weight where the
 model has one, and in compact stores the middle keys' total; dense stores add a query x key
 heat map. Clicking a token (or a heat-map row) makes it the query; hovering shows the numbers.
+A long sequence's strip draws the sink keys and a window of keys at the query (the others are
+gap cells that move the query into them), so the page stays responsive at 8,192 tokens.
 """
 
 from __future__ import annotations

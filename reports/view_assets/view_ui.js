@@ -215,13 +215,36 @@ function render() {
       return ["Σ over the " + count + " middle keys of query " + i + " (not stored one by one)", lines];
     }));
   }
-  for (var j = 0; j < n; j++) cells.push(tokenCell(j, i, keyVals, scales));
+  var end = 0;                       // long sequences: the sinks and a window at the query
+  shownKeys(i, n).forEach(function (r) {
+    if (r[0] > end) cells.push(gapCell(end, r[0]));
+    for (var j = r[0]; j < r[1]; j++) cells.push(tokenCell(j, i, keyVals, scales));
+    end = r[1];
+  });
+  if (end < n) cells.push(gapCell(end, n));
   cells.forEach(function (c) { ui.strip.appendChild(c); });
   renderInfo();
   renderMap();
   renderHeat();
   root.setAttribute("data-state", "ready");
   root.setAttribute("data-query", String(i));
+}
+var WINDOW = 256;                    // key cells drawn at once (the sink keys come on top)
+function shownKeys(i, n) {           // [lo, hi) ranges of the keys drawn for query i
+  if (n <= WINDOW + K) return [[0, n]];
+  var lo = Math.max(K, Math.min(n - WINDOW, i + 1 + (WINDOW >> 3) - WINDOW));
+  return K > 0 ? [[0, K], [lo, lo + WINDOW]] : [[lo, lo + WINDOW]];
+}
+function gapCell(from, to) {         // keys not drawn: a click moves the query into them
+  var c = el("div", "ag-cell ag-summary ag-gap", "… " + (to - from) + " tokens");
+  c.setAttribute("data-cell", "gap");
+  c.setAttribute("data-range", from + ":" + to);
+  c.addEventListener("click", function () { setQuery(from > state.query ? from : to - 1); });
+  hover(c, function () {
+    return ["tokens " + from + "–" + (to - 1) + " (not drawn: the strip shows " + WINDOW +
+            " keys around the query; click to move the query there)", []];
+  });
+  return c;
 }
 function band(value, s, which) {
   var b = el("div", "ag-band");

@@ -291,3 +291,57 @@ def test_browser_found_on_path(monkeypatch, tmp_path):
     monkeypatch.setenv("CI", "true")
     assert _outcome() == ("found", "")
     assert browser_paths() == (str(tmp_path / "chromium"), str(tmp_path / "chromedriver"))
+
+
+@pytest.fixture(scope="module")
+def long_store(tmp_path_factory):
+    """One 8,192-token text through a tiny llama (past its 128 positions, on purpose)."""
+    import warnings
+
+    import tiny_models as tm
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from attngeom import measure
+    from attngeom.store import write
+
+    root = tmp_path_factory.mktemp("long")
+    model_dir = tm.save_tiny("llama", root / "model")
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    words = tm._WORDS[: tm.VOCAB_SIZE - tm.N_SPECIAL]
+    text = " ".join(words[(7 * i) % len(words)] for i in range(8300))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)             # beyond its context
+        ds = measure(model, [text], tokenizer=tok, max_length=8192)
+    write(ds, root / "store")
+    return root / "store"
+
+
+def test_an_8192_token_view_fits_and_draws_a_window_at_the_query(browser, long_store, tmp_path):
+    from attngeom.store.format.vocab import VIEW_MAX_BYTES
+
+    raw = R.plain(long_store)
+    n = int(raw["length"].values[0])
+    assert n == 8192
+    page = view(long_store)
+    assert page.nbytes <= VIEW_MAX_BYTES
+    p = load(browser, page, tmp_path)
+    drawn = lambda: [int(c.get_attribute("data-pos"))                       # noqa: E731
+                     for c in p.root.find_elements("css selector", ".ag-cell[data-pos]")]
+    i = p.query()
+    keys = drawn()
+    assert len(keys) <= 256 + 1 and 0 in keys and i in keys       # the sink and a window
+    p.choose("layer", 1)
+    p.choose("head", 2)
+    for j in (0, i - 1, i - 8):                                    # sink, tail, tail
+        assert_shown(p.hover(f".ag-cell[data-pos='{j}']"), R.key_values(raw, 0, 1, 2, i, j),
+                     f"key {j}")
+    gap = p.el(".ag-cell[data-cell='gap']")
+    lo, hi = map(int, gap.get_attribute("data-range").split(":"))
+    assert (lo, hi) == (1, min(keys[1:]))                           # the keys between
+    gap.click()
+    p.wait()
+    assert p.query() == hi - 1 and hi - 1 in drawn()                # the window moved there
+    j = p.query() - 3
+    assert_shown(p.hover(f".ag-cell[data-pos='{j}']"), R.key_values(raw, 0, 1, 2, j + 3, j),
+                 "after paging")
