@@ -20,6 +20,7 @@ Sections (``--sections``, default both):
              bare ``import torch, transformers`` in another.
 
     python benchmarks/bench_command.py                       # ~6 min on 2 cores
+    python benchmarks/bench_command.py --sections rounds --threads 1,0 --batch-size 2
     python benchmarks/bench_command.py --sections startup
 """
 
@@ -65,9 +66,11 @@ def model_dir(cache: Path) -> Path:
     return where
 
 
-def command_args(model: Path, limit: int, max_length: int, out: Path) -> list[str]:
+def command_args(model: Path, limit: int, max_length: int, out: Path,
+                 batch_size: int = 4) -> list[str]:
     return ["extract", "--model", str(model), "--data", str(DATA), "--limit", str(limit),
-            "--max-length", str(max_length), "--quiet", "--out", str(out)]
+            "--max-length", str(max_length), "--batch-size", str(batch_size), "--quiet",
+            "--out", str(out)]
 
 
 def child_env(threads: int) -> dict:
@@ -78,7 +81,7 @@ def child_env(threads: int) -> dict:
 
 
 # ------------------------------------------------------------------------------------ rounds
-def eager_forward(model_path: Path, limit: int, max_length: int):
+def eager_forward(model_path: Path, limit: int, max_length: int, batch_size: int = 4):
     """A zero-argument callable: the plain eager forward (full logits) over the command's
     tokens, in the command's batches."""
     import torch
@@ -96,19 +99,28 @@ def eager_forward(model_path: Path, limit: int, max_length: int):
 
     def run():
         with torch.inference_mode():
-            for b in batches(tokenized, V.BATCH_SIZE, pad_id=pad):
+            for b in batches(tokenized, batch_size, pad_id=pad):
                 model(input_ids=torch.as_tensor(b["input_ids"]),
                       attention_mask=torch.as_tensor(b["attention_mask"]), use_cache=False)
     return run, sum(len(x) for x in tokenized.ids)
 
 
 def section_rounds(args, model: Path, tmp: Path) -> None:
+    """The paired rounds at each thread count of ``--threads`` (0: torch's default)."""
+    import torch
+
+    default = torch.get_num_threads()
+    for threads in args.threads:
+        torch.set_num_threads(threads or default)
+        _rounds(args, model, tmp, threads)
+    torch.set_num_threads(default)
+
+
+def _rounds(args, model: Path, tmp: Path, threads: int) -> None:
     import torch
 
     from attngeom.cli import main as cli_main
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    forward, tokens = eager_forward(model, args.limit, args.max_length)
+    forward, tokens = eager_forward(model, args.limit, args.max_length, args.batch_size)
     forward()                                               # warm-up (allocator, kernels)
     rows = []
     for r in range(args.repeats):
@@ -117,7 +129,8 @@ def section_rounds(args, model: Path, tmp: Path) -> None:
         def sub():
             out = tmp / f"sub{r}"
             res = run_child_rss([sys.executable, "-m", "attngeom", *command_args(
-                model, args.limit, args.max_length, out)], env=child_env(args.threads))
+                model, args.limit, args.max_length, out, args.batch_size)],
+                env=child_env(threads))
             if res["rc"] != 0:
                 raise SystemExit("attngeom extract failed: " + res["stderr"][-500:])
             got["command_s"] = res["wall_s"]
@@ -130,7 +143,8 @@ def section_rounds(args, model: Path, tmp: Path) -> None:
             import io
             t0, c0 = time.perf_counter(), time.process_time()
             with contextlib.redirect_stdout(io.StringIO()):
-                rc = cli_main(command_args(model, args.limit, args.max_length, out))
+                rc = cli_main(command_args(model, args.limit, args.max_length, out,
+                                           args.batch_size))
             got["in_process_s"] = time.perf_counter() - t0
             got["in_process_cpu_s"] = time.process_time() - c0
             assert rc == 0, rc
@@ -142,6 +156,7 @@ def section_rounds(args, model: Path, tmp: Path) -> None:
             got["eager_s"] = time.perf_counter() - t0
             got["eager_cpu_s"] = time.process_time() - c0
 
+        got["load_avg_1m"] = os.getloadavg()[0]               # before the round: quiet?
         steps = [sub, eager, inproc] if r % 2 == 0 else [eager, inproc, sub]
         if not args.in_process:
             steps.remove(inproc)
@@ -160,7 +175,8 @@ def section_rounds(args, model: Path, tmp: Path) -> None:
     spread = {k: [min(row[k] for row in rows), max(row[k] for row in rows)]
               for k in rows[0] if k.startswith("ratio")}
     emit({"bench": "command", "section": "rounds", "texts": args.limit,
-          "max_length": args.max_length, "tokens": tokens, "threads": torch.get_num_threads(),
+          "max_length": args.max_length, "batch_size": args.batch_size, "tokens": tokens,
+          "threads": torch.get_num_threads(), "threads_option": threads or "default",
           "median": summary, "spread": spread, "target": "command <= 1.25 x eager forward",
           "rounds": rows, "machine": machine()})
 
@@ -247,7 +263,7 @@ def _child_startup(args) -> None:
 
 
 def section_startup(args, model: Path, tmp: Path) -> None:
-    env = child_env(args.threads)
+    env = child_env(args.threads[0])
     bare = run_child_rss([sys.executable, "-c", "import torch, transformers"], env=env)
     cmd = run_child_rss([sys.executable, "-m", "attngeom", *command_args(model, 1, 8,
                          tmp / "startup-cmd")], env=env)
@@ -269,7 +285,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-length", type=int, default=512)
     p.add_argument("--no-in-process", dest="in_process", action="store_false",
                    help="skip the in-process attngeom.cli.main leg (shorter rounds)")
-    p.add_argument("--threads", type=int, default=1, help="torch threads (0: torch's default)")
+    p.add_argument("--threads", type=lambda t: [int(x) for x in t.split(",")], default=[1],
+                   help="torch threads, comma-separated, each its own rounds (0: torch's "
+                        "default), e.g. 1,0")
+    p.add_argument("--batch-size", type=int, default=4, help="texts per forward pass (both)")
     p.add_argument("--cache", default=None, help="where the random model directory is kept "
                    "(default: a folder under the system's temp dir)")
     p.add_argument("--child", choices=["startup"], help=argparse.SUPPRESS)

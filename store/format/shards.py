@@ -4,8 +4,8 @@ Every shard holds the same dims padded to the store's ``max_length``, float32 (p
 the bounded variables CF-packed int16, :mod:`attngeom.store.format.packing`) with gzip and shuffle,
 chunked by sequence block and layer, and the attributes of :func:`shard_attrs`.
 :func:`write_shard` builds the file in memory and writes it atomically; extraction hands its
-measured variables over already compressed (:mod:`attngeom.store.format.chunks`: the same bytes HDF5
-would write, made in worker threads while the next batch is measured). :func:`layout_problem`
+measured variables over already compressed (:mod:`attngeom.store.format.chunks`: HDF5's filter
+pipeline, run in worker threads while the next batch is measured). :func:`layout_problem`
 is the one check that a shard has the layout its manifest describes (used when writing,
 opening and validating).
 """

@@ -91,3 +91,14 @@ def layout() -> dict:
     """The options the session stores were made with."""
     return {"max_length": MAX_LENGTH, "sink_k": SINK_K, "tail_w": TAIL_W,
             "shard_size": SHARD_SIZE, "n_words": N_WORDS}
+
+
+@pytest.fixture
+def zlib_deflate(monkeypatch):
+    """encode_chunk with zlib's deflate (what HDF5 itself uses), not ISA-L's: the byte-for-byte
+    comparisons with HDF5's own chunks."""
+    import zlib
+
+    from attngeom.store.format import chunks
+
+    monkeypatch.setattr(chunks, "deflate", lambda: zlib.compress)

@@ -60,7 +60,7 @@ def _hdf5_chunks(x: np.ndarray, chunks: tuple[int, ...]) -> dict:
 
 
 @pytest.mark.parametrize("kind", ["normal", "nan_padded", "zeros", "constant"])
-def test_encode_chunk_is_byte_identical_to_hdf5(kind):
+def test_encode_chunk_is_byte_identical_to_hdf5(kind, zlib_deflate):
     rng = np.random.default_rng(1)
     x = rng.standard_normal((3, 2, 5, 37)).astype(np.float32)
     if kind == "nan_padded":
@@ -86,9 +86,25 @@ def _shard(rng, n=7, layers=3, heads=2, T=50, w=4) -> xr.Dataset:
                 "query": np.arange(T), "position": np.arange(T)}, attrs={"model": "m"})
 
 
+def test_isal_deflate_is_a_zlib_stream_hdf5_reads():
+    """The default compressor's chunks: a zlib stream of the shuffled bytes, the checksum
+    HDF5 verifies; h5py reads them back (test_encoded_shard_reads_with_netcdf_c: netCDF-C)."""
+    import zlib
+
+    from attngeom.store.format.chunks import deflate
+
+    pytest.importorskip("isal")
+    assert deflate() is not zlib.compress
+    x = np.random.default_rng(5).standard_normal((3, 1, 5, 37)).astype(np.float32)
+    blob = encode_chunk(x)
+    shuffled = x.view(np.uint8).reshape(-1, 4).T.tobytes()
+    assert zlib.decompress(blob[:-4]) == shuffled
+    assert fletcher32(blob[:-4]).to_bytes(4, "little") == blob[-4:]
+
+
 @pytest.mark.parametrize("during", [0, 1, 2])
 @pytest.mark.parametrize("batches", [[2, 3, 2], [7], [1] * 7])
-def test_encoded_shard_equals_hdf5_written_shard(tmp_path, during, batches):
+def test_encoded_shard_equals_hdf5_written_shard(tmp_path, during, batches, zlib_deflate):
     ds = _shard(np.random.default_rng(2))
     enc = ChunkEncoder(rows=3, during=during, after=3)
     start = 0

@@ -144,7 +144,7 @@ def test_a_variable_that_differs_by_head_is_refused():
 
 
 # ------------------------------------------------------------------ chunks outside HDF5
-def test_int16_chunk_is_byte_identical_to_hdf5():
+def test_int16_chunk_is_byte_identical_to_hdf5(zlib_deflate):
     rng = np.random.default_rng(1)
     x = pack("alpha", rng.uniform(0, 1, (3, 2, 5, 37)) ** 4)
     x[..., 30:] = FILL
@@ -173,7 +173,7 @@ def _float_shard(rng, n=7, T=20) -> xr.Dataset:
                 S.QUERY: np.arange(T), S.LAG: np.arange(4)})
 
 
-def test_encoded_packed_shard_equals_the_hdf5_written_one(tmp_path):
+def test_encoded_packed_shard_equals_the_hdf5_written_one(tmp_path, zlib_deflate):
     """Extraction's path (pack, ChunkEncoder) and the rewrite path (stored_dataset, xarray)
     give the same file contents and the same bytes in every whole chunk."""
     from attngeom.store.format.packing import stored_arrays
