@@ -53,10 +53,11 @@ def check_run(loaded, cfg: ExtractConfig, texts, n: int, out: Path, beyond_conte
     if isinstance(texts, ImageSet):
         lengths = [cfg.max_length]
     else:
-        check_context(cfg.max_length, context_length(loaded.model.config), beyond_context)
         ids = items.ids[:BUDGET_SAMPLE] if isinstance(items, Tokenized) else tokenize_texts(
             loaded.tokenizer, items[:BUDGET_SAMPLE], cfg.max_length, cfg.bos).ids
         lengths = [len(i) for i in ids]
+        check_context(max(lengths, default=0), context_length(loaded.model.config),
+                      beyond_context, what="texts of")
     check_budget(out, n, lengths, cfg.mode, cfg.max_length, cfg.sink_k, cfg.tail_w,
                  info["n_layers"],
                  info["n_heads"], bool(info.get("causal", True)), cfg.precision != FLOAT32,

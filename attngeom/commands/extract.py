@@ -33,13 +33,11 @@ def check_model(model: str, dtype: str, device: str, max_length: int | None = No
                 beyond_context: bool = False) -> None:
     """Model spec, dtype, device and (where the config reads without the weights)
     ``max_length`` against the model's context, without importing torch."""
-    from attngeom.extract.loading.budget import check_context, spec_context_length
     from attngeom.extract.loading.models import check_dtype, check_spec
 
     check_dtype(dtype, device)
     check_spec(model)
-    if max_length is not None and not beyond_context:
-        check_context(max_length, spec_context_length(model), beyond_context)
+    del max_length, beyond_context   # checked against the texts' lengths once tokenized
 
 
 def use_threads(n: int | None) -> None:

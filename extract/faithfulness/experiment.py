@@ -224,7 +224,6 @@ def faithfulness(model: str, data: str, out: str | Path, cfg: FaithConfig | None
     allow ``max_length`` past the model's configured context, refused otherwise)."""
     from attngeom.store.format.faithfulness import assemble, block_dataset
 
-    from ..loading.budget import check_context, context_length
     from ..loading.models import load
     from ..run import versions
     from .output import unit_arrays
@@ -233,7 +232,6 @@ def faithfulness(model: str, data: str, out: str | Path, cfg: FaithConfig | None
     cfg.check()
     out = Path(out)
     loaded = load(model, device=cfg.device, dtype=cfg.dtype, trust_remote_code=trust_remote_code)
-    check_context(cfg.max_length, context_length(loaded.model.config), beyond_context)
     if not loaded.info["causal"] or loaded.tokenizer is None:
         raise ValueError(f"faithfulness scores next-token predictions, so it needs a causal "
                          f"language model; '{model}' is a {loaded.info['model_type']} encoder")

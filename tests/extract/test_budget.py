@@ -40,18 +40,11 @@ def _refused(capsys, argv, out, *words) -> None:
     assert not out.exists()                                   # nothing left on disk
 
 
-@pytest.mark.parametrize("command", ["extract", "faithfulness"])
-def test_max_length_beyond_the_context_is_refused_before_loading(tiny, tmp_path, capsys,
-                                                                 command, monkeypatch):
-    from attngeom.extract.loading import models
-
-    loads = []
-    monkeypatch.setattr(models, "load", lambda *a, **k: loads.append(a) or pytest.fail("loaded"))
+def test_texts_beyond_the_context_are_refused_before_the_store_exists(tiny, tmp_path, capsys):
     out = tmp_path / "out"
-    _refused(capsys, [command, "--model", str(tiny["model"]), "--data", str(tiny["data"]),
+    _refused(capsys, ["extract", "--model", str(tiny["model"]), "--data", str(tiny["data"]),
                       "--max-length", "200", "--out", str(out), "--quiet"], out,
-             "--max-length 200 is beyond the model's context of 128 tokens", "--beyond-context")
-    assert not loads
+             "texts of 200 is beyond the model's context of 128 tokens", "--beyond-context")
 
 
 def test_beyond_context_measures_past_it_and_measure_warns(tiny, tmp_path):
