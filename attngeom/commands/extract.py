@@ -29,15 +29,12 @@ def check_out(out: str) -> None:
         raise ValueError(f"--out {path}: {parent} is not writable; choose a writable folder")
 
 
-def check_model(model: str, dtype: str, device: str, max_length: int | None = None,
-                beyond_context: bool = False) -> None:
-    """Model spec, dtype, device and (where the config reads without the weights)
-    ``max_length`` against the model's context, without importing torch."""
+def check_model(model: str, dtype: str, device: str) -> None:
+    """Model spec, dtype and device, without importing torch."""
     from attngeom.extract.loading.models import check_dtype, check_spec
 
     check_dtype(dtype, device)
     check_spec(model)
-    del max_length, beyond_context   # checked against the texts' lengths once tokenized
 
 
 def use_threads(n: int | None) -> None:
@@ -73,7 +70,7 @@ def run(args) -> int:
     cmd, cfg = from_args(args, ExtractCommand), from_args(args, ExtractConfig)
     cfg.check()
     shard = parse_shard(cmd.shard) if cmd.shard is not None else None   # (I, N), parsed once
-    check_model(cmd.model, cfg.dtype, cfg.device, cfg.max_length, cmd.beyond_context)
+    check_model(cmd.model, cfg.dtype, cfg.device)
     check_out(cmd.out)
     use_threads(cmd.threads)
     texts = load_data(cmd.data, cfg)

@@ -33,7 +33,7 @@ def run(args) -> int:
 
     cmd, cfg = from_args(args, FaithCommand), from_args(args, FaithConfig)
     cfg.check()                                  # everything checkable before torch loads
-    check_model(cmd.model, cfg.dtype, cfg.device, cfg.max_length, cmd.beyond_context)
+    check_model(cmd.model, cfg.dtype, cfg.device)
     check_out(cmd.out)
     check_data(cfg, cmd.data)
     use_threads(cmd.threads)

@@ -1,14 +1,13 @@
 """What a run needs before it starts: the model's context, disk for the store, memory a batch.
 
-Checked in one line before anything is written (and, for the context, before the weights load
-when the model's config can be read alone), so that an impossible run fails in a second with
+Checked in one line before anything is written (the context against the tokenized texts), so
+that an impossible run fails in a second with
 the fix, instead of after loading with numpy's "Unable to allocate 101. GiB" and a manifest
 left behind.
 """
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
@@ -25,44 +24,6 @@ def context_length(config) -> int | None:
         value = getattr(text, name, None)
         if isinstance(value, int) and value > 0:
             return value
-    return None
-
-
-def spec_context_length(spec: str) -> int | None:
-    """The position limit of a model spec read without its weights (a local config.json, a
-    GGUF header, or a built-in model's cached conversion); None when it cannot be read so."""
-    from .models import BUILTIN, cache_dir, resolve
-
-    try:
-        where, gguf = resolve(spec, assemble=False)
-    except ValueError:
-        return None
-    if gguf is None:
-        path = Path(where) / "config.json" if isinstance(where, Path) else None
-        if path is None or not path.is_file():
-            return None                                   # a hub id: checked after loading
-        return _from_json(json.loads(path.read_text(encoding="utf-8")))
-    if spec in BUILTIN:
-        for config in sorted((cache_dir() / "models").glob(f"{Path(gguf).stem}-*/config.json")):
-            return _from_json(json.loads(config.read_text(encoding="utf-8")))
-    file = Path(where) / gguf
-    return _gguf_context(file) if file.is_file() else None
-
-
-def _from_json(config: dict) -> int | None:
-    config = config.get("text_config") or config
-    return next((config[n] for n in CONTEXT_FIELDS if isinstance(config.get(n), int)), None)
-
-
-def _gguf_context(path: Path) -> int | None:
-    try:
-        from gguf import GGUFReader
-    except ImportError:
-        return None
-    reader = GGUFReader(str(path))
-    for name, field in reader.fields.items():
-        if name.endswith(".context_length"):
-            return int(field.parts[field.data[0]][0])
     return None
 
 
