@@ -13,12 +13,17 @@ faithfulness run resumes from its finished blocks, so rerunning the same command
   ranks, head granularity, no drift pass (``attngeom faithfulness``);
 - ``design2``: one run per layer (``--layers L``), the first ``--design2-n`` prose texts,
   comprehensiveness, one fraction, attention / value_weighted / contribution, signed rank;
-- ``geometry``: ``attngeom extract`` + ``analyze`` on ``--geo-n`` WikiText-2 chunks.
+- ``geometry``: ``attngeom extract`` + ``analyze`` on ``--geo-n`` WikiText-2 chunks;
+- ``geometry-prose``: the same on design 1's prose texts, at ``--length`` tokens.
+
+A design-1 variant (``--variant NAME`` with ``--granularity``, ``--metrics``, ``--modes``,
+``--ranks``, ``--length``, ``--prose-skip``) keeps its texts, runs and CSVs apart from the base
+design's: ``d1_prose_NAME``.
 
 Before any step runs the plan is printed and written to RESULTS/plan.csv: forward passes per
 step and the hours they take at the seconds per pass timed here on one batch of the study's own
-texts (studies/plan.py). ``--plan`` stops after it. Texts are selected with the model's tokenizer
-(studies/texts.py) into WORK/data; faithfulness results go to WORK/faith_*; CSVs, figures,
+texts (studies/plan.py; a variant's: RESULTS/plan_NAME.csv). ``--plan`` stops after it.
+Texts are selected with the model's tokenizer (studies/texts.py) into WORK/data; faithfulness results go to WORK/faith_*; CSVs, figures,
 ``plan.csv``, ``timings.csv`` and ``data.csv`` to RESULTS (default
 studies/MODEL/results_faithfulness). Separate steps may run in separate processes at the same time
 (``--steps``).
@@ -46,7 +51,7 @@ import prepare  # noqa: E402
 import survey  # noqa: E402
 import texts  # noqa: E402
 
-STEPS = ("gu", "design1-prose", "design1-gsm8k", "design2", "geometry")
+STEPS = ("gu", "design1-prose", "design1-gsm8k", "design2", "geometry", "geometry-prose")
 DESIGN1 = dict(task="lm", granularity="head", drift=False,
                metrics=("attention", "value_weighted", "value_weighted_normalized",
                         "contribution"),
@@ -78,6 +83,16 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--length", type=int, default=128, help="tokens per text (the cut)")
     p.add_argument("--gsm8k-min", type=int, default=96, help="fewest GSM8K tokens after the cut")
     p.add_argument("--fractions", default="0.01,0.02,0.05,0.1,0.2")
+    p.add_argument("--granularity", default="head", choices=("head", "query"),
+                   help="design 1's ranking granularity (query: all four rungs distinct)")
+    p.add_argument("--metrics", help="design 1's metrics (default: the four of the paper)")
+    p.add_argument("--modes", help="design 1's modes (default comprehensiveness,sufficiency)")
+    p.add_argument("--ranks", help="design 1's ranks (default signed,magnitude)")
+    p.add_argument("--variant", default="",
+                   help="name of a design-1 variant (e.g. query): its texts, runs and CSVs are "
+                        "named d1_TAG_VARIANT, apart from the base design's")
+    p.add_argument("--prose-skip", type=int, default=0,
+                   help="leave out the first K selected prose texts (a pilot's)")
     p.add_argument("--design2-n", type=int, default=64, help="prose texts of design 2 (0: skip)")
     p.add_argument("--design2-fraction", type=float, default=0.2)
     p.add_argument("--design2-layers", default="all", help="layers, e.g. 0:30 or 3,7 (all)")
@@ -103,6 +118,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     if bad:
         p.error(f"--steps: unknown {','.join(bad)}; choose from {','.join(STEPS)}")
     a.fractions = tuple(float(x) for x in a.fractions.split(","))
+    a.design1 = dict(DESIGN1, granularity=a.granularity)
+    for key in ("metrics", "modes", "ranks"):
+        if getattr(a, key):
+            a.design1[key] = tuple(x.strip() for x in getattr(a, key).split(",") if x.strip())
+    a.suffix = f"_{a.variant}" if a.variant else ""
     # names survey.Study's geometry step reads
     a.geo_limit, a.faith_max_length = a.geo_n, a.length
     return a
@@ -159,12 +179,12 @@ class SecondStudy(survey.Study):
         """Prose and GSM8K files of the tokenizer-selected texts, and how many there are."""
         a, tok, out = self.a, self.model().tokenizer, {}
         if not self.missing("prose", a.prose):
-            path = self.data / "prose.jsonl"
+            path = self.data / f"prose{a.suffix}.jsonl"
             out["prose"] = path, texts.prose_texts(tok, a.prose, path, max(a.prose_n,
                                                                              a.design2_n),
-                                                   a.length)
+                                                   a.length, skip=a.prose_skip)
         if not self.missing("gsm8k", a.gsm8k):
-            path = self.data / "gsm8k.jsonl"
+            path = self.data / f"gsm8k{a.suffix}.jsonl"
             out["gsm8k"] = path, texts.gsm8k_texts(tok, a.gsm8k, path, a.gsm8k_n,
                                                    a.gsm8k_min, a.length)
         for tag, (path, n) in out.items():
@@ -179,7 +199,7 @@ class SecondStudy(survey.Study):
                                  batch_size=self.a.batch_size)
 
     def design1_cfg(self, n: int):
-        return self.cfg(DESIGN1, n, self.a.fractions)
+        return self.cfg(self.a.design1, n, self.a.fractions)
 
     def design2_cfg(self, layer: int):
         return self.cfg(DESIGN2, self.a.design2_n, (self.a.design2_fraction,), (layer,))
@@ -199,7 +219,7 @@ class SecondStudy(survey.Study):
         """Time one batch per kind of step, print the plan and write RESULTS/plan.csv."""
         a = self.a
         steps = [self.plan_gu()] + [self.plan_design1(tag, files) for tag in ("prose", "gsm8k")]
-        steps += [self.plan_design2(files), self.plan_geometry()]
+        steps += [self.plan_design2(files), self.plan_geometry(), self.plan_geometry_prose(files)]
         frame = plan.table([s for s in steps if s is not None])
         frame.insert(0, "model", a.model)
         frame["timed"] = time.strftime("%Y-%m-%d %H:%M")
@@ -207,7 +227,7 @@ class SecondStudy(survey.Study):
               "CPU-hours from process CPU time, wall hours at the machine's present load):")
         print(frame.drop(columns=["model", "timed"]).to_string(index=False))
         a.results.mkdir(parents=True, exist_ok=True)
-        frame.to_csv(a.results / "plan.csv", index=False)
+        frame.to_csv(a.results / f"plan{a.suffix}.csv", index=False)
         return frame
 
     def plan_gu(self) -> plan.Step | None:
@@ -263,6 +283,16 @@ class SecondStudy(survey.Study):
                          note="extract passes only; `attngeom analyze` comes on top "
                               "(first study: 130 s at 64 chunks)")
 
+    def plan_geometry_prose(self, files: dict) -> plan.Step | None:
+        a = self.a
+        if "geometry-prose" not in a.steps or "prose" not in files:
+            return None
+        n = min(files["prose"][1], a.prose_n)
+        ids = texts.chunk_ids(self.model().tokenizer, files["prose"][0], a.batch_size, a.length)
+        return plan.Step(f"geometry-prose{a.suffix}", n, len(ids), 1,
+                         plan.time_measure(self.model().model, ids), a.threads,
+                         note=f"extract passes at {a.length} tokens; `attngeom analyze` on top")
+
     # ------------------------------------------------------------------------- steps
     def gu(self) -> None:
         a, done = self.a, self.a.results / "gu_sinks.csv"
@@ -316,12 +346,13 @@ class SecondStudy(survey.Study):
             return
         path, found = files[tag]
         cfg = self.design1_cfg(min(n, found))
-        nc = self.faith_run(f"design1-{tag}", path, self.a.work / f"faith_d1_{tag}",
-                            f"d1_{tag}", cfg)
-        export.export_design1(nc, self.a.results, f"d1_{tag}")
-        figures.curves_figure(self.a.results, f"d1_{tag}")
-        self.sizes.append(dict(use=f"d1_{tag}", data=getattr(self.a, tag), n=cfg.limit,
-                               max_length=self.a.length))
+        name = f"d1_{tag}{self.a.suffix}"
+        nc = self.faith_run(f"design1-{tag}{self.a.suffix}", path, self.a.work / f"faith_{name}",
+                            name, cfg)
+        export.export_design1(nc, self.a.results, name)
+        figures.curves_figure(self.a.results, name)
+        self.sizes.append(dict(use=name, data=getattr(self.a, tag), n=cfg.limit,
+                               max_length=self.a.length, skip=self.a.prose_skip))
 
     def design2(self, files: dict) -> None:
         if not self.a.design2_n or "prose" not in files:
@@ -347,6 +378,16 @@ class SecondStudy(survey.Study):
                                max_length=a.geo_max_length))
         self.geometry("wikitext", chunks, "text")
 
+    def geometry_prose(self, files: dict) -> None:
+        """The geometry on design 1's prose texts, at their length (``--length``)."""
+        if "prose" not in files:
+            return
+        path, n = files["prose"]
+        n = min(n, self.a.prose_n)
+        self.sizes.append(dict(use=f"geo_prose{self.a.suffix}", data=self.a.prose, n=n,
+                               max_length=self.a.length, skip=self.a.prose_skip))
+        self.geometry(f"prose{self.a.suffix}", path, "text", self.a.length, n)
+
     def sh(self, step: str, *cmd: str) -> None:
         """The CLI step, with its CPU seconds (children's rusage) next to its wall seconds."""
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -366,7 +407,7 @@ class SecondStudy(survey.Study):
         a = self.a
         a.results.mkdir(parents=True, exist_ok=True)
         files = self.select_texts()
-        saved = a.results / "plan.csv"
+        saved = a.results / f"plan{a.suffix}.csv"
         if a.reuse_plan and saved.exists() and not a.plan:
             print(f"[study] plan (timed {pd.read_csv(saved)['timed'].iloc[0]}):")
             print(pd.read_csv(saved).drop(columns=["model", "timed"]).to_string(index=False))
@@ -386,6 +427,8 @@ class SecondStudy(survey.Study):
             self.design2(files)
         if "geometry" in a.steps:
             self.geometry_step()
+        if "geometry-prose" in a.steps:
+            self.geometry_prose(files)
         self.write_logs()
 
 

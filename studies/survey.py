@@ -117,13 +117,16 @@ class Study:
         return False
 
     # ------------------------------------------------------------------------- geometry
-    def geometry(self, tag: str, data: Path, text_field: str | None) -> Path:
+    def geometry(self, tag: str, data: Path, text_field: str | None,
+                 max_length: int | None = None, limit: int | None = None) -> Path:
+        """Extract and analyse ``data`` into WORK/store_TAG (default sizes: ``--geo-*``)."""
         store, a = self.a.work / f"store_{tag}", self.a
         manifest = store / "manifest.json"
         done = manifest.exists() and json.loads(manifest.read_text()).get("complete")
         if not done:
             cmd = ["extract", "--model", a.model, "--data", str(data), "--out", str(store),
-                   "--max-length", str(a.geo_max_length), "--limit", str(a.geo_limit), "--quiet"]
+                   "--max-length", str(max_length or a.geo_max_length),
+                   "--limit", str(limit or a.geo_limit), "--quiet"]
             self.sh(f"extract_{tag}", *cmd + (["--text-field", text_field] if text_field else []))
         if not self.skip(f"analyze_{tag}", store / "analysis" / "summary.csv"):
             self.sh(f"analyze_{tag}", "analyze", str(store), "--out", str(store / "analysis"),

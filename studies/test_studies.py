@@ -93,6 +93,9 @@ def test_prose_texts_keep_sections_reaching_the_length_round_robin(tmp_path, tok
     assert n == 4 and [r["source"] for r in got] == [0, 3, 5, 2]
     assert [r["tokens"] for r in got] == [8, 10, 7, 6]
     assert texts.prose_texts(tok, tmp_path / "p.jsonl", tmp_path / "o2.jsonl", 2, 6) == 2
+    # a pilot's first two left out: the rest of the same order
+    assert texts.prose_texts(tok, tmp_path / "p.jsonl", tmp_path / "o3.jsonl", 10, 6, skip=2) == 2
+    assert [r["source"] for r in prepare.read_jsonl(tmp_path / "o3.jsonl")] == [5, 2]
 
 
 def test_gsm8k_texts_keep_items_long_enough_after_the_cut(tmp_path, tok):
@@ -295,6 +298,43 @@ def test_the_study_runs_end_to_end_on_a_tiny_model_and_skips_when_rerun(tmp_path
     assert again.returncode == 0, again.stderr[-3000:]
     assert again.stdout.count("already done") == 1 + 2 + 2 + 1   # gu, d1 x2, d2 x2, analyze
     assert "attngeom faithfulness" not in again.stdout
+
+
+@pytest.mark.slow
+def test_a_variant_keeps_its_texts_runs_and_csvs_apart(tmp_path):
+    """--variant query at query granularity with contribution_layer, the pilot's texts left
+    out, and the geometry on the same texts: named d1_prose_query, the base design untouched."""
+    import subprocess
+
+    import pandas as pd
+    import tiny_models
+
+    model = tiny_models.save_tiny("llama", tmp_path / "model")
+    data = tmp_path / "data"
+    prepare.write_jsonl([{"module": f"m{k % 3}", "text": words(12, k)} for k in range(8)],
+                        data / "openstax_psychology2e.jsonl")
+    script = Path(__file__).resolve().parent / "faithfulness_study.py"
+    cmd = [sys.executable, str(script), "--model", str(model), "--data-dir", str(data),
+           "--work", str(tmp_path / "work"), "--results", str(tmp_path / "results"),
+           "--steps", "design1-prose,geometry-prose", "--variant", "query",
+           "--granularity", "query", "--modes", "comprehensiveness", "--ranks", "signed",
+           "--metrics", "attention,value_weighted,value_weighted_normalized,contribution,"
+           "contribution_layer", "--prose-n", "4", "--prose-skip", "2", "--design2-n", "0",
+           "--length", "10", "--fractions", "0.1,0.5", "--bootstrap", "5", "--batch-size", "2"]
+    run = subprocess.run(cmd, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-3000:]
+    results = tmp_path / "results"
+    info = pd.read_csv(results / "d1_prose_query_info.csv").iloc[0]
+    assert info["granularity"] == "query" and info["n_units"] == 4
+    order = pd.read_csv(results / "d1_prose_query_order_log.csv")
+    assert "value_weighted_normalized" in set(order.to_numpy().ravel().astype(str))
+    picked = [r["source"] for r in prepare.read_jsonl(tmp_path / "work/data/prose_query.jsonl")]
+    assert len(picked) == 4 and 0 not in picked                 # the first two left out
+    plan = pd.read_csv(results / "plan_query.csv").set_index("step")
+    # 5 metrics x 1 rank x 1 mode x 2 fractions + clean, at query granularity all distinct
+    assert plan.loc["design1-prose", "passes_per_batch"] == 11
+    assert (results / "geo_prose_query_summary.csv").exists()
+    assert not (results / "plan.csv").exists() and not (results / "d1_prose_order.csv").exists()
 
 
 def test_write_jsonl_leaves_identical_file_and_uses_private_temp(tmp_path):

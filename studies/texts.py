@@ -33,9 +33,10 @@ def token_lengths(tok, texts: list[str], special: bool = True) -> np.ndarray:
 
 
 def prose_texts(tok, src: str | Path, out: Path, n: int, length: int = 128,
-                group_field: str = "module") -> int:
+                group_field: str = "module", skip: int = 0) -> int:
     """Write the first ``n`` sections (round-robin over ``group_field``) reaching ``length``
-    tokens to ``out``; return how many (fewer when the file has fewer)."""
+    tokens to ``out``, after leaving out the first ``skip`` of that order (a pilot's); return
+    how many (fewer when the file has fewer)."""
     records = prepare.read_jsonl(src)
     texts = [prepare.text_of(r, "text") for r in records]
     lengths = token_lengths(tok, texts)
@@ -44,7 +45,7 @@ def prose_texts(tok, src: str | Path, out: Path, n: int, length: int = 128,
         if k >= length and text.strip():
             groups.setdefault(str(rec.get(group_field, i)), []).append(
                 {"text": text, "source": i, "tokens": int(k)})
-    picked = prepare.round_robin(list(groups.values()), n)
+    picked = prepare.round_robin(list(groups.values()), skip + n)[skip:]
     prepare.write_jsonl(picked, out)
     return len(picked)
 

@@ -224,6 +224,7 @@ def faithfulness(model: str, data: str, out: str | Path, cfg: FaithConfig | None
     allow ``max_length`` past the model's configured context, refused otherwise)."""
     from attngeom.store.format.faithfulness import assemble, block_dataset
 
+    from ..loading.budget import check_context, context_length
     from ..loading.models import load
     from ..run import versions
     from .output import unit_arrays
@@ -243,6 +244,8 @@ def faithfulness(model: str, data: str, out: str | Path, cfg: FaithConfig | None
     layers = parse_ranges(cfg.layers, range(n_layers), "--layers", "this model's layers")
     cfg = replace(cfg, layers=None if layers is None else tuple(layers))
     prepared, data_info = load_task(cfg, data, loaded.tokenizer)
+    check_context(max(map(len, prepared.rows), default=0), context_length(loaded.model.config),
+                  beyond_context, what="texts of")
     # specs as labels, as extraction records them: the same inputs anywhere, the same config
     config = {"model": portable(loaded.info, "spec", "id"),
               "data": portable(data_info, "spec", "dev"), "options": cfg.options()}

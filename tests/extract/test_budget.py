@@ -2,7 +2,7 @@
 
 A tiny llama whose config says 128 positions: --max-length 200 is refused by extract and
 faithfulness before the weights load and leaves nothing on disk; --beyond-context measures
-past it; attngeom.measure warns. Disk and memory refusals are driven by shrinking what the
+past it; attngeom.measure warns. Both commands check the tokenized texts' length. Disk and memory refusals are driven by shrinking what the
 machine reports (free_disk, available_memory), against the estimate's closed form.
 """
 
@@ -44,6 +44,15 @@ def test_texts_beyond_the_context_are_refused_before_the_store_exists(tiny, tmp_
     out = tmp_path / "out"
     _refused(capsys, ["extract", "--model", str(tiny["model"]), "--data", str(tiny["data"]),
                       "--max-length", "200", "--out", str(out), "--quiet"], out,
+             "texts of 200 is beyond the model's context of 128 tokens", "--beyond-context")
+
+
+def test_faithfulness_refuses_texts_beyond_the_context_before_the_result_exists(
+        tiny, tmp_path, capsys):
+    out = tmp_path / "faith"
+    _refused(capsys, ["faithfulness", "--model", str(tiny["model"]), "--data", str(tiny["data"]),
+                      "--max-length", "200", "--metrics", "attention", "--fractions", "0.1",
+                      "--no-drift", "--out", str(out), "--quiet"], out,
              "texts of 200 is beyond the model's context of 128 tokens", "--beyond-context")
 
 
