@@ -198,11 +198,29 @@ def export_design1(nc: Path, results: Path, prefix: str, level: float = 0.05) ->
 
 
 def export_design2(runs: dict[int, Path], results: Path, prefix: str,
-                   level: float = 0.05) -> list[Path]:
+                   level: float = 0.05, layer_types: list[str] | None = None) -> list[Path]:
     """CSVs of the single-layer runs ``{layer: result file}``: per (step, layer) tests with
     Holm over layers on the log PPL ratio (``_layers``) and on ΔPPL (``_layers_dppl``), the
-    mean outcome per (layer, metric) and one row per (layer, unit, metric)."""
+    mean outcome per (layer, metric) and one row per (layer, unit, metric).
+
+    ``layer_types`` (the config's, e.g. Gemma 3's sliding_attention / full_attention): a
+    ``layer_type`` column, and ``_layers_by_type``: the same tests with Holm over the layers of
+    each kind alone (a kind's family is its own, not pooled with the others)."""
     data = {layer: _load(nc) for layer, nc in runs.items()}
+    files = _design2_files(data, level)
+    if layer_types:
+        kind = {layer: layer_types[layer] for layer in data}
+        for frame in files.values():
+            frame.insert(1, "layer_type", frame["layer"].map(kind))
+        parts = [eq.layer_table({k: v for k, v in data.items() if kind[k] == t}, D2_STEPS,
+                                eq.DELTA_LOG, variable=eq.LOG_RATIO, level=level)
+                 .assign(layer_type=t) for t in sorted(set(kind.values()))]
+        files["layers_by_type"] = pd.concat(parts, ignore_index=True)
+    return _write(files, results, prefix)
+
+
+def _design2_files(data: dict, level: float) -> dict[str, pd.DataFrame]:
+    """The design-2 tables of :func:`export_design2` (one family: every layer run)."""
     primary = eq.layer_table(data, D2_STEPS, eq.DELTA_LOG, variable=eq.LOG_RATIO, level=level)
     margin = eq.delta_ppl_margin(next(iter(data.values())))
     secondary = eq.layer_table(data, D2_STEPS, margin, variable="delta_ppl", level=level)
@@ -220,10 +238,9 @@ def export_design2(runs: dict[int, Path], results: Path, prefix: str,
             "log_ppl_ratio_sem": g[eq.LOG_RATIO].sem(),
             "log_ppl_ratio_median": g[eq.LOG_RATIO].median(),
             "delta_ppl_mean": g["delta_ppl"].mean()}).reset_index())
-    files = {"layers": primary, "layers_dppl": secondary,
-             "layer_means": pd.concat(means, ignore_index=True),
-             "units": pd.concat(units, ignore_index=True)}
-    return _write(files, results, prefix)
+    return {"layers": primary, "layers_dppl": secondary,
+            "layer_means": pd.concat(means, ignore_index=True),
+            "units": pd.concat(units, ignore_index=True)}
 
 
 def _write(files: dict[str, pd.DataFrame], results: Path, prefix: str) -> list[Path]:

@@ -161,6 +161,7 @@ class SecondStudy(survey.Study):
         super().__init__(args)
         self.loaded = None
         self._layers: list[int] | None = None
+        self.layer_types: list[str] | None = None        # the config's, when it names them
         self.per_pass: dict[str, float] = {}
         self.data = args.work / "data"
 
@@ -209,6 +210,9 @@ class SecondStudy(survey.Study):
         from attngeom.store.options.ranges import parse_ranges
 
         if self._layers is None:
+            config = self.model().model.config
+            config = config.get_text_config() if hasattr(config, "get_text_config") else config
+            self.layer_types = getattr(config, "layer_types", None)
             n = self.model().info["n_layers"]
             self._layers = parse_ranges(self.a.design2_layers, range(n), "--design2-layers",
                                         "this model's layers") or list(range(n))
@@ -363,7 +367,9 @@ class SecondStudy(survey.Study):
             runs[layer] = self.faith_run(f"design2-layer{layer:02d}", path,
                                          self.a.work / "faith_d2" / f"layer{layer:02d}",
                                          f"d2_layer{layer:02d}", cfg)
-        export.export_design2(runs, self.a.results, "d2_prose")
+        export.export_design2(runs, self.a.results, "d2_prose",
+                              layer_types=self.layer_types if self.layer_types and len(
+                                  set(self.layer_types)) > 1 else None)
         figures.layers_figure(self.a.results, "d2_prose")
         self.sizes.append(dict(use="d2_prose", data=self.a.prose, n=self.a.design2_n,
                                max_length=self.a.length))

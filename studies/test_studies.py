@@ -248,6 +248,16 @@ def test_design2_export_and_summary_tables(tmp_path):
     assert text.count("\n| 0 |") == 1 and text.count("\n| 5 |") == 1
     assert "holds" in summarize_faithfulness.layers_cell(tmp_path, "smollm2-135m")
     assert tables.f(0.0001) == "1.0e-04"
+    # Gemma-like kinds: each kind its own Holm family (here of one layer: Holm p = p)
+    kinds = ["sliding_attention"] * 5 + ["full_attention"]
+    export.export_design2(runs, results, "d2_kinds", layer_types=kinds)
+    t = pd_read(results / "d2_kinds_layers.csv")
+    assert dict(zip(t["layer"], t["layer_type"])) == {0: "sliding_attention", 5: "full_attention"}
+    k = pd_read(results / "d2_kinds_layers_by_type.csv")
+    assert (k["m_tests"] == 1).all() and len(k) == len(t)
+    np.testing.assert_allclose(k["p_holm"], k["p_value"])
+    m = t.merge(k, on=["layer", "lower", "higher", "mode", "rank"], suffixes=("", "_kind"))
+    assert len(m) == len(t) and (m["p_holm"] > m["p_holm_kind"]).any()   # a family of 2 there
 
 
 def pd_read(path):

@@ -114,8 +114,12 @@ def loop_select(score, eligible, p, mode, rank, granularity):
     eligible = np.broadcast_to(eligible, score.shape)
     out = np.zeros(score.shape, dtype=bool)
 
+    def tie(v):                    # equal to 40 significant bits: tied (the rule's float64 ties)
+        m, e = math.frexp(v)
+        return math.ldexp(round(m * 2 ** 40) / 2 ** 40, e)
+
     def pick(cands, value):
-        ranked = sorted(cands, key=lambda c: (-value(c), c))
+        ranked = sorted(cands, key=lambda c: (-tie(value(c)), c))
         n = math.floor(p * len(cands) + 0.5)
         return ranked[:n] if mode == "comprehensiveness" else ranked[len(ranked) - n:]
 
@@ -281,3 +285,48 @@ def test_drift_probe_cosine_matches_model_space():
             assert sums["n_low"][b, layer] == low.sum()
             np.testing.assert_allclose(sums["cosine_all"][b, layer], cos.sum(), rtol=1e-4)
             np.testing.assert_allclose(sums["cosine_low"][b, layer], cos[low].sum(), rtol=1e-4)
+
+
+# ------------------------------------------------------------------------------ query blocks
+def test_query_blocks_reach_only_the_keys_their_rows_attend_to():
+    from attngeom.extract.faithfulness.dense import query_blocks
+
+    causal = torch.ones(10, 10, dtype=torch.bool).tril()[None, None]
+    assert query_blocks(causal, 1, 1, 4, budget=10 * 10 * 4) == ((0, 10, 10),)
+    # 3 rows x 10 keys x 4 bytes: rows 0-2 reach key 2, rows 9 every key
+    assert query_blocks(causal, 1, 1, 4, budget=120) == ((0, 3, 3), (3, 6, 6), (6, 9, 9),
+                                                         (9, 10, 10))
+
+
+@pytest.mark.parametrize("arch", CAUSAL + ("gpt_oss",))
+def test_a_pass_in_query_blocks_computes_the_whole_layers_pass(arch, monkeypatch):
+    """Blocks of 3 query rows (sliding windows, soft-capping, learned sinks, padding) give the
+    logits of the whole-layer pass for every granularity: the same keys removed."""
+    from attngeom.extract.faithfulness import dense
+
+    if arch == "gpt_oss":
+        import tiny_archs as ta
+        model = ta.build("gpt_oss")
+        ids = torch.randint(3, model.config.vocab_size, (2, 12),
+                            generator=torch.Generator().manual_seed(1))
+        mask = torch.ones(2, 12, dtype=torch.long)
+        mask[1, 8:] = 0                                               # right padding
+        inputs = {"input_ids": ids, "attention_mask": mask}
+    else:
+        model, inputs = _model(arch)
+    H = model.config.num_attention_heads
+    seen = []
+    real = dense.query_blocks
+    monkeypatch.setattr("attngeom.extract.faithfulness.interventions.query_blocks",
+                        lambda *a, **k: seen.append(real(*a, **k)) or seen[-1])
+    for granularity in GRANULARITIES:
+        r = Removal("contribution", "comprehensiveness", 0.3, "magnitude", granularity)
+        monkeypatch.setattr(dense, "QUERY_BLOCK_BYTES", 1 << 30)
+        whole = _output(model, inputs, Intervener(model, removal=r))
+        monkeypatch.setattr(dense, "QUERY_BLOCK_BYTES", 2 * H * 12 * 4 * 3)    # 3 rows
+        blocked = _output(model, inputs, Intervener(model, removal=r))
+        real_rows = inputs["attention_mask"].bool()
+        torch.testing.assert_close(blocked[real_rows], whole[real_rows], rtol=1e-5, atol=1e-5)
+        clean = _output(model, inputs, Intervener(model))
+        assert (clean[real_rows] - whole[real_rows]).abs().max() > 1e-3   # keys were removed
+    assert max(map(len, seen)) >= 4

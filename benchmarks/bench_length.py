@@ -1,0 +1,221 @@
+"""Cost against sequence length: SDPA and eager forwards, compact extraction, one removal pass.
+
+For each model and length T, each case runs in its own process on one WikiText-2 text cut to T
+tokens (``--padded``: also a batch of two, T and T/2 tokens, the shorter one padded):
+
+- ``sdpa``, ``eager``: load the model, one forward with full logits (the baselines), after an
+  untimed one over the first 32 tokens (first-call costs; the removal pass's projections);
+- ``compact``: the whole ``attngeom extract --mode compact`` command (loading and writing
+  included), against the ``sdpa`` process, which loads the same model;
+- ``removal``: one removal pass (contribution, comprehensiveness, signed, p = 0.1, head
+  granularity), through the handler ``attngeom faithfulness`` uses, against ``eager``.
+
+Printed per case: the process's wall and CPU seconds and peak resident set (``wait4``), the
+forward's own wall seconds (in-process cases), the ratios the targets name, and each case's growth
+exponent in T (the slope of log time and of log peak above the loaded model on log T).
+
+    python benchmarks/bench_length.py --models smollm2-135m,gemma3-270m \\
+        --lengths 512,1024,2048,4096,8192 --threads 0 [--padded]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import (REPO, emit, json_lines, log, machine, measure_peak,  # noqa: E402
+                     run_child_rss)
+
+WIKITEXT = REPO.parent / "shared" / "data" / "wikitext2_raw_test.jsonl"
+CASES = ("sdpa", "eager", "compact", "removal")
+MiB = 1024 * 1024
+
+
+# ------------------------------------------------------------------------------------- child
+def tokens(tok, length: int, padded: bool) -> list[list[int]]:
+    """One text of ``length`` tokens from WikiText-2's articles joined (and one of half)."""
+    text = "\n".join(json.loads(line)["text"] for line in WIKITEXT.open())
+    ids = tok(text[: 12 * length])["input_ids"][:length]
+    if len(ids) < length:
+        raise SystemExit(f"WikiText-2 gives only {len(ids)} tokens")
+    return [ids, ids[: length // 2]] if padded else [ids]
+
+
+def batch(rows: list[list[int]], pad: int) -> dict:
+    import torch
+
+    T = max(map(len, rows))
+    ids = torch.full((len(rows), T), pad, dtype=torch.long)
+    mask = torch.zeros((len(rows), T), dtype=torch.long)
+    for i, r in enumerate(rows):                 # right padding, as attngeom's batches
+        ids[i, : len(r)], mask[i, : len(r)] = torch.tensor(r), 1
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+def child(a) -> None:
+    import torch
+
+    from attngeom.extract.faithfulness.interventions import Intervener, Removal, forward_logits
+    from attngeom.extract.faithfulness.selection import Workspace
+    from attngeom.extract.loading.data import pad_token_id
+    from attngeom.extract.loading.models import load
+
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    t0 = time.perf_counter()
+    loaded = load(a.model)
+    model, loaded_s = loaded.model, time.perf_counter() - t0
+    rows = tokens(loaded.tokenizer, a.length, a.padded)
+    pad = pad_token_id(loaded.tokenizer)
+    inputs, warm = batch(rows, pad), batch([r[:32] for r in rows], pad)
+    if a.child == "removal":
+        handler = Intervener(model, removal=Removal("contribution", "comprehensiveness", 0.1),
+                             projections={}, workspace=Workspace())
+        run = lambda x: forward_logits(model, x, handler)             # noqa: E731
+    else:
+        model.set_attn_implementation(a.child)
+        run = lambda x: model(**x, use_cache=False).logits            # noqa: E731
+    with torch.inference_mode():
+        run(warm)                          # first-call costs and the layers' projections
+        c0 = time.process_time()
+        rec = measure_peak(lambda: run(inputs))
+        rec["forward_cpu_s"] = time.process_time() - c0
+    emit({"child": a.child, "load_s": loaded_s, **rec})
+
+
+# ------------------------------------------------------------------------------------ parent
+def texts_file(tmp: Path, model: str, length: int, padded: bool) -> Path:
+    """The texts the ``compact`` command reads: the child's token rows, decoded."""
+    tok = load_tokenizer(model)
+    path = tmp / f"{model}-{length}-{int(padded)}.jsonl"
+    with path.open("w") as f:
+        for row in tokens(tok, length, padded):
+            f.write(json.dumps({"text": tok.decode(row, skip_special_tokens=True)}) + "\n")
+    return path
+
+
+_TOKENIZERS: dict = {}
+
+
+def load_tokenizer(model: str):
+    """The model's tokenizer (the model itself is dropped: the children load their own)."""
+    import gc
+
+    from attngeom.extract.loading.models import load
+
+    if model not in _TOKENIZERS:
+        _TOKENIZERS[model] = load(model).tokenizer
+        gc.collect()
+    return _TOKENIZERS[model]
+
+
+def run_case(case: str, model: str, length: int, padded: bool, threads: int, tmp: Path,
+             limit_mib: float) -> dict:
+    env = dict(os.environ)
+    if threads:
+        env["OMP_NUM_THREADS"] = str(threads)
+    if case == "compact":
+        data = texts_file(tmp, model, length, padded)
+        out = Path(tempfile.mkdtemp(dir=tmp)) / "store"
+        argv = [str(Path(sys.executable).with_name("attngeom")), "extract", "--model", model,
+                "--data", str(data), "--max-length", str(length), "--mode", "compact",
+                "--batch-size", "2", "--out", str(out), "--quiet"]
+        argv += ["--threads", str(threads)] if threads else []
+    else:
+        argv = [sys.executable, __file__, "--child", case, "--model", model, "--length",
+                str(length), "--threads", str(threads)] + (["--padded"] if padded else [])
+    got = run_child_rss(argv, env=env, rss_limit_mib=limit_mib)
+    rec = {"case": case, "model": model, "length": length, "padded": padded, "rc": got["rc"],
+           "wall_s": got["wall_s"], "cpu_s": got["cpu_s"], "peak_rss_mib": got["peak_rss_mib"],
+           "killed_over_rss_limit": got["killed_over_rss_limit"]}
+    inner = [r for r in json_lines(got["stdout"]) if "child" in r]
+    if inner:
+        rec.update(forward_s=inner[0]["wall_s"], forward_cpu_s=inner[0]["forward_cpu_s"],
+                   load_s=inner[0]["load_s"], rss_before_mib=inner[0]["rss_before_mib"],
+                   peak_delta_mib=inner[0]["peak_rss_delta_mib"])
+    if got["rc"]:
+        rec["error"] = got["stderr"].strip().splitlines()[-1:] or ["?"]
+    return rec
+
+
+def exponent(T, y) -> float:
+    """Slope of log y on log T (nan with fewer than two positive points)."""
+    T, y = np.asarray(T, float), np.asarray(y, float)
+    ok = np.isfinite(y) & (y > 0)
+    return float(np.polyfit(np.log(T[ok]), np.log(y[ok]), 1)[0]) if ok.sum() > 1 else np.nan
+
+
+def table(rows: list[dict], model: str, padded: bool) -> list[str]:
+    import pandas as pd
+
+    df = pd.DataFrame([r for r in rows if r["model"] == model and r["padded"] == padded])
+    if df.empty:
+        return []
+    w = df.pivot(index="length", columns="case", values="wall_s")
+    p = df.pivot(index="length", columns="case", values="peak_rss_mib")
+    f = df.pivot(index="length", columns="case", values="forward_s") if "forward_s" in df else w
+    out = [f"\n### {model}, {'a padded batch of 2 (T and T/2)' if padded else 'one text'}: "
+           "seconds (process wall; forward alone in brackets) and peak RSS (MiB)\n",
+           "| T | sdpa | eager | compact | removal | compact / sdpa time, peak | "
+           "removal / eager forward, peak |", "|---|---|---|---|---|---|---|"]
+    cell = lambda c, T: (f"{w.at[T, c]:.1f} s" + (f" [{f.at[T, c]:.1f}]" if c in f and  # noqa
+                         np.isfinite(f.at[T, c]) else "") + f", {p.at[T, c]:.0f}")
+    for T in w.index:
+        ratios = []
+        for a, b, fw in (("compact", "sdpa", w), ("removal", "eager", f)):
+            ok = a in w and b in w
+            ratios.append(f"{fw.at[T, a] / fw.at[T, b]:.2f}x, {p.at[T, a] / p.at[T, b]:.2f}x"
+                          if ok else "")
+        out.append(f"| {T} | " + " | ".join(cell(c, T) if c in w else "" for c in CASES)
+                   + f" | {ratios[0]} | {ratios[1]} |")
+    grow = []
+    for c in CASES:
+        if c in w:
+            t = f[c] if c != "compact" else w[c]
+            grow.append(f"{c} {exponent(w.index, t):.2f}")
+    out.append(f"\nGrowth exponents of time (slope of log s on log T): {', '.join(grow)}.")
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--models", default="smollm2-135m,gemma3-270m")
+    p.add_argument("--lengths", default="512,1024,2048,4096,8192")
+    p.add_argument("--cases", default=",".join(CASES))
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    p.add_argument("--padded", action="store_true", help="also a padded batch of two")
+    p.add_argument("--rss-limit-mib", type=float, default=20000)
+    p.add_argument("--child", choices=("sdpa", "eager", "removal"))
+    p.add_argument("--model"), p.add_argument("--length", type=int)
+    a = p.parse_args(argv)
+    if a.child:
+        child(a)
+        return 0
+    emit({"bench": "length", "section": "machine", **machine(),
+          "load_avg": os.getloadavg()})
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for model in a.models.split(","):
+            for padded in (False, True) if a.padded else (False,):
+                for T in map(int, a.lengths.split(",")):
+                    for case in a.cases.split(","):
+                        rec = run_case(case, model, T, padded, a.threads, Path(tmp),
+                                       a.rss_limit_mib)
+                        rows.append(emit({"bench": "length", **rec,
+                                          "load_avg": os.getloadavg()[0]}))
+    for model in a.models.split(","):
+        for padded in (False, True):
+            print("\n".join(table(rows, model, padded)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
