@@ -12,7 +12,6 @@ import torch
 from ..measurement.geometry import fill_disallowed_
 
 Tensor = torch.Tensor
-QUERY_BLOCK_BYTES = 1 << 28   # a pass's (B, H, rows, keys) scratch tensors stay under this
 
 
 def grouped(x: Tensor, groups: int) -> Tensor:
@@ -85,21 +84,3 @@ def weighted_values(alpha: Tensor, value: Tensor,
         else:
             torch.bmm(a[:, t0:t1, :w], v[:, :w], out=out[:, t0:t1])
     return out.view(B, H, T, n)
-
-
-def query_blocks(allowed: Tensor, B: int, H: int, itemsize: int,
-                 budget: int | None = None) -> tuple[tuple[int, int, int], ...]:
-    """(q0, q1, w): the query rows of a pass in blocks whose (B, H, q1 - q0, w) tensors take at
-    most ``budget`` bytes, ``w`` the keys the block's rows reach (``allowed`` (B, 1|H, T, Tk));
-    one block (0, T, Tk) when the whole layer fits. Each (head, query) is scored, ranked and
-    removed from its own row, so the blocks compute what the whole layer does."""
-    T, Tk = allowed.shape[-2:]
-    budget = QUERY_BLOCK_BYTES if budget is None else budget
-    rows = max(1, budget // (B * H * Tk * itemsize))
-    if rows >= T:
-        return ((0, T, Tk),)
-    seen = allowed.any(0).any(0)                                          # (T, Tk)
-    last = torch.mul(seen, torch.arange(1, Tk + 1, dtype=torch.int32, device=seen.device))
-    last = last.amax(-1)                                                  # (T,)
-    return tuple((q0, min(q0 + rows, T), max(1, int(last[q0:q0 + rows].max())))
-                 for q0 in range(0, T, rows))

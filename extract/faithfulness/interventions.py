@@ -58,7 +58,7 @@ from attngeom.store.format.vocab import (DRIFT_LOW_FRACTION, GRANULARITIES, RANK
 
 from ..measurement.archs import attention_layers
 from ..measurement.geometry import Projection, norm_from_gram, repeat_kv
-from .dense import attention_weights, query_blocks, row_blocks, weighted_values
+from .dense import attention_weights, row_blocks, weighted_values
 from .exact_scores import ExactScores, exact_alpha, metric_scores  # noqa: F401  (API)
 from .removal_scores import fast_scores, logit_scale
 from .selection import Workspace, n_remove, select  # noqa: F401  (n_remove: API)
@@ -88,12 +88,9 @@ class Removal:
             raise ValueError(f"fraction {self.fraction} is outside [0, 1]")
 
 
-def eligible_keys(allowed: Tensor, token_mask: Tensor, query_mask: Tensor | None = None
-                  ) -> Tensor:
-    """(B, 1|H, T, Tk) bool: allowed by the model's mask, real key (``token_mask`` (B, Tk)),
-    real query (``query_mask`` (B, T), default ``token_mask``)."""
-    query_mask = token_mask if query_mask is None else query_mask
-    return allowed & token_mask[:, None, None, :] & query_mask[:, None, :, None]
+def eligible_keys(allowed: Tensor, token_mask: Tensor) -> Tensor:
+    """(B, 1|H, T, T) bool: allowed by the model's mask, real key, real query."""
+    return allowed & token_mask[:, None, None, :] & token_mask[:, None, :, None]
 
 
 # ------------------------------------------------------------------------------------ handler
@@ -146,9 +143,7 @@ class Intervener:
 
         alpha comes from the call's own logits (scale, soft-cap, learned sink logits) in
         float32 (the model's dtype if wider), the ranking from float64 where it is near (see
-        the module docstring); a learned sink keeps its weight (removal zeroes real keys only).
-        Without a probe or trace, long layers run in blocks of query rows
-        (:func:`~.dense.query_blocks`), so that no (B, H, T, T) tensor is made."""
+        the module docstring); a learned sink keeps its weight (removal zeroes real keys only)."""
         layer = call.index + self.start
         if layer >= self.n_layers or self.found[layer].module is not call.module:
             raise RuntimeError(f"attention call {layer} ({type(call.module).__name__}) is not "
@@ -156,62 +151,28 @@ class Intervener:
         query, key, value = call.query, call.key, call.value
         B, H, T, _ = query.shape
         dtype = torch.promote_types(query.dtype, torch.float32)          # computed in
+        proj = self.projection(layer)
         mask = self.token_mask
         mask = (torch.ones(B, T, dtype=torch.bool, device=query.device) if mask is None
                 else mask.to(query.device))
         allowed = call.allowed & mask[:, None, None, :]
-        r = self.removal
-        removal = r if r is not None and (r.layers is None or layer in r.layers) else None
-        lam = exact = None
-        if removal is not None:                    # both of the whole layer, read by row
-            lam = logit_scale(query, key, call.scaling, call.sinks)
-            exact = ExactScores(removal.metric, query, key, value, allowed, call.scaling,
-                                call.softcap, self.projection(layer), call.sinks)
-        whole = self.probe is not None or self.trace is not None
-        blocks = ((0, T, key.shape[2]),) if whole else query_blocks(
-            allowed, B, H, torch.finfo(dtype).bits // 8)
-        if len(blocks) == 1:
-            return self._rows(call, layer, allowed, mask, slice(None), key.shape[2], lam,
-                              removal, exact, dtype)
-        z = query.new_empty(B, H, T, value.shape[-1])
-        for q0, q1, w in blocks:
-            z[:, :, q0:q1] = self._rows(call, layer, allowed, mask, slice(q0, q1), w, lam,
-                                        removal, exact, dtype)
-        return z
-
-    def _rows(self, call, layer: int, allowed: Tensor, mask: Tensor, rows: slice, w: int,
-              lam: Tensor | None, removal: Removal | None, exact: ExactScores | None,
-              dtype) -> Tensor:
-        """z (B, H, rows, dv) of query rows ``rows``, over keys ``< w`` (all the rows reach).
-
-        The float64 scores of near rows are the whole layer's (``exact``, by row), so a block
-        ranks its rows with the bits the whole layer would use."""
-        query, key, value = call.query[:, :, rows], call.key[:, :, :w], call.value[:, :, :w]
-        allowed = allowed[..., rows, :w]
-        sinks = call.sinks
-        if sinks is not None and sinks.shape[-1] == call.query.shape[2] > 1:
-            sinks = sinks[..., rows]
-        B, H, T, _ = query.shape
-        proj = self.projection(layer)
-        scaling, softcap = call.scaling, call.softcap
-        shape = (B, H, T, w)
+        scaling, softcap, sinks = call.scaling, call.softcap, call.sinks
+        shape = (B, H, T, key.shape[2])
         scores = self.work.get("score", shape, dtype, query.device)   # the logits first
         alpha = attention_weights(query, key, allowed, scaling, softcap, dtype, sinks,
                                   out=self.work.get("alpha", shape, dtype, query.device),
                                   logits=scores)
         weights, kept = alpha, None
         blocks = row_blocks(allowed)                    # rows that stop short of the last key
-        eligible = eligible_keys(allowed, mask[:, :w], mask[:, rows])
-        if removal is not None:
-            score, error = fast_scores(removal.metric, alpha, value,
-                                       self.projection(layer, dtype), lam[:, :, rows], scores,
-                                       blocks)
-            q0 = rows.start or 0
-            by_row = exact if w == exact.k.shape[2] and q0 == 0 else (
-                lambda b, i, h: exact(b, i + q0, h)[..., :w])
-            kept = select(score, eligible, removal.fraction, removal.mode, removal.rank,
-                          removal.granularity, error, by_row, self.work,
-                          inplace=score is not alpha, keep=True)
+        r = self.removal
+        if r is not None and (r.layers is None or layer in r.layers):
+            eligible = eligible_keys(allowed, mask)
+            score, error = fast_scores(r.metric, alpha, value, self.projection(layer, dtype),
+                                       logit_scale(query, key, scaling, sinks), scores, blocks)
+            exact = ExactScores(r.metric, query, key, value, allowed, scaling, softcap, proj,
+                                sinks)
+            kept = select(score, eligible, r.fraction, r.mode, r.rank, r.granularity,
+                          error, exact, self.work, inplace=score is not alpha, keep=True)
             weights = alpha.mul_(kept)                                   # removed terms: 0
         v_used = value
         if self.sink_k is not None:
@@ -219,14 +180,15 @@ class Intervener:
             v_used[:, :, : self.sink_k] = 0.0
         z = weighted_values(weights, v_used, blocks)                     # (B, H, T, dv)
         if self.probe is not None:
-            self.probe.observe(layer, z, value, eligible, mask, proj)
+            self.probe.observe(layer, z, value, eligible_keys(allowed, mask), mask, proj)
         if self.trace is not None:                 # the exact (float64) layer, for tests
             self.trace.append({
                 "layer": layer, "v": repeat_kv(value, H).double(), "z": z,
                 "alpha": exact_alpha(query, repeat_kv(key, H), allowed, scaling, softcap,
                                      sinks),
                 "allowed": allowed, "token_mask": mask,
-                "remove": None if kept is None else ((kept == 0) & eligible).expand(shape),
+                "remove": None if kept is None else
+                ((kept == 0) & eligible_keys(allowed, mask)).expand(shape),
                 "gram": proj.gram, "weight": proj.weight})
         return z.to(query.dtype)
 

@@ -90,21 +90,15 @@ def _reference_ppl(model, ids: list[int], start: int = 1) -> float:
     return math.exp(-np.mean([float(lp[t - 1, ids[t]]) for t in range(start, len(ids))]))
 
 
-@pytest.fixture(scope="module", params=["whole layers", "query blocks"])
-def run(tmp_path_factory, request):
-    """The run; "query blocks": every layer in blocks of a query row or two (dense.py)."""
-    from attngeom.extract.faithfulness import dense
-
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
     root = tmp_path_factory.mktemp("faith-ref")
     tm.save_tiny("llama", root / "llama")
     (root / "texts.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in TEXTS))
     cfg = F.FaithConfig(metrics=METRICS, ranks=("signed",), fractions=FRACTIONS,
                         granularity="head", drift=False, batch_size=2, block_size=3)
-    with pytest.MonkeyPatch.context() as mp:
-        if request.param == "query blocks":
-            mp.setattr(dense, "QUERY_BLOCK_BYTES", 1024)
-        path = F.faithfulness(str(root / "llama"), str(root / "texts.jsonl"), root / "out",
-                              cfg, progress=False, log=lambda m: None)
+    path = F.faithfulness(str(root / "llama"), str(root / "texts.jsonl"), root / "out", cfg,
+                          progress=False, log=lambda m: None)
     with xr.open_dataset(path, engine="h5netcdf") as f:
         return root, f.load()
 
