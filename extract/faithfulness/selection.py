@@ -16,8 +16,7 @@ cut: exactly the rule whenever hi > lo. A row is *near* when hi - lo <= rel (|hi
 the scores' relative rounding error (:class:`ErrorBound`; 0 for exact scores, so that a tie at
 the cut is near): then a rounding error of that size could swap the two keys at the cut. Near
 rows alone are decided again by :func:`stable_select` on exact (float64) scores of those rows,
-which the caller supplies (``exact``), rounded to 40 significant bits first
-(:func:`float64_ties`): scores equal in exact arithmetic tie there, whatever the last bits.
+which the caller supplies (``exact``).
 """
 
 from __future__ import annotations
@@ -79,17 +78,6 @@ def stable_select(key: Tensor, eligible: Tensor, k: Tensor, mode: str) -> Tensor
     else:
         chosen = (r >= (n - k)[..., None]) & (r < n[..., None])
     return torch.zeros_like(eligible).scatter(-1, order, chosen)
-
-
-TIE_BITS = 40       # float64 scores equal to 40 bits are tied (the recomputation's rounding)
-
-
-def float64_ties(x: Tensor) -> Tensor:
-    """x rounded to :data:`TIE_BITS` significant bits, so that scores equal in exact arithmetic
-    (a query's only key scores c = 1 in every head) tie, and go to the lower position, however
-    the float64 recomputation's last bits fell (they depend on which rows it batched)."""
-    mantissa, exponent = torch.frexp(x)
-    return torch.ldexp(torch.round(mantissa * 2.0 ** TIE_BITS) / 2.0 ** TIE_BITS, exponent)
 
 
 def sort_rows_(x: Tensor) -> Tensor:
@@ -254,7 +242,7 @@ def select(score: Tensor, eligible: Tensor, fraction: float, mode: str, rank: st
     idx = near.nonzero()[:, 0]
     if len(idx):
         s64, e64 = _exact_rows(exact, idx, eligible.expand(B, H, T, Tk), rank, granularity)
-        rows = stable_select(float64_ties(s64), e64, k[idx], mode)
+        rows = stable_select(s64, e64, k[idx], mode)
         chosen[idx] = rows.logical_not().to(chosen.dtype) if keep else rows
     if granularity == "head":
         return chosen.view(B, H, T, Tk)

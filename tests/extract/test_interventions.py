@@ -114,12 +114,8 @@ def loop_select(score, eligible, p, mode, rank, granularity):
     eligible = np.broadcast_to(eligible, score.shape)
     out = np.zeros(score.shape, dtype=bool)
 
-    def tie(v):                    # equal to 40 significant bits: tied (the rule's float64 ties)
-        m, e = math.frexp(v)
-        return math.ldexp(round(m * 2 ** 40) / 2 ** 40, e)
-
     def pick(cands, value):
-        ranked = sorted(cands, key=lambda c: (-tie(value(c)), c))
+        ranked = sorted(cands, key=lambda c: (-value(c), c))
         n = math.floor(p * len(cands) + 0.5)
         return ranked[:n] if mode == "comprehensiveness" else ranked[len(ranked) - n:]
 
@@ -285,4 +281,3 @@ def test_drift_probe_cosine_matches_model_space():
             assert sums["n_low"][b, layer] == low.sum()
             np.testing.assert_allclose(sums["cosine_all"][b, layer], cos.sum(), rtol=1e-4)
             np.testing.assert_allclose(sums["cosine_low"][b, layer], cos[low].sum(), rtol=1e-4)
-
