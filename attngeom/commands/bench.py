@@ -16,7 +16,8 @@ from pathlib import Path
 
 SCRIPTS = {"extract": "bench_extract.py", "command": "bench_command.py",
            "store": "bench_store.py", "analysis": "bench_analysis.py",
-           "faithfulness": "bench_faithfulness.py", "gpu": "gpu.py"}
+           "faithfulness": "bench_faithfulness.py", "length": "bench_length.py",
+           "gpu": "gpu.py"}
 ALL = ("extract", "store", "analysis", "faithfulness")
 
 

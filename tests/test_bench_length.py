@@ -1,0 +1,31 @@
+"""benchmarks/bench_length.py's arithmetic: growth exponents and the ratios its table prints."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+import bench_length as bl  # noqa: E402
+
+
+def test_exponent_is_the_log_log_slope():
+    T = np.array([512, 1024, 2048, 4096])
+    assert np.isclose(bl.exponent(T, 3e-6 * T ** 2.0), 2.0)
+    assert np.isclose(bl.exponent(T, 7.0 * T ** 1.25), 1.25)
+    assert np.isnan(bl.exponent(T, [np.nan, np.nan, np.nan, 1.0]))   # one point: no slope
+
+
+def test_table_ratios_compare_the_cases_the_targets_name():
+    rows = []
+    for T, k in ((512, 1), (1024, 4)):               # every time x4 when T doubles: exponent 2
+        for case, wall, fwd, peak in (("sdpa", 10, 2, 1000), ("eager", 12, 3, 1100),
+                                      ("compact", 11, np.nan, 900), ("removal", 15, 6, 1650)):
+            rows.append(dict(model="m", padded=False, length=T, case=case, wall_s=wall * k,
+                             forward_s=fwd * k, peak_rss_mib=peak))
+    text = "\n".join(bl.table(rows, "m", False))
+    assert "| 512 |" in text and "1.10x, 0.90x" in text     # compact / sdpa: 11/10, 900/1000
+    assert "2.00x, 1.50x" in text                          # removal / eager forward: 6/3, 1650/1100
+    assert "sdpa 2.00, eager 2.00, compact 2.00, removal 2.00" in text
