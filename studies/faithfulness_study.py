@@ -5,8 +5,9 @@ the design's sizes)::
 
     .venv/bin/python studies/faithfulness_study.py --model smollm2-135m [--data-dir DIR] [--plan]
 
-Steps (``--steps``, default all; each is skipped when its result exists, an interrupted
-faithfulness run resumes from its finished blocks, so rerunning the same command resumes):
+Steps (``--steps``, default all but ``geometry-prose``; each is skipped when its result exists,
+an interrupted faithfulness run resumes from its finished blocks, so rerunning the same command
+resumes):
 
 - ``gu``: Gu et al.'s sink-head metric (studies/gu_sinks.py) on natural / random / repeated inputs;
 - ``design1-prose``, ``design1-gsm8k``: every layer at once, the fraction grid, both modes and
@@ -52,6 +53,7 @@ import survey  # noqa: E402
 import texts  # noqa: E402
 
 STEPS = ("gu", "design1-prose", "design1-gsm8k", "design2", "geometry", "geometry-prose")
+DEFAULT_STEPS = STEPS[:-1]       # geometry-prose belongs to a variant (e.g. 512-token texts)
 DESIGN1 = dict(task="lm", granularity="head", drift=False,
                metrics=("attention", "value_weighted", "value_weighted_normalized",
                         "contribution"),
@@ -74,7 +76,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--work", help="scratch folder (default studies/MODEL/work_faithfulness)")
     p.add_argument("--results",
                    help="CSVs and figures (default studies/MODEL/results_faithfulness)")
-    p.add_argument("--steps", default=",".join(STEPS), help=f"comma-separated: {','.join(STEPS)}")
+    p.add_argument("--steps", default=",".join(DEFAULT_STEPS),
+                   help=f"comma-separated: {','.join(STEPS)} (default all but geometry-prose)")
     p.add_argument("--plan", action="store_true", help="print and write the plan, run nothing")
     p.add_argument("--reuse-plan", action="store_true",
                    help="print RESULTS/plan.csv instead of timing again (a resumed run)")
