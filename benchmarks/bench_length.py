@@ -31,12 +31,11 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import (REPO, emit, json_lines, log, machine, measure_peak,  # noqa: E402
+from _common import (emit, json_lines, machine, measure_peak,  # noqa: E402
                      run_child_rss)
+from bench_command import DATA as WIKITEXT, child_env  # noqa: E402
 
-WIKITEXT = REPO.parent / "shared" / "data" / "wikitext2_raw_test.jsonl"
 CASES = ("sdpa", "eager", "compact", "removal")
-MiB = 1024 * 1024
 
 
 # ------------------------------------------------------------------------------------- child
@@ -50,14 +49,13 @@ def tokens(tok, length: int, padded: bool) -> list[list[int]]:
 
 
 def batch(rows: list[list[int]], pad: int) -> dict:
+    """The rows as one right-padded batch, as attngeom's own batches (torch tensors)."""
     import torch
 
-    T = max(map(len, rows))
-    ids = torch.full((len(rows), T), pad, dtype=torch.long)
-    mask = torch.zeros((len(rows), T), dtype=torch.long)
-    for i, r in enumerate(rows):                 # right padding, as attngeom's batches
-        ids[i, : len(r)], mask[i, : len(r)] = torch.tensor(r), 1
-    return {"input_ids": ids, "attention_mask": mask}
+    from attngeom.extract.loading.data import Tokenized, batches
+
+    b = next(batches(Tokenized(rows, [False] * len(rows)), len(rows), pad_id=pad))
+    return {k: torch.as_tensor(b[k]) for k in ("input_ids", "attention_mask")}
 
 
 def child(a) -> None:
@@ -119,9 +117,7 @@ def load_tokenizer(model: str):
 
 def run_case(case: str, model: str, length: int, padded: bool, threads: int, tmp: Path,
              limit_mib: float) -> dict:
-    env = dict(os.environ)
-    if threads:
-        env["OMP_NUM_THREADS"] = str(threads)
+    env = child_env(threads)
     if case == "compact":
         data = texts_file(tmp, model, length, padded)
         out = Path(tempfile.mkdtemp(dir=tmp)) / "store"
