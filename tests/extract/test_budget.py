@@ -1,9 +1,10 @@
 """What a run needs, checked before it starts: the context, the disk, the memory; --threads.
 
-A tiny llama whose config says 128 positions: --max-length 200 is refused by extract and
-faithfulness before the weights load and leaves nothing on disk; --beyond-context measures
-past it; attngeom.measure warns. Both commands check the tokenized texts' length. Disk and memory refusals are driven by shrinking what the
-machine reports (free_disk, available_memory), against the estimate's closed form.
+A tiny llama whose config says 128 positions: a text longer than that at --max-length 200 is
+refused by extract and faithfulness once tokenized, before anything is written (nothing is left
+on disk); --beyond-context measures past it; attngeom.measure warns. Disk and memory refusals
+are driven by shrinking what the machine reports (free_disk, available_memory), against the
+estimate's closed form.
 """
 
 from __future__ import annotations
