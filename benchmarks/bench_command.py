@@ -11,8 +11,11 @@ Sections (``--sections``, default both):
              load, tokenize, measure, write: everything), and (b) in this process, a plain
              eager forward with full logits over the same tokens in the same batches (model
              loaded once, forward only). Also (c) ``attngeom.cli.main`` in this process (the
-             same code path, imports already paid). Per round the ratios (a)/(b) and (c)/(b);
-             then the medians and spread.
+             same code path, imports already paid). And (d) the plain script as a process: a
+             fresh ``python`` that imports torch and transformers, loads the model, tokenizes
+             and runs (b)'s forward once: what any fresh process pays before and around the
+             forward, the floor of (a)/(b). Per round the ratios (a)/(b), (c)/(b), (d)/(b)
+             and (a)/(d); then the medians and spread.
 ``startup``  1 text of 8 tokens: the command in a fresh subprocess with a timer around each
              phase (imports; transformers' modeling modules, which the first model load
              would import; load model: config / weights / tokenizer / discovery /
@@ -150,6 +153,15 @@ def _rounds(args, model: Path, tmp: Path, threads: int) -> None:
             assert rc == 0, rc
             shutil.rmtree(out, ignore_errors=True)
 
+        def plain():
+            res = run_child_rss([sys.executable, __file__, "--child", "plain", "--model",
+                                 str(model), "--limit", str(args.limit), "--max-length",
+                                 str(args.max_length), "--batch-size", str(args.batch_size)],
+                                env=child_env(threads))
+            if res["rc"] != 0:
+                raise SystemExit("the plain script failed: " + res["stderr"][-500:])
+            got["plain_process_s"] = res["wall_s"]
+
         def eager():
             t0, c0 = time.perf_counter(), time.process_time()
             forward()
@@ -157,13 +169,18 @@ def _rounds(args, model: Path, tmp: Path, threads: int) -> None:
             got["eager_cpu_s"] = time.process_time() - c0
 
         got["load_avg_1m"] = os.getloadavg()[0]               # before the round: quiet?
-        steps = [sub, eager, inproc] if r % 2 == 0 else [eager, inproc, sub]
+        steps = [sub, eager, inproc, plain] if r % 2 == 0 else [plain, eager, inproc, sub]
         if not args.in_process:
             steps.remove(inproc)
+        if not args.plain:
+            steps.remove(plain)
         for step in steps:
             step()
         got["ratio_command"] = got["command_s"] / got["eager_s"]
         got["ratio_command_cpu"] = got["command_cpu_s"] / got["eager_cpu_s"]
+        if args.plain:
+            got["ratio_plain_process"] = got["plain_process_s"] / got["eager_s"]
+            got["ratio_command_to_plain_process"] = got["command_s"] / got["plain_process_s"]
         if args.in_process:
             got["ratio_in_process"] = got["in_process_s"] / got["eager_s"]
             got["ratio_in_process_cpu"] = got["in_process_cpu_s"] / got["eager_cpu_s"]
@@ -285,13 +302,15 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-length", type=int, default=512)
     p.add_argument("--no-in-process", dest="in_process", action="store_false",
                    help="skip the in-process attngeom.cli.main leg (shorter rounds)")
+    p.add_argument("--no-plain", dest="plain", action="store_false",
+                   help="skip the plain script as a fresh process (load + one eager forward)")
     p.add_argument("--threads", type=lambda t: [int(x) for x in t.split(",")], default=[1],
                    help="torch threads, comma-separated, each its own rounds (0: torch's "
                         "default), e.g. 1,0")
     p.add_argument("--batch-size", type=int, default=4, help="texts per forward pass (both)")
     p.add_argument("--cache", default=None, help="where the random model directory is kept "
                    "(default: a folder under the system's temp dir)")
-    p.add_argument("--child", choices=["startup"], help=argparse.SUPPRESS)
+    p.add_argument("--child", choices=["startup", "plain"], help=argparse.SUPPRESS)
     p.add_argument("--child-out", help=argparse.SUPPRESS)
     p.add_argument("--model", help=argparse.SUPPRESS)
     return p
@@ -301,6 +320,9 @@ def main(argv=None) -> int:
     args = parser().parse_args(argv)
     if args.child == "startup":
         _child_startup(args)
+        return 0
+    if args.child == "plain":                  # the plain script: load, tokenize, one forward
+        eager_forward(Path(args.model), args.limit, args.max_length, args.batch_size)[0]()
         return 0
     sections = [s for s in args.sections.split(",") if s]
     bad = [s for s in sections if s not in SECTIONS]

@@ -23,7 +23,7 @@ import torch
 
 from ..loading.data import texts_sha256, tokenize_texts
 
-LOGIT_CHUNK = 1024          # logit rows per log-softmax (memory bound: chunk x vocabulary)
+LOGIT_CHUNK = 1024          # logit positions per log-softmax (memory bound: chunk x vocabulary)
 
 
 @dataclass
@@ -191,15 +191,22 @@ def span_logprobs(logits: torch.Tensor, rows: np.ndarray, starts: np.ndarray,
     pos = np.repeat(starts, lengths) + offset - 1
     if (pos < 0).any() or (pos >= logits.shape[1]).any():
         raise ValueError("a scored token lies outside its row; check the spans")
-    b = torch.as_tensor(np.repeat(rows, lengths), device=logits.device)
-    p = torch.as_tensor(pos, device=logits.device)
-    t = torch.as_tensor(np.concatenate(tokens), device=logits.device)
-    out = []
-    for lo in range(0, len(p), LOGIT_CHUNK):
-        sel = logits[b[lo:lo + LOGIT_CHUNK], p[lo:lo + LOGIT_CHUNK]].float()   # (n, V)
-        lp = torch.log_softmax(sel, dim=-1).gather(1, t[lo:lo + LOGIT_CHUNK, None])[:, 0]
-        out.append(lp.double().cpu())
-    per_token = torch.cat(out).numpy()
+    row = np.repeat(rows, lengths)
+    t = torch.as_tensor(np.concatenate(tokens).astype(np.int64), device=logits.device)
+    per_token = np.empty(len(pos))
+    # each row's positions through views of the logits: a gathered (n, V) copy costs more
+    # than the log-softmax itself
+    for r in np.unique(row):
+        at = np.flatnonzero(row == r)
+        lo, hi = int(pos[at].min()), int(pos[at].max()) + 1
+        for c0 in range(lo, hi, LOGIT_CHUNK):
+            sel = at[(pos[at] >= c0) & (pos[at] < c0 + LOGIT_CHUNK)]
+            if len(sel) == 0:
+                continue
+            view = logits[int(r), c0:min(hi, c0 + LOGIT_CHUNK)].float()         # (n, V)
+            where = torch.as_tensor(pos[sel] - c0, device=logits.device)
+            lp = torch.log_softmax(view, dim=-1)[where, t[torch.as_tensor(sel)]]
+            per_token[sel] = lp.double().cpu().numpy()
     return np.bincount(span, weights=per_token, minlength=len(rows))
 
 

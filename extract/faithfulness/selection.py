@@ -103,8 +103,8 @@ def width_groups(width: Tensor, N: int) -> list[tuple[Tensor, int]]:
 
 def threshold_select(key: Tensor, n: Tensor, k: Tensor, mode: str,
                      relative: Tensor | None = None, work: Workspace | None = None,
-                     keep: bool = False, width: Tensor | None = None
-                     ) -> tuple[Tensor, Tensor]:
+                     keep: bool = False, width: Tensor | None = None,
+                     overwrite: bool = False) -> tuple[Tensor, Tensor]:
     """Chosen candidates (R, N) bool and near rows (R,) bool, from one sort of the values.
 
     Parameters
@@ -116,7 +116,9 @@ def threshold_select(key: Tensor, n: Tensor, k: Tensor, mode: str,
         removes the chosen terms from alpha (a float comparison and product take about half
         the time of a bool one each);
     width : (R,) int, every eligible candidate of a row lies in its first ``width`` columns
-        (None: N); only those are sorted (see :func:`width_groups`).
+        (None: N); only those are sorted (see :func:`width_groups`);
+    overwrite : with ``keep``, the factor is written over ``key`` (no (R, N) buffer more: the
+        removal pass's peak memory at long contexts).
     """
     R, N = key.shape
     comp = mode == "comprehensiveness"
@@ -142,8 +144,11 @@ def threshold_select(key: Tensor, n: Tensor, k: Tensor, mode: str,
     if not comp:                                     # below the cut: < hi; +inf never is
         hi = hi.masked_fill(m == n, float("-inf"))
     chosen_above = comp != keep                      # chosen (or kept) are those >= hi
-    out = None if work is None else work.get("kept" if keep else "chosen", key.shape,
-                                             key.dtype if keep else torch.bool, key.device)
+    if keep and overwrite:
+        out = key
+    else:
+        out = None if work is None else work.get("kept" if keep else "chosen", key.shape,
+                                                 key.dtype if keep else torch.bool, key.device)
     chosen = (torch.ge if chosen_above else torch.lt)(key, hi[:, None], out=out)
     rel = 0.0 if relative is None else relative
     near = cut & (hi - lo <= rel * (hi.abs() + lo.abs()))
@@ -238,7 +243,7 @@ def select(score: Tensor, eligible: Tensor, fraction: float, mode: str, rank: st
     k = n_remove(n, fraction).reshape(-1)
     chosen, near = threshold_select(key.reshape(-1, N), n.reshape(-1), k, mode,
                                     None if rel is None else rel.reshape(-1), work, keep,
-                                    _widths(eligible, granularity, H))
+                                    _widths(eligible, granularity, H), overwrite=True)
     idx = near.nonzero()[:, 0]
     if len(idx):
         s64, e64 = _exact_rows(exact, idx, eligible.expand(B, H, T, Tk), rank, granularity)

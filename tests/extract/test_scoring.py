@@ -44,11 +44,15 @@ def ids_of(tok, text: str) -> list[int]:
 
 
 # ------------------------------------------------------------------------------ primitives
-def test_span_logprobs_matches_loop():
+@pytest.mark.parametrize("chunk", [1024, 2])          # 2: a row's positions in several chunks
+def test_span_logprobs_matches_loop(monkeypatch, chunk):
+    import attngeom.extract.faithfulness.scoring as scoring
+
+    monkeypatch.setattr(scoring, "LOGIT_CHUNK", chunk)
     gen = torch.Generator().manual_seed(0)
     logits = torch.randn(2, 7, 11, generator=gen)
-    rows, starts = np.array([0, 1, 1]), np.array([1, 3, 7])
-    tokens = [[4, 5, 6], [1, 2], [9]]
+    rows, starts = np.array([0, 1, 1, 1]), np.array([1, 3, 7, 3])   # the last two share a row
+    tokens = [[4, 5, 6], [1, 2], [9], [3]]                          # and a position
     got = span_logprobs(logits, rows, starts, tokens)
     lp = torch.log_softmax(logits.double(), -1)
     want = [sum(float(lp[r, s + m - 1, t]) for m, t in enumerate(tt))
