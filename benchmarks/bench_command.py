@@ -209,7 +209,7 @@ PHASES = [
     ("attngeom.extract.loading.models", "weight_fingerprint", "  weight fingerprint"),
     ("attngeom.extract.run", "versions", "versions"),
     ("attngeom.store.io.writer.StoreWriter", "create", "store creation"),
-    ("attngeom.extract.run", "measure", "measure (all batches)"),
+    ("attngeom.extract.run", "measure_batches", "measure (all batches)"),
     ("attngeom.store.io.writer.StoreWriter", "add_shard", "write shard"),
     ("attngeom.store.io.writer.StoreWriter", "finish", "finish store"),
     ("attngeom.store.ops.info", "summary", "summary"),
