@@ -16,6 +16,11 @@ from tables import SHORT, f
 
 FOLDER = "results_faithfulness"
 DATA = (("prose", "prose"), ("gsm8k", "GSM8K"))
+# design-1 variants (``--variant NAME``: CSVs d1_prose_NAME_*; geometry geo_prose_NAME_*)
+QUERY = (("prose_query", "prose, query granularity"),)
+LONG = (("prose_long", "prose, 512 tokens"),)
+LONG_MODELS = ("smollm2-135m",)     # the design runs the 512-token texts on SmolLM2 only
+NOT_DESIGNED = "not in the design (the 512-token texts run on SmolLM2 only)"
 VERDICT_ORDER = ("holds", "does not hold: equivalent within ±δ", "does not hold: reversed",
                  "inconclusive at this n")
 BRIEF = {"holds": "holds", "does not hold: equivalent within ±δ": "equivalent",
@@ -42,9 +47,9 @@ def counts(t: pd.DataFrame) -> str:
 
 
 # ---------------------------------------------------------------------------- claims
-def order_cell(root: Path, model: str) -> str:
+def order_cell(root: Path, model: str, data=DATA) -> str:
     parts = []
-    for tag, label in DATA:
+    for tag, label in data:
         t, s = read(root, model, f"d1_{tag}_order_log"), read(root, model, f"d1_{tag}_order")
         if t is None:
             continue
@@ -53,6 +58,33 @@ def order_cell(root: Path, model: str) -> str:
             part += f"; on ΔPPL: {counts(s)}"
         parts.append(part)
     return "; ".join(parts) or "not run"
+
+
+def rung_cell(root: Path, model: str, tag: str, lower: str, higher: str) -> str:
+    """One step's verdict per (mode, rank), with its improvement, CI and MDE."""
+    t = read(root, model, f"d1_{tag}_order_log")
+    if t is None:
+        return "not run"
+    t = distinct(t[(t["lower"] == lower) & (t["higher"] == higher)])
+    parts = [f"{r.mode}/{r.rank}: {BRIEF[r.verdict]} ({f(r.mean_improvement, 3)} "
+             f"{_ci(r.ci_low, r.ci_high)}, MDE {f(r.mde, 3)})" for r in t.itertuples()]
+    return (f"{SHORT.get(lower, lower)}→{SHORT.get(higher, higher)}, n={int(t['n'].max())}: " + "; ".join(parts)
+            if parts else "not run")
+
+
+def kinds_cell(root: Path, model: str) -> str:
+    """Design 2 summarised per layer kind (sliding-window / global), Holm within each kind."""
+    t = read(root, model, "d2_prose_layers_by_type")
+    if t is None:
+        return ""
+    parts = []
+    for kind, g in t.groupby("layer_type", sort=False):
+        steps = []
+        for (lower, higher), h in g.groupby(["lower", "higher"], sort=False):
+            held = int((h["verdict"] == "holds").sum())
+            steps.append(f"{SHORT.get(lower, lower)}→{SHORT.get(higher, higher)} holds in {held}/{len(h)}")
+        parts.append(f"{kind}: " + ", ".join(steps))
+    return "; by kind (Holm within each): " + "; ".join(parts)
 
 
 def layers_cell(root: Path, model: str) -> str:
@@ -67,7 +99,7 @@ def layers_cell(root: Path, model: str) -> str:
         parts.append(f"{SHORT[lower]}→{SHORT[higher]} holds in {len(held)}/{len(g)} layers"
                      f"{' (' + ','.join(map(str, held)) + ')' if held else ''}, reversed in "
                      f"{rev}, equivalent in {eqv}")
-    return f"n={int(t['n'].max())}: " + "; ".join(parts)
+    return f"n={int(t['n'].max())}: " + "; ".join(parts) + kinds_cell(root, model)
 
 
 def gu_cell(root: Path, model: str) -> str:
@@ -85,6 +117,15 @@ def claims(root: Path, models: list[str], geo_cells) -> str:
     """The second study's claims table; ``geo_cells``: (name, cell(model, tag)) of summarize."""
     rows = [("Faithfulness order, all layers, fraction grid (design 1; log PPL ratio, "
              "δ = 0.05 nats)", lambda m: order_cell(root, m)),
+            ("Faithfulness order at query granularity, the four rungs distinct (design 1 with "
+             "contribution_layer; log PPL ratio, δ = 0.05 nats)",
+             lambda m: order_cell(root, m, QUERY)),
+            ("Output normalization, vw → vwn (query granularity)",
+             lambda m: rung_cell(root, m, QUERY[0][0], "value_weighted",
+                                 "value_weighted_normalized")),
+            ("Faithfulness order on 512-token texts (head granularity, comprehensiveness, "
+             "signed, p = 0.01, 0.05, 0.2)",
+             lambda m: order_cell(root, m, LONG) if m in LONG_MODELS else NOT_DESIGNED),
             ("Order per layer, each layer alone (design 2)", lambda m: layers_cell(root, m)),
             ("Sink heads, Gu et al.'s protocol (ε = 0.3, 64 tokens)", lambda m: gu_cell(root, m))]
     sizes = {m: read(root, m, "data") for m in models}
@@ -95,6 +136,11 @@ def claims(root: Path, models: list[str], geo_cells) -> str:
         rows.append((f"{name} (geometry, {label} WikiText-2 chunks)",
                      lambda m, c=cell: c(m, "wikitext")
                      if (root / m / FOLDER / "geo_wikitext_summary.csv").exists() else "not run"))
+    for name, cell in geo_cells:
+        tag = LONG[0][0]
+        rows.append((f"{name} (geometry, the 512-token texts)",
+                     lambda m, c=cell: NOT_DESIGNED if m not in LONG_MODELS else c(m, tag)
+                     if (root / m / FOLDER / f"geo_{tag}_summary.csv").exists() else "not run"))
     lines = ["| claim | " + " | ".join(models) + " |", "|---" * (len(models) + 1) + "|"]
     lines += [f"| {name} | " + " | ".join(cell(m) for m in models) + " |" for name, cell in rows]
     return "\n".join(lines)
@@ -107,7 +153,7 @@ def _ci(lo, hi) -> str:
 
 def order_details(root: Path, model: str) -> str:
     rows = []
-    for tag, label in DATA:
+    for tag, label in DATA + QUERY + LONG:
         t, s = read(root, model, f"d1_{tag}_order_log"), read(root, model, f"d1_{tag}_order")
         if t is None:
             continue
@@ -116,7 +162,7 @@ def order_details(root: Path, model: str) -> str:
                                         f"{_ci(s['ci_low'].iloc[i], s['ci_high'].iloc[i])}, "
                                         f"{f(s['p_holm'].iloc[i], 3)}, "
                                         f"{BRIEF[s['verdict'].iloc[i]]}")
-            rows.append(f"| {label} | {r.mode} | {r.rank} | {SHORT[r.lower]}→{SHORT[r.higher]} | "
+            rows.append(f"| {label} | {r.mode} | {r.rank} | {SHORT.get(r.lower, r.lower)}→{SHORT.get(r.higher, r.higher)} | "
                         f"{r.n} | {f(r.mean_improvement, 3)} {_ci(r.ci_low, r.ci_high)} | "
                         f"{f(r.p_holm, 3)} | {f(r.mde, 3)} | {f(r.p_tost, 3)} "
                         f"{_ci(r.ci90_low, r.ci90_high)} | {r.verdict} | {sec} |")
@@ -130,14 +176,13 @@ def order_details(root: Path, model: str) -> str:
 
 
 def curve_details(root: Path, model: str) -> str:
-    rows, fractions = [], None
-    for tag, label in DATA:
-        c, a = read(root, model, f"d1_{tag}_curves"), read(root, model, f"d1_{tag}_aopc")
-        if c is None:
-            continue
-        c = c[c["variable"] == "log_ppl_ratio"]
-        a = a.set_index(["variable", "metric", "rank", "mode"])
-        fractions = sorted(c["fraction"].unique())
+    found = [(label, read(root, model, f"d1_{tag}_curves"), read(root, model, f"d1_{tag}_aopc"))
+             for tag, label in DATA + QUERY + LONG]
+    found = [(label, c[c["variable"] == "log_ppl_ratio"], a.set_index(
+        ["variable", "metric", "rank", "mode"])) for label, c, a in found if c is not None]
+    fractions = sorted({p for _, c, _ in found for p in c["fraction"].unique()})
+    rows = []
+    for label, c, a in found:
         groups = c.groupby(["mode", "rank", "metric"], sort=False)
         for mode, rank, metric in sorted(groups.groups, key=lambda k: (
                 list(c["mode"].unique()).index(k[0]), list(c["rank"].unique()).index(k[1]),
@@ -146,7 +191,7 @@ def curve_details(root: Path, model: str) -> str:
             la, da = a.loc[("log_ppl_ratio", metric, rank, mode)], a.loc[
                 ("delta_ppl", metric, rank, mode)]
             rows.append(f"| {label} | {mode} | {rank} | {SHORT.get(metric, metric)} | "
-                        + " | ".join(f(g.get(p), 3) for p in fractions)
+                        + " | ".join(f(g[p], 3) if p in g.index else "—" for p in fractions)
                         + f" | {f(la['aopc_mean'], 3)} ± {f(la['aopc_sem'], 3)} | "
                           f"{f(da['aopc_mean'])} |")
     if not rows:

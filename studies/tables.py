@@ -8,7 +8,7 @@ import math
 
 from attngeom.store.format import metrics as M
 
-SHORT = {name: M.label(name, "abbrev") for name in M.PAPER_ORDER}   # raw, vw, vwn, contrib
+SHORT = {name: M.label(name, "abbrev") for name in M.names()}   # raw, vw, vwn, contrib, ...
 
 
 def f(x, d: int = 2) -> str:
