@@ -30,6 +30,7 @@ import torch
 from ..measurement.geometry import fill_disallowed_
 
 Tensor = torch.Tensor
+NEAR_CHUNK = 1 << 20     # near rows x candidates decided at a time (float64: 8 MiB a tensor)
 # exact(b, i, h) -> float64 scores of the rows (b, h, i): (n, Tk); with h None every head: (n, H, Tk)
 Exact = Callable[[Tensor, Tensor, "Tensor | None"], Tensor]
 
@@ -245,10 +246,11 @@ def select(score: Tensor, eligible: Tensor, fraction: float, mode: str, rank: st
                                     None if rel is None else rel.reshape(-1), work, keep,
                                     _widths(eligible, granularity, H), overwrite=True)
     idx = near.nonzero()[:, 0]
-    if len(idx):
-        s64, e64 = _exact_rows(exact, idx, eligible.expand(B, H, T, Tk), rank, granularity)
-        rows = stable_select(s64, e64, k[idx], mode)
-        chosen[idx] = rows.logical_not().to(chosen.dtype) if keep else rows
+    step = max(1, NEAR_CHUNK // N)        # the near rows' float64 copies bounded, not (n, N)
+    for part in idx.split(step) if len(idx) else ():
+        s64, e64 = _exact_rows(exact, part, eligible.expand(B, H, T, Tk), rank, granularity)
+        rows = stable_select(s64, e64, k[part], mode)
+        chosen[part] = rows.logical_not().to(chosen.dtype) if keep else rows
     if granularity == "head":
         return chosen.view(B, H, T, Tk)
     if granularity == "query":

@@ -4,7 +4,7 @@
   range of fractions) it equals a numpy stable argsort of every ranking row.
 - Near-ties at the float32 margin: float32 scores that order the two keys at the cut the wrong
   way round are decided from the float64 scores (and without them the result is wrong, so the
-  test can fail).
+  test can fail), also when the near rows are decided a few at a time.
 - The float64 rows recomputed for near rows have the same bits as the full computation; the
   float32 scores stay within their error bound (the signed ones: relative to |score| plus the
   size of the term, alpha ||v~|| / ||o||); shared scratch tensors change nothing.
@@ -30,6 +30,7 @@ from attngeom.extract.faithfulness.dense import attention_weights
 from attngeom.extract.faithfulness.exact_scores import (ExactScores, exact_alpha, metric_scores,
                                                         rowmm)
 from attngeom.extract.faithfulness.removal_scores import fast_scores, logit_scale
+from attngeom.extract.faithfulness import selection
 from attngeom.extract.faithfulness.selection import (ErrorBound, Workspace, n_remove, select,
                                         threshold_select, width_groups)
 
@@ -140,7 +141,12 @@ def _near_tie_scores(B, H, T, positive, seed):
 
 
 @pytest.mark.parametrize("granularity", GRANULARITIES)
-def test_near_ties_at_the_float32_margin_are_decided_in_float64(granularity):
+@pytest.mark.parametrize("near_chunk", [None, 1])
+def test_near_ties_at_the_float32_margin_are_decided_in_float64(granularity, near_chunk,
+                                                                 monkeypatch):
+    """(near_chunk 1: the near rows decided one at a time, as at long contexts.)"""
+    if near_chunk is not None:
+        monkeypatch.setattr(selection, "NEAR_CHUNK", near_chunk)
     B, H, T = 2, 3, 12
     eligible = _eligible(B, H, T)
     s64, s32 = _near_tie_scores(B, H, T, positive=granularity == "token", seed=1)
