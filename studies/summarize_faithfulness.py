@@ -19,8 +19,8 @@ DATA = (("prose", "prose"), ("gsm8k", "GSM8K"))
 # design-1 variants (``--variant NAME``: CSVs d1_prose_NAME_*; geometry geo_prose_NAME_*)
 QUERY = (("prose_query", "prose, query granularity"),)
 LONG = (("prose_long", "prose, 512 tokens"),)
-LONG_MODELS = ("smollm2-135m",)     # the design runs the 512-token texts on SmolLM2 only
-NOT_DESIGNED = "not in the design (the 512-token texts run on SmolLM2 only)"
+# a model whose pilot asked for more texts than reach 512 tokens has only the pilot to show
+LONG_PILOT = (("prose_long_pilot", "prose, 512 tokens, the pilot only"),)
 VERDICT_ORDER = ("holds", "does not hold: equivalent within ±δ", "does not hold: reversed",
                  "inconclusive at this n")
 BRIEF = {"holds": "holds", "does not hold: equivalent within ±δ": "equivalent",
@@ -113,6 +113,24 @@ def gu_cell(root: Path, model: str) -> str:
             f"over inputs, queries i ≥ 1: {pooled}; n={int(d['n_inputs'].max())}")
 
 
+def long_tags(root: Path, model: str):
+    """The 512-token sample's (tag, label), or the pilot's where the sample did not run."""
+    if read(root, model, f"d1_{LONG[0][0]}_order_log") is None:
+        return LONG_PILOT
+    return LONG
+
+
+def geo_long(root: Path, model: str, cell) -> str:
+    """A geometry cell on the 512-token texts: the sample's, else the pilot's, labelled so."""
+    tag, label = long_tags(root, model)[0]
+    if not (root / model / FOLDER / f"geo_{tag}_summary.csv").exists():
+        return "not run"
+    if tag == LONG[0][0]:
+        return cell(model, tag)
+    sizes = read(root, model, "data").set_index("use")
+    return f"the pilot only (n={int(sizes.loc[f'geo_{tag}', 'n'])}): {cell(model, tag)}"
+
+
 def claims(root: Path, models: list[str], geo_cells) -> str:
     """The second study's claims table; ``geo_cells``: (name, cell(model, tag)) of summarize."""
     rows = [("Faithfulness order, all layers, fraction grid (design 1; log PPL ratio, "
@@ -125,7 +143,7 @@ def claims(root: Path, models: list[str], geo_cells) -> str:
                                  "value_weighted_normalized")),
             ("Faithfulness order on 512-token texts (head granularity, comprehensiveness, "
              "signed, p = 0.01, 0.05, 0.2)",
-             lambda m: order_cell(root, m, LONG) if m in LONG_MODELS else NOT_DESIGNED),
+             lambda m: order_cell(root, m, long_tags(root, m))),
             ("Order per layer, each layer alone (design 2)", lambda m: layers_cell(root, m)),
             ("Sink heads, Gu et al.'s protocol (ε = 0.3, 64 tokens)", lambda m: gu_cell(root, m))]
     sizes = {m: read(root, m, "data") for m in models}
@@ -137,10 +155,8 @@ def claims(root: Path, models: list[str], geo_cells) -> str:
                      lambda m, c=cell: c(m, "wikitext")
                      if (root / m / FOLDER / "geo_wikitext_summary.csv").exists() else "not run"))
     for name, cell in geo_cells:
-        tag = LONG[0][0]
         rows.append((f"{name} (geometry, the 512-token texts)",
-                     lambda m, c=cell: NOT_DESIGNED if m not in LONG_MODELS else c(m, tag)
-                     if (root / m / FOLDER / f"geo_{tag}_summary.csv").exists() else "not run"))
+                     lambda m, c=cell: geo_long(root, m, c)))
     lines = ["| claim | " + " | ".join(models) + " |", "|---" * (len(models) + 1) + "|"]
     lines += [f"| {name} | " + " | ".join(cell(m) for m in models) + " |" for name, cell in rows]
     return "\n".join(lines)
@@ -153,7 +169,7 @@ def _ci(lo, hi) -> str:
 
 def order_details(root: Path, model: str) -> str:
     rows = []
-    for tag, label in DATA + QUERY + LONG:
+    for tag, label in DATA + QUERY + LONG + LONG_PILOT:
         t, s = read(root, model, f"d1_{tag}_order_log"), read(root, model, f"d1_{tag}_order")
         if t is None:
             continue
@@ -177,7 +193,7 @@ def order_details(root: Path, model: str) -> str:
 
 def curve_details(root: Path, model: str) -> str:
     found = [(label, read(root, model, f"d1_{tag}_curves"), read(root, model, f"d1_{tag}_aopc"))
-             for tag, label in DATA + QUERY + LONG]
+             for tag, label in DATA + QUERY + LONG + LONG_PILOT]
     found = [(label, c[c["variable"] == "log_ppl_ratio"], a.set_index(
         ["variable", "metric", "rank", "mode"])) for label, c, a in found if c is not None]
     fractions = sorted({p for _, c, _ in found for p in c["fraction"].unique()})
