@@ -122,7 +122,7 @@ def long_tags(root: Path, model: str):
 
 def geo_long(root: Path, model: str, cell) -> str:
     """A geometry cell on the 512-token texts: the sample's, else the pilot's, labelled so."""
-    tag, label = long_tags(root, model)[0]
+    tag = long_tags(root, model)[0][0]
     if not (root / model / FOLDER / f"geo_{tag}_summary.csv").exists():
         return "not run"
     if tag == LONG[0][0]:
