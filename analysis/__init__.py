@@ -28,15 +28,12 @@ from .blocks import (DEFAULT_BLOCK_ELEMENTS, default_fit_workers, describe, fit_
 from .convexity import ConvexityAccumulator, convexity
 from .decomposition import DecompositionAccumulator, decomposition, elementwise_groups
 from .sinks import SinkAccumulator, add_learned_sinks, sinks
+from .results import ANALYSIS_DIR, RESULT_FILES, SUMMARY_FILE
 from .summary import summary_table
 
 __all__ = ["sinks", "convexity", "anti_alignment", "decomposition", "summary_table", "run_all",
            "RESULT_FILES"]
 
-RESULT_FILES = {"sinks": "sinks.nc", "convexity": "convexity.nc",
-                "anti_alignment": "anti_alignment.nc", "decomposition": "decomposition.nc"}
-SUMMARY_FILE = "summary.csv"
-ANALYSIS_DIR = "analysis"       # where a store keeps its analysis results by default
 NEEDED = [S.ALPHA, S.COSINE, S.VALUE_NORM, S.OUTPUT_NORM, S.SINK_VALUE_COSINE,
           S.RESIDUAL_NORM, S.SINK_RESIDUAL_COSINE]
 
@@ -91,8 +88,11 @@ def run_all(ds: xr.Dataset, out_dir: str | os.PathLike | None = None,
     results["sinks"] = add_learned_sinks(results["sinks"], ds, info.k)
     results["summary"] = summary_table(results["sinks"], results["convexity"],
                                        results["anti_alignment"], results["decomposition"])
-    if out_dir is not None:                    # each file atomic and fsynced
+    if out_dir is not None:
+        # each file atomic and fsynced; summary.csv removed first and written last, so that a
+        # folder whose writing was stopped part-way reads as incomplete, never as one result
         out = Path(out_dir)
+        (out / SUMMARY_FILE).unlink(missing_ok=True)
         for name, filename in RESULT_FILES.items():
             write_netcdf(results[name], out / filename)
         atomic_write_bytes(out / SUMMARY_FILE, results["summary"].to_csv(index=False).encode())

@@ -33,7 +33,7 @@ from attngeom.store.format import schema as S
 from attngeom.store.io.reader import describe_store
 from attngeom.store.io.results import entries
 
-from . import ANALYSIS_DIR, RESULT_FILES
+from .results import ANALYSIS_DIR, RESULT_FILES, analysis_state, read_analysis
 from .faithfulness_stats import StatsSettings, read, stats_path
 
 SECTIONS = ("sinks", "convexity", "anti_alignment", "decomposition", "faithfulness")
@@ -50,18 +50,18 @@ def input_kind(spec: str) -> str:
                 "natural")
 
 
-def _results(store: Path, directory: Path) -> tuple[dict, dict]:
+def _results(store: Path, manifest: dict, directory: Path) -> tuple[dict, dict]:
     """The stored analysis Datasets of a store, and why each missing one is missing."""
-    found, why = {}, {}
-    for name, filename in RESULT_FILES.items():
-        path = directory / filename
-        if path.is_file():
-            with xr.open_dataset(path, engine="h5netcdf") as f:
-                found[name] = f.load()
-        else:
-            why[name] = f"no {filename} in {directory} (run `attngeom analyze {store} --out " \
-                        f"{directory}`)"
-    return found, why
+    state = analysis_state(store, manifest, directory)
+    if state == "current":
+        found = read_analysis(directory)
+        found.pop("summary")
+        return found, {}
+    fix = f"run `attngeom analyze {store} --out {directory}`"
+    why = {"missing": f"no complete analysis results in {directory} ({fix})",
+           "stale": f"the analysis results in {directory} are older than the store ({fix})",
+           "other": f"{directory} holds the analysis results of another store ({fix})"}[state]
+    return {}, dict.fromkeys(RESULT_FILES, why)
 
 
 def _tokens(store: Path, bos: str) -> tuple[str, float]:
@@ -87,7 +87,7 @@ def _one(store: Path, label: str, layers: np.ndarray, faith_name: str,
     manifest = read_manifest(store)
     info = describe_store(manifest)
     directory = store / ANALYSIS_DIR
-    res, why = _results(store, directory)
+    res, why = _results(store, manifest, directory)
     row: dict = {"label": label, **info, "kind": input_kind(info["data"]), "why": why,
                  "scalars": {}, "layers": {}, "lmg": None, "pooled_lmg": None, "aopc": None,
                  "steps": {}, "bos_option": info["bos"]}

@@ -16,12 +16,12 @@ from pathlib import Path
 import pandas as pd
 import xarray as xr
 
-from attngeom.analysis import ANALYSIS_DIR, RESULT_FILES, SUMMARY_FILE, run_all
+from attngeom.analysis import ANALYSIS_DIR, run_all
+from attngeom.analysis.results import analysis_state, read_analysis
 from attngeom.analysis.faithfulness_stats import StatsSettings, for_store, stats_settings
 from attngeom.store import open_store, read_manifest
 from attngeom.store.format import schema as S
 from attngeom.store.options.stages import AnalysisOptions
-from attngeom.store.io.reader import shard_paths
 from attngeom.store.io.results import is_faith_only
 
 
@@ -55,35 +55,6 @@ class ReportData:
 
 
 # ----------------------------------------------------------------------------- analyses
-def _newest_shard(store: Path, manifest: dict) -> float:
-    times = [p.stat().st_mtime for p in shard_paths(store, manifest) if p.is_file()]
-    return max(times, default=0.0)
-
-
-def analysis_state(store: Path, manifest: dict, directory: Path) -> str:
-    """``"current"``, ``"missing"``, ``"stale"`` (older than the shards) or ``"other"``
-    (made from another store: its ``config_hash`` differs)."""
-    files = [directory / f for f in (*RESULT_FILES.values(), SUMMARY_FILE)]
-    if not all(f.is_file() for f in files):
-        return "missing"
-    with xr.open_dataset(directory / RESULT_FILES["sinks"]) as f:
-        made_from = f.attrs.get("config_hash")
-    if made_from != manifest["config_hash"]:
-        return "other"
-    if min(f.stat().st_mtime for f in files) < _newest_shard(store, manifest):
-        return "stale"
-    return "current"
-
-
-def read_analysis(directory: Path) -> dict:
-    out = {}
-    for name, filename in RESULT_FILES.items():
-        with xr.open_dataset(directory / filename) as f:
-            out[name] = f.load()
-    out["summary"] = pd.read_csv(directory / SUMMARY_FILE, keep_default_na=True)
-    return out
-
-
 def ensure_analysis(store: Path, ds: xr.Dataset, manifest: dict, directory: Path, *,
                     refresh_stale: bool = True, progress: bool = True, log=print,
                     options: AnalysisOptions | None = None) -> dict:

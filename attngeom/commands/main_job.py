@@ -133,7 +133,7 @@ def step_faithfulness(store: Path, job: Job) -> str:
 
 def step_analyze(store: Path, job: Job) -> str:
     from attngeom.analysis import run_all
-    from attngeom.reports.load import analysis_state
+    from attngeom.analysis.results import analysis_state
     from attngeom.store import open_store, read_manifest
 
     directory = store / ANALYSIS
