@@ -183,7 +183,9 @@ def fit_pool(workers: int | None = None):
     forked at the start of the pass (they only fit numpy arrays: no store file or dask state
     is used there); elsewhere Python's default start method (spawn), which re-imports the
     calling script, so a script there needs the ``if __name__ == "__main__":`` guard (or
-    ``fit_workers=0``).
+    ``fit_workers=0``). The workers end with the pass: when it raises (Ctrl-C, SIGTERM) they
+    are stopped at once, and on Linux they also end when this process does (a forked worker
+    holds both ends of its task pipe and would otherwise wait forever).
     """
     n = default_fit_workers() if workers is None else int(workers)
     if n <= 0:
@@ -193,7 +195,45 @@ def fit_pool(workers: int | None = None):
     from concurrent.futures import ProcessPoolExecutor
 
     method = "fork" if sys.platform == "linux" else None
-    with ProcessPoolExecutor(n, mp_context=multiprocessing.get_context(method)) as pool:
+    pool = ProcessPoolExecutor(n, mp_context=multiprocessing.get_context(method),
+                               initializer=_fit_worker_start, initargs=(os.getpid(),))
+    try:
         for _ in range(n):                 # start the workers now, not when layer 0 is due
             pool.submit(int)
         yield pool
+    except BaseException:
+        _stop_workers(pool)
+        raise
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _fit_worker_start(parent: int) -> None:
+    """In a fit worker: SIGINT is the parent's to handle (a terminal sends it to the whole
+    group), SIGTERM ends the worker, and (Linux) the parent's death ends it too."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    if sys.platform != "linux":
+        return
+    import ctypes
+
+    PR_SET_PDEATHSIG = 1
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:             # the parent ended before prctl took effect
+        os._exit(1)
+
+
+def _stop_workers(pool) -> None:
+    """Kill a process pool's workers now (their fits are abandoned)."""
+    kill = getattr(pool, "kill_workers", None)          # Python 3.14
+    if kill is not None:
+        kill()
+        return
+    for process in list((getattr(pool, "_processes", None) or {}).values()):
+        if process.is_alive():
+            process.kill()

@@ -7,8 +7,11 @@ modules are imported lazily so that ``analyze`` and ``report`` never import torc
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
+import signal
 import sys
+import threading
 
 # subcommand -> (module under attngeom.commands, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -26,6 +29,30 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 class UserError(Exception):
     """A problem with the user's input: printed as one line, exit status 2."""
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (``kill PID``, a batch scheduler's stop) raised in the main thread, so that the
+    command unwinds as on Ctrl-C: temporary files are removed and worker processes stopped."""
+
+
+def _terminate(signum: int, frame) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)   # a second SIGTERM ends the process at once
+    raise Terminated
+
+
+@contextlib.contextmanager
+def terminate_unwinds():
+    """Within the block, SIGTERM raises :class:`Terminated` in the main thread (elsewhere, and
+    outside the block, the handler is left as it was)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -76,11 +103,13 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        return int(args._run(args) or 0)
-    except KeyboardInterrupt:
+        with terminate_unwinds():
+            return int(args._run(args) or 0)
+    except KeyboardInterrupt as exc:
         close_progress_bars()
         print("attngeom: interrupted; rerun the same command to resume", file=sys.stderr)
-        return 130
+        # 128 + the signal's number, as a shell reports a process the signal ended
+        return 128 + (signal.SIGTERM if isinstance(exc, Terminated) else signal.SIGINT)
     except Exception as exc:  # one line for users, the traceback with --debug
         if args.debug:
             raise

@@ -18,6 +18,10 @@ an existing cluster (``tcp://HOST:PORT``); results are identical to the local sc
 
 from __future__ import annotations
 
+import logging
+import signal
+import threading
+
 import re
 from contextlib import contextmanager
 from typing import Iterator
@@ -110,22 +114,56 @@ def scheduler(spec: str | None) -> Iterator[object | None]:
         from distributed import Client, LocalCluster
     except ImportError:
         raise ValueError("--scheduler needs dask.distributed; pip install distributed") from None
-    cluster = None
-    if kind == "local":
-        cluster = LocalCluster(n_workers=value, threads_per_worker=1, processes=True,
-                               dashboard_address=None)
-        client = Client(cluster)
-    else:
-        try:
-            client = Client(value, timeout="10s")
-        except (OSError, TimeoutError) as exc:
-            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            raise ValueError(f"cannot reach the dask scheduler at {value} ({first}); start it "
-                             "with `dask scheduler` and workers with `dask worker ADDRESS`") \
-                from None
+    cluster = client = None
     try:
+        if kind == "local":
+            with _signals_deferred():          # a half-started cluster cannot be closed
+                cluster = LocalCluster(n_workers=value, threads_per_worker=1, processes=True,
+                                       dashboard_address=None)
+            client = Client(cluster)
+        else:
+            client = _connect(Client, value)
         yield client
+    except BaseException:
+        # stopped (Ctrl-C, SIGTERM) or failed: the cluster's shutdown then logs every task it
+        # cancels, a page of warnings over the one line that says what happened
+        for name in ("distributed", "asyncio"):
+            logging.getLogger(name).setLevel(logging.CRITICAL)
+        raise
     finally:
-        client.close()
-        if cluster is not None:
-            cluster.close()
+        for part in (client, cluster):
+            if part is not None:
+                part.close()
+
+
+@contextmanager
+def _signals_deferred() -> Iterator[None]:
+    """SIGINT and SIGTERM that arrive within the block are handled as it ends (main thread)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[tuple[int, object]] = []
+    previous = {n: signal.signal(n, lambda *got: caught.append(got))
+                for n in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+        for number, frame in caught[:1]:
+            handler = previous[number]
+            if callable(handler):
+                handler(number, frame)
+            elif handler == signal.SIG_DFL:
+                signal.raise_signal(number)
+
+
+def _connect(client_class, address: str):
+    """A client of the dask scheduler at ``address``, or a one-line error."""
+    try:
+        return client_class(address, timeout="10s")
+    except (OSError, TimeoutError) as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ValueError(f"cannot reach the dask scheduler at {address} ({first}); start it "
+                         "with `dask scheduler` and workers with `dask worker ADDRESS`") \
+            from None

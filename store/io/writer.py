@@ -22,6 +22,7 @@ for a writer that streams into a file of its own).
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Callable, Iterable, Mapping, Sequence
 
@@ -63,11 +64,26 @@ def remove_temporaries(folder: str | Path) -> int:
     return n
 
 
-def _check_new(path: Path, inputs: Iterable[str | Path]) -> None:
+def _check_new(path: Path, inputs: Iterable[str | Path], config: dict) -> None:
+    """Refuse an output that is an input or a folder of something else; clear what an
+    interrupted run of the same operation (same config, never completed) left there."""
     if any(path.resolve() == Path(s).resolve() for s in inputs):
         raise StoreError(f"--out {path} is one of the input stores; choose a new directory")
-    if path.exists() and (not path.is_dir() or any(path.iterdir())):
-        raise StoreError(f"--out {path} exists and is not empty; choose a new directory")
+    if not path.exists() or (path.is_dir() and _only_temporaries(path)):
+        return
+    if path.is_dir() and _interrupted(path, config):
+        shutil.rmtree(path)
+        return
+    raise StoreError(f"--out {path} exists and is not empty; choose a new directory")
+
+
+def _interrupted(path: Path, config: dict) -> bool:
+    """``path`` holds a store of ``config`` whose writing never completed."""
+    try:
+        manifest = read_manifest(path)
+    except (StoreError, OSError, ValueError):
+        return False
+    return not manifest.get("complete") and not config_difference(manifest["config"], config)
 
 
 def _only_temporaries(folder: Path) -> bool:
@@ -79,7 +95,8 @@ class StoreWriter:
     """A store being written; its manifest is rewritten after every shard.
 
     Make one with :meth:`create` (extraction: a new store, or the one an interrupted run of the
-    same config left) or :meth:`new` (merge, subset: always a new, empty folder).
+    same config left) or :meth:`new` (merge, subset, import: a new, empty folder, or one an interrupted run of the same
+    operation left, started over).
     """
 
     def __init__(self, path: Path, manifest: dict):
@@ -116,7 +133,7 @@ class StoreWriter:
     def new(cls, path: str | Path, config: dict, n_sequences: int, extra: dict | None = None,
             inputs: Iterable[str | Path] = ()) -> "StoreWriter":
         """Start a store in the new or empty folder ``path`` (never one of ``inputs``)."""
-        _check_new(Path(path), inputs)
+        _check_new(Path(path), inputs, config)
         return cls._start(Path(path), new_manifest(config, n_sequences, extra))
 
     @classmethod
@@ -234,8 +251,9 @@ def _copy_results(out: Path, sources: Sequence[tuple[Path, dict]]) -> dict[str, 
 def results_only(path: str | Path, model: dict, data: dict, options: dict,
                  extra: dict | None = None, inputs: Iterable[str | Path] = ()) -> StoreWriter:
     """A new store for result files only (no shards; merge of results-only stores)."""
-    _check_new(Path(path), inputs)
-    return StoreWriter._start(Path(path), results_manifest(model, data, options, extra))
+    manifest = results_manifest(model, data, options, extra)
+    _check_new(Path(path), inputs, manifest["config"])
+    return StoreWriter._start(Path(path), manifest)
 
 
 def results_manifest(model: dict, data: dict, options: dict, extra: dict | None) -> dict:

@@ -1,4 +1,5 @@
-"""Helpers of the reliability tests: run the CLI in a subprocess or in this process.
+"""Helpers of the reliability tests: run the CLI in a subprocess or in this process, and
+compare what two runs wrote.
 
 ``cli_start`` runs ``python -m attngeom`` in a subprocess with one torch thread (so a run in a
 subprocess and one in this process give the same bits); ``cli_main`` runs the same command in
@@ -9,12 +10,18 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
+import h5py
+import numpy as np
+
 ROOT = Path(__file__).resolve().parents[2]
+TIMESTAMPS = {"created", "updated"}
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TQDM_DISABLE": "1",
        "PYTHONWARNINGS": "ignore", "TOKENIZERS_PARALLELISM": "false"}
 
@@ -44,3 +51,53 @@ def cli_main(*args) -> tuple[int, str, str]:
     finally:
         torch.set_num_threads(threads)
     return rc, out.getvalue(), err.getvalue()
+
+
+# ------------------------------------------------------------ comparing two runs
+def temporaries(folder: Path) -> list[Path]:
+    return [p for p in folder.rglob(".*") if ".tmp-" in p.name]
+
+
+def netcdf_contents(path: Path, skip_attrs=()) -> dict:
+    """Every dataset (values) and attribute of a netCDF4/HDF5 file, read with h5py."""
+    out = {}
+    with h5py.File(path, "r") as f:
+        f.visititems(lambda name, obj: out.__setitem__(name, obj[()])
+                     if isinstance(obj, h5py.Dataset) else None)
+        out["attrs"] = {k: f.attrs[k] for k in f.attrs if k not in skip_attrs}
+    return out
+
+
+def assert_bitwise_equal(a: dict, b: dict, where: str) -> None:
+    assert a.keys() == b.keys(), (where, sorted(a.keys() ^ b.keys()))
+    for name in a:
+        if name == "attrs":
+            assert {k: str(v) for k, v in a[name].items()} == \
+                   {k: str(v) for k, v in b[name].items()}, where
+            continue
+        x, y = np.asarray(a[name]), np.asarray(b[name])
+        assert x.dtype == y.dtype and x.shape == y.shape, (where, name)
+        if x.dtype.kind == "f":                     # bit for bit, NaN included
+            same = x.view(f"u{x.itemsize}") == y.view(f"u{y.itemsize}")
+            assert same.all(), (where, name, f"{(~same).sum()} of {same.size} differ, max "
+                                f"{np.nanmax(np.abs(x - y)[~same]) if (~same).any() else 0}")
+        else:
+            assert np.array_equal(x, y), (where, name)
+
+
+def without_timestamps(obj):
+    if isinstance(obj, dict):
+        return {k: without_timestamps(v) for k, v in obj.items() if k not in TIMESTAMPS}
+    if isinstance(obj, list):
+        return [without_timestamps(v) for v in obj]
+    return obj
+
+
+def readme(store: Path) -> str:
+    """README.txt without its ISO timestamps."""
+    return re.sub(r"\d{4}-\d\d-\d\dT[\d:.]+(\+00:00)?", "<time>",
+                  (store / "README.txt").read_text())
+
+
+def manifest(store: Path) -> dict:
+    return without_timestamps(json.loads((store / "manifest.json").read_text()))

@@ -11,20 +11,17 @@ from timestamps, and no temporary file may remain.
 from __future__ import annotations
 
 import json
-import re
 import signal
 import subprocess
 import time
 from pathlib import Path
 
-import h5py
-import numpy as np
 import pytest
 
 from reliability.conftest import N_WORDS
-from reliability.rel_helpers import cli_main, cli_start
+from reliability.rel_helpers import (assert_bitwise_equal, cli_main, cli_start, manifest,
+                                      netcdf_contents, readme, temporaries)
 
-TIMESTAMPS = {"created", "updated"}
 EXTRACT = ("--mode", "compact", "--sink-k", "1", "--tail-w", "3", "--max-length", "10",
            "--shard-size", "2", "--batch-size", "2", "--quiet")
 FAITH = ("--metrics", "attention,contribution", "--ranks", "signed", "--fractions", "0.2,0.5",
@@ -59,55 +56,6 @@ def kill_when(runs: list[tuple[subprocess.Popen, object]], timeout: float = 180.
     assert len(killed) == len(runs), f"nothing happened within {timeout} s"
     assert not ended, f"a run ended before it was killed: {ended}"
     return [killed[i] for i in range(len(runs))]
-
-
-def temporaries(folder: Path) -> list[Path]:
-    return [p for p in folder.rglob(".*") if ".tmp-" in p.name]
-
-
-def netcdf_contents(path: Path, skip_attrs=()) -> dict:
-    """Every dataset (values) and attribute of a netCDF4/HDF5 file, read with h5py."""
-    out = {}
-    with h5py.File(path, "r") as f:
-        f.visititems(lambda name, obj: out.__setitem__(name, obj[()])
-                     if isinstance(obj, h5py.Dataset) else None)
-        out["attrs"] = {k: f.attrs[k] for k in f.attrs if k not in skip_attrs}
-    return out
-
-
-def assert_bitwise_equal(a: dict, b: dict, where: str) -> None:
-    assert a.keys() == b.keys(), (where, sorted(a.keys() ^ b.keys()))
-    for name in a:
-        if name == "attrs":
-            assert {k: str(v) for k, v in a[name].items()} == \
-                   {k: str(v) for k, v in b[name].items()}, where
-            continue
-        x, y = np.asarray(a[name]), np.asarray(b[name])
-        assert x.dtype == y.dtype and x.shape == y.shape, (where, name)
-        if x.dtype.kind == "f":                     # bit for bit, NaN included
-            same = x.view(f"u{x.itemsize}") == y.view(f"u{y.itemsize}")
-            assert same.all(), (where, name, f"{(~same).sum()} of {same.size} differ, max "
-                                f"{np.nanmax(np.abs(x - y)[~same]) if (~same).any() else 0}")
-        else:
-            assert np.array_equal(x, y), (where, name)
-
-
-def without_timestamps(obj):
-    if isinstance(obj, dict):
-        return {k: without_timestamps(v) for k, v in obj.items() if k not in TIMESTAMPS}
-    if isinstance(obj, list):
-        return [without_timestamps(v) for v in obj]
-    return obj
-
-
-def readme(store: Path) -> str:
-    """README.txt without its ISO timestamps."""
-    return re.sub(r"\d{4}-\d\d-\d\dT[\d:.]+(\+00:00)?", "<time>",
-                  (store / "README.txt").read_text())
-
-
-def manifest(store: Path) -> dict:
-    return without_timestamps(json.loads((store / "manifest.json").read_text()))
 
 
 @pytest.fixture(scope="module")
