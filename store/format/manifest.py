@@ -117,11 +117,43 @@ def parse_manifest(path: Path, store: str | Path) -> dict:
 
 
 def read_complete(store: str | Path) -> dict:
-    """:func:`read_manifest` of a store that is complete (StoreError otherwise)."""
+    """:func:`read_manifest` of a store that is complete and whose shards cover its
+    sequences (StoreError otherwise)."""
     manifest = read_manifest(store)
     if not manifest["complete"]:
         raise StoreError(f"{store}: incomplete store; finish it (rerun its extract command) first")
+    check_coverage(store, manifest)
     return manifest
+
+
+def coverage_problems(manifest: dict, partial: bool = False) -> list[str]:
+    """Where the shards' sequence ranges disagree with the manifest's sequences (its part's,
+    for a part of ``extract --shard I/N``): overlaps, ranges past the end and, unless
+    ``partial`` (a store still being written), gaps."""
+    start, stop = (manifest.get("part") or {}).get("sequences", [0, manifest["n_sequences"]])
+    problems, expected = [], start
+    for lo, hi in sorted(tuple(e["sequences"]) for e in manifest["shards"]):
+        if lo < expected:
+            problems.append(f"sequences [{lo}, {min(hi, expected)}) are in two shards or "
+                            f"before the first sequence {start}")
+        elif lo > expected and not partial:
+            problems.append(f"sequences [{expected}, {lo}) are in no shard")
+        expected = max(expected, hi)
+    if expected > stop:
+        problems.append(f"shards hold sequences up to {expected}, past the {stop} the "
+                        "manifest records")
+    elif expected < stop and not partial:
+        problems.append(f"sequences [{expected}, {stop}) are in no shard")
+    return problems
+
+
+def check_coverage(store: str | Path, manifest: dict, partial: bool = False) -> None:
+    """StoreError (one line) when the shards do not cover the manifest's sequences."""
+    problems = coverage_problems(manifest, partial)
+    if problems:
+        raise StoreError(f"{store}: the manifest disagrees with its shards ({problems[0]}); "
+                         f"run `attngeom store validate {store}`, then restore the manifest or "
+                         "re-extract")
 
 
 def check_shard_entry(path: Path, entry: Any) -> None:

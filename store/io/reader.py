@@ -15,7 +15,7 @@ import xarray as xr
 from ..format import derive
 from .blockread import CHUNK_CACHE_BYTES, ENCODING_KEY, DirectReads
 from ..format import schema as S
-from ..format.manifest import config_hash, read_manifest
+from ..format.manifest import check_coverage, config_hash, read_manifest
 from ..errors import StoreError
 from ..format.packing import precision_of
 from ..format.shards import expected_labels, expected_variables, layout_problem
@@ -52,6 +52,7 @@ def open_store(path: str | Path, partial: bool = False, derived: bool = True) ->
         done = sum(e["sequences"][1] - e["sequences"][0] for e in manifest["shards"])
         raise StoreError(f"{path}: incomplete store ({done} of {manifest['n_sequences']} "
                          "sequences); rerun the extract command to resume, or pass partial=True")
+    check_coverage(path, manifest, partial=not manifest["complete"])
     files = shard_paths(path, manifest)
     if not files:
         raise StoreError(f"{path}: the store holds no sequences")

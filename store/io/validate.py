@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..format.manifest import config_hash, file_sha256, read_manifest
+from ..format.manifest import config_hash, coverage_problems, file_sha256, read_manifest
 from ..errors import StoreError
 from ..format.packing import packing_problem, precision_of
 from .results import check as check_results
@@ -86,7 +86,6 @@ def _problems(path: Path, manifest: dict) -> list[str]:
     problems = []
     if config_hash(manifest["config"]) != manifest.get("config_hash"):
         problems.append("manifest: config does not match its config_hash (edited by hand?)")
-    covered = []
     for entry in manifest["shards"]:
         if not isinstance(entry, dict) or not {"file", "sequences", "sha256"} <= set(entry):
             problems.append(f"manifest: malformed shard entry {str(entry)[:80]}")
@@ -97,17 +96,7 @@ def _problems(path: Path, manifest: dict) -> list[str]:
             continue
         problems += filter(None, [outside(path, path / file)])
         problems += check_shard(path / file, entry, manifest)
-        covered.append(tuple(entry["sequences"]))
-    covered.sort()
-    # a part of extract --shard I/N holds only its own block of sequences
-    start, stop = (manifest.get("part") or {}).get("sequences", [0, manifest["n_sequences"]])
-    expected = start
-    for lo, hi in covered:
-        if lo != expected:
-            problems.append(f"sequences [{expected}, {lo}) are in no shard")
-        expected = max(expected, hi)
-    if expected != stop:
-        problems.append(f"sequences [{expected}, {stop}) are in no shard")
+    problems += coverage_problems(manifest, partial=not manifest["complete"])
     problems += check_results(path, manifest)          # faithfulness result files
     for entry in result_entries(manifest).values():
         try:

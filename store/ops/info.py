@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..format.manifest import read_manifest
+from ..format.manifest import coverage_problems, read_manifest
 from ..io.results import describe, entries, is_faith_only
 
 
@@ -27,12 +27,14 @@ def summary(path: str | Path) -> str:
     nbytes = sum((path / e["file"]).stat().st_size for e in m["shards"]
                  if (path / e["file"]).is_file())
     counts = m.get("counts", {})
+    problems = coverage_problems(m, partial=not m["complete"])
     layout = ("dense (query x key)" if opts["mode"] == "dense" else
               f"compact (sink k={opts['sink_k']}, tail w={opts['tail_w']}, middle totals)")
     lines = [
         f"store        {path}",
         f"status       {'complete' if m['complete'] else 'INCOMPLETE'}: {done} of "
-        f"{m['n_sequences']} sequences in {len(m['shards'])} shard(s), {_size(nbytes)}",
+        f"{m['n_sequences']} sequences in {len(m['shards'])} shard(s), {_size(nbytes)}"
+        + (f"; DAMAGED: {problems[0]} (run `attngeom store validate`)" if problems else ""),
         f"content hash {m['config_hash'][:16]}",
         f"model        {model['id']} ({model['architecture']}, {model['model_type']}, "
         f"{model['dtype']}), {model['n_layers']} layers x {model['n_heads']} heads "

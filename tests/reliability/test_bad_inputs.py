@@ -83,6 +83,9 @@ def bad_stores(base: Path, good: Path) -> dict[str, Path]:
     manifest["shards"][1]["sha256"] = file_sha256(other / "shards" / "shard-00001.nc")
     (other / "manifest.json").write_text(json.dumps(manifest))
     stores["other shard"] = other
+    stores["more sequences"] = _edit(copy("moresequences"),
+                                     lambda m: m.update(n_sequences=10 ** 12))
+    stores["fewer sequences"] = _edit(copy("fewersequences"), lambda m: m.update(n_sequences=3))
     return stores
 
 
@@ -179,6 +182,15 @@ CASES = {
     "analyze: shard of other options": (lambda b, m, t, o: ("analyze", b["other shard"],
                                                             "--out", o),
                                         ["shard-00001.nc", "config hash"]),
+    **{f"{' '.join(command[:2 if command[0] == 'store' else 1])}: manifest counts {more} sequences than its shards": (
+        lambda b, m, t, o, c=command, k=more: (*c[:-1], b[f"{k} sequences"], *c[-1:], o),
+        ["disagrees with its shards", "store validate",
+         "are in no shard" if more == "more" else "past the 3 the manifest records"])
+       for more in ("more", "fewer")
+       for command in [("analyze", "--out"), ("report", "--out"), ("view", "--out"),
+                       ("compare", "--out"), ("store", "subset", "--out"),
+                       ("store", "export", "--format", "zarr", "--out"),
+                       ("store", "merge", "--out")]},
     "extract into a store of other options": (
         lambda b, m, t, o: ("extract", "--model", m, "--data", b["ok.jsonl"], "--out",
                             b["no sequences"]), ["other settings"]),
