@@ -27,6 +27,7 @@ that registers it (loaded by :func:`load_plugins`).
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 
 HEAD, LAYER = "head", "layer"     # scope: a score needs its head's output / every head's output
@@ -93,7 +94,10 @@ def get(name: str) -> Metric:
     try:
         return _REGISTRY[name]
     except KeyError:
-        raise ValueError(f"unknown metric '{name}'; use one of {', '.join(names())}") from None
+        failed = "".join(f"; plugin '{p}' failed to load ({why})"
+                         for p, why in _PLUGINS["failed"].items())
+        raise ValueError(f"unknown metric '{name}'; use one of {', '.join(names())}{failed}") \
+            from None
 
 
 def label(name: str, kind: str = "label") -> str:
@@ -116,18 +120,36 @@ def order(among) -> tuple[str, ...]:
     return tuple(known + [m for m in among if m not in known])
 
 
-_PLUGINS = {"loaded": False}
+_PLUGINS: dict = {"loaded": False, "failed": {}}      # failed: entry point name -> why
 
 
 def load_plugins() -> None:
-    """Call every ``attngeom.metrics`` entry point once (each registers its metrics)."""
+    """Call every ``attngeom.metrics`` entry point once (each registers its metrics).
+
+    A plugin that fails (to import, or to register) is left out and named in one line on
+    stderr: the built-in metrics and the other plugins keep working; asking for one of its
+    metrics is then the error "unknown metric". ``failed_plugins()`` lists them.
+    """
     if _PLUGINS["loaded"]:
         return
     _PLUGINS["loaded"] = True
     from importlib.metadata import entry_points
 
     for ep in entry_points(group="attngeom.metrics"):
-        ep.load()()
+        try:
+            ep.load()()
+        except Exception as exc:  # noqa: BLE001 - whatever a third party's code raises
+            why = " ".join(str(exc).split())[:200] or type(exc).__name__
+            _PLUGINS["failed"][ep.name] = f"{type(exc).__name__}: {why}"
+            print(f"attngeom: warning: metric plugin '{ep.name}' ({ep.value}) failed to load "
+                  f"and is left out ({type(exc).__name__}: {why}); fix or uninstall it",
+                  file=sys.stderr)
+
+
+def failed_plugins() -> dict[str, str]:
+    """Entry points of the ``attngeom.metrics`` group that failed to load, with why."""
+    load_plugins()
+    return dict(_PLUGINS["failed"])
 
 
 def _builtin(name, symbol, words, short, abbrev, paper, color, **kw) -> Metric:
