@@ -2,9 +2,11 @@
 
 :func:`compare` reads what ``attngeom analyze`` (and ``attngeom faithfulness``) stored in each
 store's ``analysis/`` folder — it computes nothing again — and lays it out along a ``store``
-dimension whose coordinates are the label, model, data, probe input kind, BOS (``bos``: whether
-the first token is the tokenizer's BOS, ``auto`` resolved; ``bos_option``: as asked), layout,
-k, w and the settings the analyses used (ε, level). Per-layer variables share one ``layer``
+dimension whose coordinates are the label, model, data (spec and sha256), probe input kind, BOS
+(``bos``: whether the first token is the tokenizer's BOS, ``auto`` resolved; ``bos_option``:
+as asked), layout, k, w, max_length, the mean tokens per sequence, the float type and the
+settings the analyses used (ε, level). Stores that would share a default label ("model ·
+data file") are told apart by the settings in which they differ. Per-layer variables share one ``layer``
 dimension (NaN where a store has no such layer) with the coordinate ``relative_depth``
 (store, layer) = layer / (the model's layers - 1), so an 18-layer and a 30-layer model share
 one axis. A variable whose stores differ in a setting that changes it carries the attribute
@@ -37,10 +39,17 @@ from .results import ANALYSIS_DIR, RESULT_FILES, analysis_state, read_analysis
 from .faithfulness_stats import StatsSettings, read, stats_path
 
 SECTIONS = ("sinks", "convexity", "anti_alignment", "decomposition", "faithfulness")
-# the settings each section's numbers depend on (a cell is flagged where stores differ in one)
-DEPENDS = {"sinks": ("epsilon", "sink_k"), "convexity": ("sink_k", "level"),
-           "anti_alignment": ("sink_k", "level"), "decomposition": ("sink_k", "tail_w"),
-           "faithfulness": ("level", "data")}
+# the settings each section's numbers depend on (a cell is flagged where stores differ in one):
+# what was measured (max_length, the tokens per sequence it left, the texts, the float type)
+# and how the analysis read it
+MEASURED = ("max_length", "tokens_per_sequence", "data_sha256", "dtype")
+DEPENDS = {"sinks": ("epsilon", "sink_k", *MEASURED), "convexity": ("sink_k", "level", *MEASURED),
+           "anti_alignment": ("sink_k", "level", *MEASURED),
+           "decomposition": ("sink_k", "tail_w", *MEASURED),
+           "faithfulness": ("level", "data_sha256", "max_length", "dtype")}
+# what tells apart stores that would share a default label (model · data file name)
+TELLS_APART = ("data_sha256", "max_length", "sink_k", "tail_w", "mode", "bos", "dtype",
+               "n_sequences", "epsilon", "level")
 PROBE_KINDS = {"probe:random": "random", "probe:repeated": "repeated"}
 
 
@@ -94,6 +103,7 @@ def _one(store: Path, label: str, layers: np.ndarray, faith_name: str,
     sc, per = row["scalars"], row["layers"]
     if info["mode"] is not None:                   # a results-only store has no tokens
         row["bos"], sc["n_tokens"] = _tokens(store, info["bos"])
+        row["tokens_per_sequence"] = round(sc["n_tokens"] / max(info["n_sequences"], 1), 1)
     if "sinks" in res:
         s = res["sinks"]
         row["epsilon"], row["level"] = float(s.attrs.get("epsilon", np.nan)), float(
@@ -187,15 +197,39 @@ def compare(stores: Sequence[str | Path], labels: Sequence[str] | None = None, *
         info = describe_store(read_manifest(store))
         label = labels[i] if labels else f"{info['model']} · {Path(str(info['data'])).name}"
         rows.append(_one(store, label, layers, faithfulness, settings))
+    if labels is None:
+        _tell_apart(rows, stores)
     return _dataset(rows, layers, _differs(rows))
+
+
+def _tell_apart(rows: list[dict], stores: list[Path]) -> None:
+    """Rows sharing a label get the settings in which they differ appended ("(max_length 48,
+    sink_k 1)"), and rows still alike their store folder's name."""
+    for label in {r["label"] for r in rows}:
+        same = [i for i, r in enumerate(rows) if r["label"] == label]
+        if len(same) < 2:
+            continue
+        keys = [k for k in TELLS_APART if len({str(rows[i].get(k)) for i in same}) > 1]
+        parts = {i: [f"{k} {_short(rows[i].get(k))}" for k in keys] for i in same}
+        alike = [i for i in same if sum(parts[j] == parts[i] for j in same) > 1]
+        for i in alike:
+            parts[i].append(stores[i].name)
+        for i in same:
+            rows[i]["label"] = f"{label} ({', '.join(parts[i])})"
+
+
+def _short(value) -> str:
+    return value[:8] if isinstance(value, str) and len(value) == 64 else str(value)
 
 
 def _dataset(rows: list[dict], layers: np.ndarray, differs: dict) -> xr.Dataset:
     n = len(rows)
     coords = {"store": np.arange(n), S.LAYER: layers}
-    for name in ("label", "model", "data", "kind", "bos", "bos_option", "mode"):
+    for name in ("label", "model", "data", "data_sha256", "kind", "bos", "bos_option", "mode",
+                 "dtype"):
         coords[name] = ("store", np.array([str(r.get(name)) for r in rows], dtype=object))
-    for name in ("sink_k", "tail_w", "epsilon", "level", "n_layers"):
+    for name in ("sink_k", "tail_w", "epsilon", "level", "n_layers", "max_length",
+                 "tokens_per_sequence"):
         coords[name] = ("store", np.array([r.get(name, np.nan) if r.get(name) is not None
                                            else np.nan for r in rows], dtype=float))
     depth = np.array([layers / max(float(r.get("n_layers") or 1) - 1, 1.0) for r in rows])

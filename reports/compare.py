@@ -51,7 +51,9 @@ def _cell(ds: xr.Dataset, name: str, i: int, percent: bool) -> str:
 
 def summary_frame(ds: xr.Dataset) -> pd.DataFrame:
     """The one-page table as a DataFrame (one row per store)."""
-    rows = {"store": ds["label"].values, "model": ds["model"].values, "data": ds["data"].values}
+    rows = {"store": ds["label"].values, "model": ds["model"].values, "data": ds["data"].values,
+            "max_length": ds["max_length"].values,
+            "tokens_per_sequence": ds["tokens_per_sequence"].values}
     for name, _, _ in TABLE_COLUMNS:
         if name in ds:
             rows[name] = ds[name].values

@@ -156,15 +156,17 @@ def store_attrs(manifest: dict) -> dict:
 
 def describe_store(manifest: dict) -> dict:
     """What a comparison of stores labels and flags a store by: model id and its number of
-    layers (the model's, so a subset store keeps its relative depth), data spec, BOS choice,
-    layout, k, w, number of sequences; a results-only store has no layout (None)."""
+    layers (the model's, so a subset store keeps its relative depth), data spec and sha256, BOS
+    choice, layout, k, w, max_length, float type, number of sequences; a results-only store
+    has no layout (None)."""
     cfg = manifest["config"]
     opts, data, model = cfg.get("options", {}), cfg.get("data", {}), cfg.get("model", {})
     return {"model": model.get("id", ""), "n_layers": model.get("n_layers"),
             "causal": bool(model.get("causal", True)), "data": data.get("spec", ""),
-            "bos": data.get("bos", "auto"), "mode": opts.get("mode"),
-            "sink_k": opts.get("sink_k"), "tail_w": opts.get("tail_w"),
-            "n_sequences": manifest.get("n_sequences", 0)}
+            "data_sha256": data.get("sha256"), "bos": data.get("bos", "auto"),
+            "mode": opts.get("mode"), "sink_k": opts.get("sink_k"),
+            "tail_w": opts.get("tail_w"), "max_length": opts.get("max_length"),
+            "dtype": model.get("dtype"), "n_sequences": manifest.get("n_sequences", 0)}
 
 
 def add_derived(ds: xr.Dataset) -> xr.Dataset:
