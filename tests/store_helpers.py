@@ -14,11 +14,11 @@ import torch
 
 import reference as ref
 import tiny_models as tm
+import tolerance as tol
 
 PAIR = ("alpha", "cosine", "cosine_layer", "contribution", "contribution_layer")
 PER_TOKEN = ("value_norm", "sink_value_cosine", "output_norm", "residual_norm",
              "sink_residual_cosine", "head_share", "layer_output_norm")
-RTOL, ATOL = 1e-5, 1e-5
 
 
 def write_texts(path: Path, n_words=(3, 12, 6, 1, 8), seed: int = 0) -> Path:
@@ -53,19 +53,92 @@ def cancellation(r: dict[str, np.ndarray]) -> np.ndarray:
         return np.fmax(1.0, np.nan_to_num(r["output_norm"] / r["residual_norm"], nan=1.0))
 
 
-def assert_same(got, want, name: str, scale=1.0, rtol: float = RTOL, atol: float = ATOL) -> None:
-    """Same shape, NaN at exactly the same cells, values close elsewhere (tolerance x scale)."""
-    got, want = np.asarray(got), np.asarray(want)
-    assert got.shape == want.shape, (name, got.shape, want.shape)
-    nan_got, nan_want = np.isnan(got), np.isnan(want)
-    assert np.array_equal(nan_got, nan_want), (
-        f"{name}: NaN pattern differs at {np.argwhere(nan_got != nan_want)[:5].tolist()}")
-    ok = ~nan_want
-    assert ok.any(), f"{name}: nothing to compare"
-    tol = (atol + rtol * np.abs(want)) * np.broadcast_to(scale, want.shape)
-    bad = np.abs(got - want)[ok] > tol[ok]
-    assert not bad.any(), (f"{name}: {bad.sum()} of {ok.sum()} differ, e.g. got "
-                           f"{got[ok][bad][:3]} want {want[ok][bad][:3]}")
+def model_dims(model) -> dict[str, int]:
+    """d, d_head, heads and intermediate of a transformers model (or config), for
+    tol.attention_terms."""
+    c = getattr(model, "config", model)
+    c = c.get_text_config() if hasattr(c, "get_text_config") else c
+    first = lambda *names: next((getattr(c, n) for n in names if getattr(c, n, None)), None)  # noqa: E731
+    d = first("hidden_size", "n_embd", "d_model", "dim")
+    heads = first("num_attention_heads", "n_head", "n_heads", "num_heads")
+    head = [getattr(c, n, None) for n in ("head_dim", "d_kv", "v_head_dim", "qk_head_dim")]
+    return {"d": d, "heads": heads, "d_head": max([h for h in head if h] or [d // heads]),
+            "intermediate": first("intermediate_size", "n_inner", "ffn_dim", "d_ff",
+                                  "hidden_dim") or 4 * d}
+
+
+def module_output_size(alpha: np.ndarray, v: np.ndarray, w_o: np.ndarray,
+                       b_o: np.ndarray | None) -> np.ndarray:
+    """(B, T, d): the sum of |terms| of o = sum_h (sum_j alpha_ij v_j) W_O^h + b_O.
+
+    alpha (B, H, T, Tk); v (B, G, Tk, dv) (its sizes, when it is itself a product); w_o
+    (H*dv, d), head h reading kv head h // (H / G).
+    """
+    B, H, T, _ = alpha.shape
+    z = np.abs(alpha) @ np.repeat(np.abs(v), H // v.shape[1], axis=1)      # (B, H, T, dv)
+    z = z.transpose(0, 2, 1, 3).reshape(B, T, -1)
+    return z @ np.abs(w_o) + (0.0 if b_o is None else np.abs(b_o))
+
+
+def measurement_bounds(r: dict[str, np.ndarray], dims: dict[str, int], vs=tol.F64,
+                       dtype=tol.F32, layers=None) -> dict[str, np.ndarray]:
+    """Rounding bounds (absolute, per element) of attngeom's float32 measurements of ``r``.
+
+    ``r``: dense (batch, layer, ...) arrays (the float64 reference); ``dims``: :func:`model_dims`;
+    ``dtype``: the measurement's (float64 for the reference's own, whose chain is shorter);
+    ``layers``: the model layers r's layer axis holds (all of them by default).
+    Each stored quantity comes out of the chain :func:`tolerance.attention_terms` counts, of
+    total length N at its layer; its bound is gamma(N) (+ the reference's, ``vs``) times its
+    size: 1 for a probability (its error is alpha times the logits', and the tiny models'
+    logits are below N / d_head in size), 2 for a cosine (its numerator and its norms), the
+    value for a norm, 2 ||o^h|| / ||o|| for head_share, 2 alpha ||v~|| / ||o|| for the
+    contributions, and the cancellation ||o|| / ||r|| more for the sink-residual cosine.
+    """
+    T, L = r["alpha"].shape[-1], r["alpha"].shape[1]
+    n = [tol.attention_terms(T=T, layer=layer, **dims)
+         for layer in (range(L) if layers is None else layers)]
+    g = np.array([tol.dot(n_layer, 1.0, dtype, vs).atol for n_layer in n])
+    per_layer = lambda x: x * g.reshape((1, L) + (1,) * (x.ndim - 2))        # noqa: E731
+    one = lambda name: np.where(np.isnan(r[name]), np.nan, 1.0)            # noqa: E731
+    vn, on, lon = r["value_norm"], r["output_norm"], r["layer_output_norm"]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        size = {"alpha": one("alpha"), "cosine": 2 * one("cosine"),
+                "cosine_layer": 2 * one("cosine_layer"),
+                "sink_value_cosine": 2 * one("sink_value_cosine"),
+                "sink_residual_cosine": 2 * one("sink_residual_cosine") * cancellation(r),
+                "value_norm": np.abs(vn), "output_norm": np.abs(on),
+                "residual_norm": np.abs(r["residual_norm"]), "layer_output_norm": np.abs(lon),
+                "head_share": 2 * on / lon[:, :, None],
+                "contribution": 2 * r["alpha"] * vn[..., None, :] / on[..., None],
+                "contribution_layer": 2 * r["alpha"] * vn[..., None, :] / lon[:, :, None, :, None]}
+    if "learned_sink_alpha" in r:
+        size["learned_sink_alpha"] = one("learned_sink_alpha")
+    return {name: per_layer(x) for name, x in size.items()}
+
+
+def compact_bounds(r: dict[str, np.ndarray], dims: dict[str, int], k: int, w: int,
+                   vs=tol.F64) -> dict[str, np.ndarray]:
+    """:func:`measurement_bounds` in the compact layout: the sink and tail cells' own bounds;
+    a middle total, which attngeom takes as its exact total (1, or head_share for
+    contribution_layer) less the sink and tail terms, within the bounds of every term of its
+    row (and head_share's); middle_count is exact."""
+    dense = measurement_bounds(r, dims, vs)
+    bounds = expected_compact({**dense, "output_norm": r["output_norm"]}, k, w)
+    real = ~np.isnan(r["output_norm"])
+    for name in ("alpha", "contribution", "contribution_layer"):
+        row = np.nansum(dense[name], -1) + (dense["head_share"] if name.endswith("layer") else 0)
+        bounds[f"middle_{name}"] = np.where(real, row, np.nan)
+    bounds["middle_count"] = np.where(real, 0.0, np.nan)
+    return {**bounds, **{name: dense[name] for name in PER_TOKEN}}
+
+
+def assert_same(got, want, name: str, bound) -> None:
+    """Same shape, NaN at exactly the same cells, values within ``bound`` (a Tol, or an
+    absolute bound per element) elsewhere; something is compared."""
+    want = np.asarray(want)
+    assert (~np.isnan(want)).any(), f"{name}: nothing to compare"
+    tol.assert_close(got, want, bound if isinstance(bound, tol.Tol) else tol.Tol(atol=bound),
+                     name)
 
 
 def expected_compact(r: dict[str, np.ndarray], k: int, w: int) -> dict[str, np.ndarray]:

@@ -11,9 +11,13 @@ import torch
 try:
     from tests import reference as ref
     from tests import tiny_models as tm
+    from tests import tolerance as tol
+    from tests.store_helpers import measurement_bounds, model_dims, module_output_size
 except ImportError:  # tests/ on sys.path (pytest rootdir-less import)
     import reference as ref
     import tiny_models as tm
+    import tolerance as tol
+    from store_helpers import measurement_bounds, model_dims, module_output_size
 
 ARCHS = tm.ARCHITECTURES
 PER_PAIR = ("alpha", "cosine", "cosine_layer", "contribution", "contribution_layer")
@@ -47,14 +51,26 @@ def _expected_valid(arch: str, layer: int, T: int) -> np.ndarray:
     return ok[None] & inside[:, :, None] & inside[:, None, :]
 
 
+def _module_output_size(cap: ref.LayerCapture) -> np.ndarray:
+    """(B, T, d): the sum of |terms| of the model's float32 chain x W_V -> alpha v -> W_O."""
+    B, H, T, _ = cap.alpha.shape
+    dh = cap.w_o.shape[0] // H
+    v = np.abs(cap.x) @ np.abs(cap.w_v) + np.abs(cap.b_v)                 # (B, T, G*dh)
+    return module_output_size(cap.alpha, v.reshape(B, T, -1, dh).transpose(0, 2, 1, 3),
+                              cap.w_o, cap.b_o)
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 def test_reconstructs_module_output(arch):
     """Σ_h Σ_j α ṽ + b_O equals the output projection's real output (validates W_O / g(h))."""
-    _, _, caps, _ = _run(arch)
+    model, _, caps, _ = _run(arch)
+    dims = model_dims(model)
     for cap in caps:
         assert np.abs(cap.module_output).max() > 1e-2  # a real signal, not zeros
-        np.testing.assert_allclose(ref.reconstructed_output(cap), cap.module_output,
-                                   rtol=0, atol=1e-5)
+        # the module's float32 chain on the same float32 x and alpha: d + T + H d_head terms
+        n = dims["d"] + cap.alpha.shape[-1] + dims["heads"] * dims["d_head"]
+        tol.assert_close(ref.reconstructed_output(cap), cap.module_output,
+                         tol.dot(n, _module_output_size(cap), vs=tol.F64), "module output")
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -85,31 +101,49 @@ def test_shapes(arch):
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_contributions_sum_to_one(arch):
-    _, _, _, res = _run(arch)
+    model, _, _, res = _run(arch)
     q_ok = ~np.isnan(res["output_norm"])                                  # (B, L, H, T)
-    np.testing.assert_allclose(np.nansum(res["contribution"], -1)[q_ok], 1.0, atol=1e-10)
-    layer_sum = np.nansum(res["contribution_layer"], axis=(2, 4))         # (B, L, T)
-    np.testing.assert_allclose(layer_sum[q_ok[:, :, 0]], 1.0, atol=1e-10)
-    head_share = np.nansum(res["contribution_layer"], -1)
-    np.testing.assert_allclose(head_share[q_ok], res["head_share"][q_ok], atol=1e-10)
-    np.testing.assert_allclose(res["head_share"].sum(2)[q_ok[:, :, 0]], 1.0, atol=1e-10)
-    # alpha rows over the valid keys sum to one as well
-    np.testing.assert_allclose(np.nansum(res["alpha"], -1)[q_ok], 1.0, atol=1e-6)
+    T, H = res["alpha"].shape[-1], res["alpha"].shape[2]
+    # the reference's float64 terms, each within its chain's bound (attention_terms is longer)
+    b = measurement_bounds(res, model_dims(model), vs=None, dtype=tol.F64)
+    c, cl = res["contribution"], res["contribution_layer"]
+    tol.assert_close(np.nansum(c, -1)[q_ok], 1.0, tol.sums_to_one(
+        T, term=np.nansum(b["contribution"], -1), size=np.nansum(np.abs(c), -1),
+        dtype=tol.F64).at(q_ok))
+    layer = tol.sums_to_one(H * T, term=np.nansum(b["contribution_layer"], axis=(2, 4)),
+                            size=np.nansum(np.abs(cl), axis=(2, 4)), dtype=tol.F64)
+    tol.assert_close(np.nansum(cl, axis=(2, 4))[q_ok[:, :, 0]], 1.0, layer.at(q_ok[:, :, 0]))
+    share = tol.Tol(atol=np.nansum(b["contribution_layer"], -1) + b["head_share"]) + tol.total(
+        T, np.nansum(np.abs(cl), -1), tol.F64)
+    tol.assert_close(np.nansum(cl, -1)[q_ok], res["head_share"][q_ok], share.at(q_ok))
+    tol.assert_close(res["head_share"].sum(2)[q_ok[:, :, 0]], 1.0, tol.sums_to_one(
+        H, term=b["head_share"].sum(2), size=np.abs(res["head_share"]).sum(2),
+        dtype=tol.F64).at(q_ok[:, :, 0]))
+    # alpha rows over the valid keys sum to one as well: eager's float32 softmax (a
+    # normaliser, then a reciprocal and a product per term)
+    np.testing.assert_allclose(np.nansum(res["alpha"], -1)[q_ok], 1.0,
+                               **tol.sums_to_one(T, depth=T + 1))
 
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_decomposition_identities(arch):
     """c = α ‖ṽ‖ cos / ‖o‖, and ‖r‖² = ‖o‖² − 2α₀⟨o, ṽ₀⟩ + α₀²‖ṽ₀‖² (sink_k=1)."""
-    _, _, _, res = _run(arch)
+    model, _, _, res = _run(arch)
     a, vn, on = res["alpha"], res["value_norm"], res["output_norm"]
+    # two float64 routes to one value, each within the reference's chain (+ 4 products)
+    b = measurement_bounds(res, model_dims(model), vs=tol.F64, dtype=tol.F64)
     c = a * vn[:, :, :, None, :] * res["cosine"] / on[..., None]
-    ok = ~np.isnan(res["contribution"])
-    np.testing.assert_allclose(c[ok], res["contribution"][ok], atol=1e-9)
+    tol.assert_close(c, res["contribution"],
+                     tol.Tol(atol=b["contribution"]) + tol.relative(4, tol.F64), "c")
     a0, v0 = a[..., 0], vn[..., :1]
     dot = on * v0 * res["cosine"][..., 0]
     r2 = on ** 2 - 2 * a0 * dot + a0 ** 2 * v0 ** 2
     ok = ~np.isnan(r2)
-    np.testing.assert_allclose(res["residual_norm"][ok] ** 2, r2[ok], atol=1e-9)
+    # ||o||^2, the sink's term and ||r||^2 are of size (||o|| + a0 ||v0||)^2; r2 cancels them
+    size = (on + a0 * v0) ** 2
+    n = tol.attention_terms(T=a.shape[-1], layer=1, **model_dims(model))
+    np.testing.assert_allclose(res["residual_norm"][ok] ** 2, r2[ok],
+                               **tol.dot(n, np.nanmax(size), tol.F64, vs=tol.F64))
     assert np.isfinite(res["layer_output_norm"][~np.isnan(res["layer_output_norm"])]).all()
     assert (res["contribution"] < 0).any()  # contributions can be negative (NaN compares False)
 
@@ -146,7 +180,8 @@ def test_mask_matches_the_model(arch):
         valid = _expected_valid(arch, layer, T)[:, None]
         real_q = np.broadcast_to(inside[:, None, :, None], cap.alpha.shape)
         assert (cap.alpha[real_q & ~valid] == 0).all()
-        np.testing.assert_allclose((cap.alpha * valid).sum(-1)[real_q[..., 0]], 1.0, atol=1e-6)
+        np.testing.assert_allclose((cap.alpha * valid).sum(-1)[real_q[..., 0]], 1.0,
+                                   **tol.sums_to_one(T, depth=T + 1))   # eager's softmax
 
 
 def test_sliding_window_bites():
@@ -166,10 +201,16 @@ def test_sink_k_and_residual():
     # query 0 sees only the sink: residual is exactly zero, its cosine undefined
     assert (res1["residual_norm"][..., 0] == 0).all()
     assert np.isnan(res1["sink_residual_cosine"][..., 0]).all()
-    assert np.isclose(res2["residual_norm"][..., 1], 0, atol=1e-12).all()
+    # query 1 with two sinks: r = o - (its two sink terms) cancels to rounding, float64
+    T, d = res1["alpha"].shape[-1], model.config.hidden_size
+    two = (res2["alpha"][..., 1, :2] * res2["value_norm"][..., :2]).sum(-1)   # sum alpha ||v~||
+    tol.assert_close(res2["residual_norm"][..., 1], 0.0,
+                     tol.dot(tol.attention_terms(T=T, **model_dims(model)), two, tol.F64), "r")
     q = ~np.isnan(res1["output_norm"][..., 3:])
     assert (res2["residual_norm"][..., 3:][q] != res1["residual_norm"][..., 3:][q]).all()
-    assert np.allclose(res1["sink_value_cosine"][..., 0][~np.isnan(res1["value_norm"][..., 0])], 1)
+    real = ~np.isnan(res1["value_norm"][..., 0])                      # cos(v~_0, v~_0): d + 3
+    np.testing.assert_allclose(res1["sink_value_cosine"][..., 0][real], 1.0,
+                               **tol.dot(d + 3, 2.0, tol.F64))
 
 
 def test_reference_leaves_the_model_alone():

@@ -23,8 +23,10 @@ import xarray as xr
 
 try:
     from tests import tiny_models as tm
+    from tests import tolerance as tol
 except ImportError:
     import tiny_models as tm
+    import tolerance as tol
 
 from attngeom.extract.faithfulness import experiment as F
 
@@ -113,7 +115,7 @@ def test_perplexities_equal_the_hook_free_reference(run, monkeypatch):
     tok = AutoTokenizer.from_pretrained(root / "llama")
     ids = [tok(t)["input_ids"] for t in TEXTS]
     clean = [_reference_ppl(model, x) for x in ids]
-    np.testing.assert_allclose(ds["clean_ppl"].values, clean, rtol=1e-4)
+    tol.assert_close(ds["clean_ppl"].values, clean, tol.FAITHFULNESS_PPL, "clean_ppl")
     moved = 0
     for metric in METRICS:
         for mode in ("comprehensiveness", "sufficiency"):
@@ -122,8 +124,7 @@ def test_perplexities_equal_the_hook_free_reference(run, monkeypatch):
                                     _intervened_eager(metric, mode, p))
                 want = [_reference_ppl(model, x) for x in ids]
                 got = ds["ppl"].sel(metric=metric, rank="signed", mode=mode, fraction=p)
-                np.testing.assert_allclose(got.values, want, rtol=1e-4,
-                                           err_msg=f"{metric} {mode} {p}")
+                tol.assert_close(got.values, want, tol.FAITHFULNESS_PPL, f"{metric} {mode} {p}")
                 moved += int(np.abs(np.array(want) / clean - 1).max() > 1e-2)
     assert moved >= len(METRICS)            # the interventions change the perplexity
 
@@ -153,10 +154,10 @@ def test_gsm8k_answer_only_scores_the_answer_tokens(run, monkeypatch):
     rows = [(tok(f"Question: {q}\nAnswer:")["input_ids"],
              tok(" " + a, add_special_tokens=False)["input_ids"]) for q, a in GSM8K]
     clean = [_reference_ppl(model, c + a, start=len(c)) for c, a in rows]
-    np.testing.assert_allclose(ds["clean_ppl"].values, clean, rtol=1e-4)
+    tol.assert_close(ds["clean_ppl"].values, clean, tol.FAITHFULNESS_PPL, "clean_ppl")
     np.testing.assert_array_equal(ds["n_scored"].values, [len(a) for _, a in rows])
     monkeypatch.setattr(modeling_llama, "eager_attention_forward",
                         _intervened_eager("contribution", "comprehensiveness", 0.5))
     want = [_reference_ppl(model, c + a, start=len(c)) for c, a in rows]
     got = ds["ppl"].sel(metric="contribution", rank="signed", mode="comprehensiveness")
-    np.testing.assert_allclose(got.values[0], want, rtol=1e-4)
+    tol.assert_close(got.values[0], want, tol.FAITHFULNESS_PPL, "ppl")

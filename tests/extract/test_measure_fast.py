@@ -12,7 +12,9 @@ import torch
 
 import reference as ref
 import tiny_models as tm
-from store_helpers import PER_TOKEN, assert_same, cancellation, expected_compact
+import tolerance as tol
+from store_helpers import (PER_TOKEN, assert_same, compact_bounds, expected_compact,
+                           measurement_bounds, model_dims)
 from attngeom.extract.measurement.capture import Measurer, capture
 from attngeom.extract.measurement.geometry import band, band_values, cached_projection
 from attngeom.extract.measurement.hooks import attention_handler
@@ -93,24 +95,24 @@ def _defined(inputs: dict, n_layers: int) -> np.ndarray:
     return real0 | (np.arange(n_layers)[None] == 0)
 
 
-def _check(got: dict, r: dict, sink_k: int, tail_w: int, defined: np.ndarray,
+def _check(got: dict, r: dict, bound: dict, defined: np.ndarray,
            names=tuple(ref.NAMES)) -> None:
     for name in names:
         if name not in r:
             continue
-        scale = cancellation(r) if name == "sink_residual_cosine" else 1.0
-        g, w = got[name], r[name]
+        g, w, b = got[name], r[name], bound[name]
         if name in SINK_VALUE:
-            g, w, scale = g[defined], w[defined], np.broadcast_to(scale, w.shape)[defined]
-        assert_same(g, w, name, scale)
+            g, w, b = g[defined], w[defined], b[defined]
+        assert_same(g, w, name, b)
 
 
-def _check_compact(got: dict, r: dict, sink_k: int, tail_w: int, defined) -> None:
+def _check_compact(got: dict, r: dict, sink_k: int, tail_w: int, defined, dims) -> None:
     want = expected_compact(r, sink_k, tail_w)
+    bound = compact_bounds(r, dims, sink_k, tail_w)
     assert set(got) == set(want) | set(PER_TOKEN)
     for name, x in want.items():
-        assert_same(got[name], x, name)
-    _check(got, r, sink_k, tail_w, defined, PER_TOKEN)
+        assert_same(got[name], x, name, bound[name])
+    _check(got, r, bound, defined, PER_TOKEN)
 
 
 @pytest.mark.parametrize("arch,padding,sink_k,tail_w", [
@@ -125,8 +127,10 @@ def test_compact_any_padding_equals_reference(arch, padding, sink_k, tail_w):
     defined = _defined(inputs, r["alpha"].shape[1])
     assert defined.all() == (padding != "left")
     compact = capture(model, inputs, Options("compact", sink_k, tail_w))
-    _check_compact(compact, r, sink_k, tail_w, defined)
-    _check(capture(model, inputs, Options("dense", sink_k, tail_w)), r, sink_k, tail_w, defined)
+    dims = model_dims(model)
+    _check_compact(compact, r, sink_k, tail_w, defined, dims)
+    _check(capture(model, inputs, Options("dense", sink_k, tail_w)), r,
+           measurement_bounds(r, dims), defined)
 
 
 def test_plain_causal_takes_the_is_causal_path():
@@ -167,11 +171,13 @@ def test_band_equals_plain_indexing(T, w, G, H):
             j = i - lag
             for h in range(H):
                 xa = x[:, h // (H // G), j] if j >= 0 else torch.zeros(2, 6)
-                want_a, want_b = (a[:, h, i] * xa).sum(-1), (b[:, h, i] * xa).sum(-1)
+                for got, y in ((got_a, a), (got_b, b)):       # float32 dots of length 6
+                    want = (y[:, h, i].double() * xa.double()).sum(-1).numpy()
+                    size = (y[:, h, i].abs() * xa.abs()).sum(-1).double().numpy()
+                    tol.assert_close(got[:, h, i, lag].numpy(), want,
+                                     tol.dot(6, size, vs=tol.F64), "band")
                 want_v = vals[:, h, j] if j >= 0 else torch.zeros(2)
-                torch.testing.assert_close(got_a[:, h, i, lag], want_a, rtol=1e-5, atol=1e-5)
-                torch.testing.assert_close(got_b[:, h, i, lag], want_b, rtol=1e-5, atol=1e-5)
-                torch.testing.assert_close(got_v[:, h, i, lag], want_v)
+                assert torch.equal(got_v[:, h, i, lag], want_v)   # indexing: exact
 
 
 def test_gram_cache_follows_weight_changes():
@@ -182,7 +188,10 @@ def test_gram_cache_follows_weight_changes():
     with torch.no_grad():
         lin.weight.mul_(2.0)
     second = cached_projection(lin.weight.T, 3)
-    blocks = lin.weight.T.detach().view(3, 2, 8)
-    torch.testing.assert_close(second.gram, blocks @ blocks.transpose(1, 2))
-    torch.testing.assert_close(second.full, lin.weight.T @ lin.weight)
+    blocks = lin.weight.T.detach().double().view(3, 2, 8)
+    full = lin.weight.T.detach().double()
+    for got, want, size in ((second.gram, blocks @ blocks.transpose(1, 2),   # dots of length 8
+                             blocks.abs() @ blocks.abs().transpose(1, 2)),
+                            (second.full, full @ full.T, full.abs() @ full.abs().T)):
+        tol.assert_close(got.numpy(), want.numpy(), tol.dot(8, size.numpy(), vs=tol.F64), "gram")
     assert not torch.allclose(second.gram, first.gram)

@@ -1,0 +1,211 @@
+"""Tolerances from rounding: the one place a test's float comparison takes its bound from.
+
+Each function names the computation whose rounding it bounds and returns a :class:`Tol`, which
+unpacks into the keywords of ``np.testing.assert_allclose`` and ``torch.testing.assert_close``
+(scalar bounds) or goes to :func:`assert_close` (bounds per element, NaN patterns)::
+
+    np.testing.assert_allclose(got, want, **tol.dot(n=d_head, size=scale, vs=tol.F64))
+    tol.assert_close(got, want, tol.dot(n, size=sizes), "cosine")
+
+The bounds (Higham, *Accuracy and Stability of Numerical Algorithms*, 2nd ed., ch. 2-3): the unit
+roundoff u is 2^-24 in float32 and 2^-53 in float64, and gamma(n) = n u / (1 - n u). In whatever
+order a kernel adds (AVX2 or AVX-512 lanes, MKL or OpenBLAS blocks, one thread or two), a
+computed dot product of length n differs from the exact one by at most gamma(n) sum_i |a_i||b_i|
+(Higham (3.5)) and a sum of n terms by gamma(n - 1) sum_i |x_i|; a product or quotient of n
+correctly rounded operations has a relative error of at most gamma(n) (Lemma 3.1). Chained
+reductions of lengths n1, n2, ... are bounded, to first order, by gamma(n1 + n2 + ...) times the
+sizes of their operands. These hold on every CPU; ``.ci/standins`` runs the suite under several
+kernels to show it.
+
+Every function bounds |computed - exact| for one computation in ``dtype``; ``vs`` adds the bound
+of the computation it is compared with: ``vs=F64`` for a float64 reference, ``vs=F32`` for a
+golden file another float32 run wrote. Where a chain is too deep to bound usefully (thirty
+float32 layers, an optimizer stopping within its tolerance, LOWESS's interpolation), the bound is
+the spread measured across the stand-ins with a stated margin: the constants at the end.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+F32, F64 = np.float32, np.float64
+
+
+def unit(dtype=F32) -> float:
+    """The unit roundoff u of ``dtype``: 2^-24 (float32), 2^-53 (float64)."""
+    return float(np.finfo(dtype).eps) / 2
+
+
+def gamma(n: float, dtype=F32) -> float:
+    """gamma(n) = n u / (1 - n u), the bound of n accumulated roundings (n u < 1)."""
+    nu = n * unit(dtype)
+    if not 0 <= nu < 1:
+        raise ValueError(f"gamma({n}) is undefined in {np.dtype(dtype).name}")
+    return nu / (1 - nu)
+
+
+def _gammas(n: float, dtype, vs) -> float:
+    return gamma(n, dtype) + (0.0 if vs is None else gamma(n, vs))
+
+
+@dataclass(frozen=True)
+class Tol(Mapping):
+    """|got - want| <= atol + rtol |want|, elementwise; ``**tol`` gives rtol= and atol=.
+
+    ``a + b`` adds two bounds (two error sources), ``k * a`` scales one.
+    """
+
+    rtol: Any = 0.0
+    atol: Any = 0.0
+    what: str = ""                       # a measured spread's name, for TOLERANCE_LOG
+
+    def __getitem__(self, key: str) -> float:
+        value = {"rtol": self.rtol, "atol": self.atol}[key]
+        if np.ndim(value):
+            raise TypeError("an elementwise bound: compare with tolerance.assert_close")
+        return float(value)
+
+    def __iter__(self):
+        return iter(("rtol", "atol"))
+
+    def __len__(self) -> int:
+        return 2
+
+    def __add__(self, other: "Tol") -> "Tol":
+        return Tol(self.rtol + other.rtol, self.atol + other.atol, self.what or other.what)
+
+    def __mul__(self, k) -> "Tol":
+        return Tol(self.rtol * k, self.atol * k, self.what)
+
+    __rmul__ = __mul__
+
+    def approx(self, want):
+        """``pytest.approx(want)`` within this bound."""
+        import pytest
+
+        return pytest.approx(want, rel=self["rtol"], abs=self["atol"])
+
+    def at(self, where) -> "Tol":
+        """The bound at ``where`` (an index or mask) of elementwise bounds."""
+        pick = lambda x: x[where] if np.ndim(x) else x                    # noqa: E731
+        return Tol(pick(self.rtol), pick(self.atol), self.what)
+
+    def limit(self, want) -> np.ndarray:
+        """The largest |got - want| allowed at each element of ``want``."""
+        return self.atol + self.rtol * np.abs(want)
+
+
+def dot(n: float, size=1.0, dtype=F32, vs=None) -> Tol:
+    """A dot product of length ``n`` (or chained reductions of total length n, to first order).
+
+    Absolute: gamma(n) x ``size``, the sum of |a_i||b_i| (at most ||a|| ||b||, so 1 for a cosine
+    of the vectors' directions). A result near zero, a cosine say, needs this absolute bound:
+    its relative error is unbounded.
+    """
+    return Tol(atol=_gammas(n, dtype, vs) * np.asarray(size, dtype=float))
+
+
+def total(n: float, size=1.0, dtype=F64, vs=None) -> Tol:
+    """A sum (or mean) of ``n`` terms: gamma(n - 1) x ``size``, the sum (mean) of |terms|."""
+    return Tol(atol=_gammas(max(n - 1, 0), dtype, vs) * np.asarray(size, dtype=float))
+
+
+def relative(n: float, dtype=F64, vs=None) -> Tol:
+    """A product or quotient of ``n`` rounded operations (exp, log, sqrt count one each, as
+    correctly rounded within u; libm's are within 1 ulp = 2u, so count them twice)."""
+    return Tol(rtol=_gammas(n, dtype, vs))
+
+
+def sums_to_one(n: float, depth: float = 0, term=0.0, size=1.0, dtype=F32) -> Tol:
+    """The computed sum of ``n`` computed terms whose exact sum is one.
+
+    The sum adds gamma(n - 1) x ``size``, the sum of |terms|, to the terms' own errors: either
+    ``term``, their bounds summed, or ``depth`` roundings relative to their size (a softmax
+    row's terms come from one normaliser, n - 1 additions, and a division each, so they sum to
+    one within gamma(2n - 1) however the logits were rounded).
+    """
+    return Tol(atol=np.asarray(term, dtype=float)
+               + gamma(n - 1 + depth, dtype) * np.asarray(size, dtype=float))
+
+
+def attention_terms(d: int, d_head: int, heads: int, T: int, intermediate: int = 0,
+                    layer: int = 0) -> int:
+    """The total length of the float32 reductions behind a stored measurement of ``layer``.
+
+    From the attention input x: the projections x W (d), the logits q.k (d_head) and the
+    softmax's normaliser (T), z = sum_j alpha v (T), the Gram matrices W_O W_O^T (d) and the
+    products through them (heads x d_head, twice). Each earlier layer adds its own chain and
+    its output projection and MLP (d + intermediate): its rounding reaches x (first order,
+    the tiny models' blocks taken as not amplifying relative error; the stand-ins check it).
+    """
+    attention = 2 * d + d_head + 2 * T + 2 * heads * d_head
+    return attention + layer * (attention + 2 * d + intermediate)
+
+
+def _log(name: str, diff: np.ndarray, size: np.ndarray, limit: np.ndarray) -> None:
+    """With TOLERANCE_LOG=<file>: one line per passing comparison, its largest |got - want|
+    (absolute, relative) and the largest share of the bound used; ``.ci/standins.py`` prints
+    them (tests that move values on purpose unset it)."""
+    path = os.environ.get("TOLERANCE_LOG")
+    if path and diff.size:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            rel = np.nanmax(np.where(size > 0, diff / size, 0.0))
+            used = np.nanmax(np.where(limit > 0, diff / limit, np.where(diff > 0, np.inf, 0.0)))
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(f"{name}\t{diff.max():.3g}\t{rel:.3g}\t{used:.3g}\n")
+
+
+def assert_close(got, want, bound: Tol, name: str = "") -> None:
+    """Same shape, NaN at the same cells, |got - want| <= ``bound`` elsewhere (elementwise);
+    a scalar ``want`` stands for every element."""
+    got, want = np.asarray(got, dtype=float), np.asarray(want, dtype=float)
+    want = np.broadcast_to(want, got.shape) if want.ndim == 0 else want
+    assert got.shape == want.shape, (name, got.shape, want.shape)
+    nan_got, nan_want = np.isnan(got), np.isnan(want)
+    assert np.array_equal(nan_got, nan_want), (
+        f"{name}: NaN pattern differs at {np.argwhere(nan_got != nan_want)[:5].tolist()}")
+    ok = ~nan_want
+    limit = np.broadcast_to(bound.limit(want), want.shape)
+    diff = np.abs(got - want)
+    bad = ok & ~(diff <= limit)
+    if not bad.any():
+        _log(bound.what or name, diff[ok], np.abs(want[ok]), limit[ok])
+    assert not bad.any(), (
+        f"{name}: {bad.sum()} of {ok.sum()} beyond the rounding bound, worst "
+        f"{np.max(diff[bad] / np.maximum(limit[bad], 1e-300)):.3g} x it: got {got[bad][:3]} "
+        f"want {want[bad][:3]}")
+
+
+# Spreads measured across the stand-in configurations (.ci/standins: ATEN_CPU_CAPABILITY
+# default/avx2/avx512, MKL_CBWR COMPATIBLE/unset, OPENBLAS_CORETYPE Haswell/Sandybridge/native,
+# 1 and 2 threads), for chains too deep to bound usefully. Each: what was measured, the margin.
+
+# The real SmolLM2-135M's alpha (sink key), value and output norms at its first and last (30th)
+# layer, stored by attngeom (float32, sdpa) against the naive reference (float64 from eager's
+# float32 inputs): (being measured)
+SMOLLM2_LAYERS = Tol(rtol=1e-3, atol=1e-4, what="SMOLLM2_LAYERS")
+
+# attngeom's faithfulness perplexities (float32 attention, removal at every layer, exp of the
+# mean NLL) against the hook-free reference (float64 attention, the rest of the tiny llama in
+# float32): (being measured)
+FAITHFULNESS_PPL = Tol(rtol=1e-5, what="FAITHFULNESS_PPL")
+
+# The float64 analysis (statsmodels' and scipy's fits, bootstrap percentiles of the vertex
+# -beta1 / (2 beta2) with beta2 near 0) of one and the same store: (being measured)
+# Bound: times the variable's largest |value|.
+ANALYSIS_FLOAT64 = Tol(atol=1e-9, what="ANALYSIS_FLOAT64")
+
+# statsmodels' MixedLM (BFGS) stops within its gradient tolerance of the REML optimum: its
+# estimate and SE are within 2e-5 relative of MixedLM run to gtol=1e-12 (measured in
+# tests/analysis/test_analysis_mixed.py); (being measured)
+MIXEDLM_OPTIMIZER = Tol(rtol=1e-4, what="MIXEDLM_OPTIMIZER")
+
+# LOWESS (statsmodels' algorithm, analysis/lowess.py) fits every point within delta = 0.01 x
+# range(x) of the last fitted one by interpolation: (being measured)
+# Bound: times the curve's range.
+LOWESS_DELTA = Tol(atol=0.005, what="LOWESS_DELTA")
