@@ -2,7 +2,7 @@
 
 Readers see the old file or the new one, never half of one; an interrupted write leaves only a
 temporary ``.NAME.tmp-PID`` beside it (:func:`attngeom.store.io.writer.remove_temporaries`
-deletes those on a rerun). A failed write raises :class:`attngeom.store.errors.StoreWriteError`
+deletes those on a rerun). A failed write raises :class:`attngeom.common.errors.StoreWriteError`
 naming the path, the system's reason and the fix.
 """
 
@@ -14,7 +14,7 @@ import shutil
 from pathlib import Path
 from typing import Iterator
 
-from ..errors import write_error
+from .errors import write_error
 
 
 def temporary_name(path: Path) -> Path:

@@ -23,7 +23,7 @@ SINK, TAIL, MIDDLE = "sink", "tail", "middle"
 GROUPS = (SINK, TAIL, MIDDLE)            # j < k; the w most recent non-sink keys j <= i; the rest
 
 # ------------------------------------------------------------------ faithfulness
-# the metrics themselves (names, labels, kernels): store/format/metrics.py
+# the metrics themselves (names, labels, kernels): attngeom/common/metrics.py
 COMPREHENSIVENESS, SUFFICIENCY = "comprehensiveness", "sufficiency"
 REMOVAL_MODES = (COMPREHENSIVENESS, SUFFICIENCY)   # remove the top / the bottom fraction p
 SIGNED, MAGNITUDE = "signed", "magnitude"

@@ -10,11 +10,12 @@ from __future__ import annotations
 import textwrap
 from pathlib import Path
 
+from attngeom.common.atomic import atomic_write_bytes
+from attngeom.common.vocab import PACKED
+
 from ..format import schema as S
-from ..io.atomic import atomic_write_bytes
-from .packing import KEEP_BITS, NORM_ERROR, PACKED_VARIABLES, ROUNDED_VARIABLES, precision_of
-from .vocab import PACKED
-from ..io.results import is_faith_only, readme_lines
+from ..format.packing import KEEP_BITS, NORM_ERROR, PACKED_VARIABLES, ROUNDED_VARIABLES, precision_of
+from .results import is_faith_only, readme_lines
 
 README = "README.txt"
 

@@ -1,21 +1,37 @@
-"""Build the golden artifacts through the command line, in process, from a tiny seeded model.
+"""Build the golden artifacts through the command line, in process, from a committed tiny model.
 
 ``python tests/golden/build.py OUT`` writes, under ``OUT``: a dense and a compact store, a
-faithfulness result, the analysis results of the compact store, a store merged from two
-``--shard`` parts and a subset store; then :func:`flatten` turns each into one netCDF file of
-its variables (``OUT/flat/<name>.nc``). The files in ``tests/golden/data`` were made this way at
-commit 09066ea; ``test_golden.py`` rebuilds them with the current code and compares variable by
-variable.
+faithfulness result, a store merged from two ``--shard`` parts, a subset store, and the analysis
+results of the golden compact store committed in ``tests/golden/data/store`` (so that the
+analysis differs from its golden file by the analysis' own float64 rounding alone, not by the
+float32 rounding of a rebuilt store); then :func:`flatten` turns each into one netCDF file of
+its variables (``OUT/flat/<name>.nc``). ``test_golden.py`` rebuilds them with the current code
+and compares variable by variable.
+
+The model is the seeded tiny llama of ``tiny_models.py``, saved in ``data/model``: torch's
+seeded initialisation draws other weights under other CPU kernels (ATEN_CPU_CAPABILITY=default
+against avx2), which would change the store's content hash.
+
+``python tests/golden/build.py --write`` regenerates the golden files themselves (from the
+committed model; from a new one where ``data/model`` is missing): the compact store it builds
+becomes ``data/store``, the analysis is made from that, and every flattened artifact replaces
+``data/<name>.nc``. Do it only when a change of the numbers is intended (or a new output is
+added), and say why in the commit.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+STORE = HERE / "data" / "store"              # the golden compact store, committed
+MODEL = HERE / "data" / "model"              # its tiny llama, committed: torch's seeded init
+                                             # draws other weights with other CPU kernels
 sys.path.insert(0, str(HERE.parent))
 
 import tiny_models as tm  # noqa: E402
@@ -33,14 +49,15 @@ def _cli(*args) -> None:
         raise SystemExit(f"attngeom {' '.join(map(str, args))} exited {rc}")
 
 
-def build(out: Path) -> dict[str, Path]:
-    """Make every artifact under ``out``; return name -> its store/result directory."""
-    import torch
-
-    torch.set_num_threads(1)
+def build(out: Path, store: Path | None = STORE) -> dict[str, Path]:
+    """Make every artifact under ``out`` from the committed model, the analysis from ``store``
+    (None: the new compact store becomes the golden one); return name -> its store/result
+    directory. Threads and kernels are the environment's (the stand-ins vary them)."""
     os.environ["TQDM_DISABLE"] = "1"
     out.mkdir(parents=True, exist_ok=True)
-    model = tm.save_tiny("llama", out / "model")
+    if store is None and not MODEL.exists():
+        tm.save_tiny("llama", MODEL)
+    model = MODEL
     data = write_texts(out / "texts.jsonl", N_WORDS)
     common = ["--model", model, "--data", data, "--max-length", 10, "--quiet"]
     _cli("extract", *common, "--mode", "dense", "--batch-size", 2, "--out", out / "dense")
@@ -55,8 +72,11 @@ def build(out: Path) -> dict[str, Path]:
     _cli("faithfulness", "--model", model, "--data", data, "--max-length", 10, "--quiet",
          "--limit", 6, "--fractions", "0.2,0.5", "--batch-size", 2, "--block-size", 4,
          "--out", out / "faith")
-    _cli("analyze", out / "compact", "--out", out / "analysis", "--bootstrap", 20,
-         "--no-progress")
+    if store is None:                         # --write: the new compact store is the golden one
+        shutil.rmtree(STORE, ignore_errors=True)
+        shutil.copytree(out / "compact", STORE)
+        store = STORE
+    _cli("analyze", store, "--out", out / "analysis", "--bootstrap", 20, "--no-progress")
     return {"dense": out / "dense", "compact": out / "compact", "merged": out / "merged",
             "subset": out / "subset", "faithfulness": out / "faith" / "faithfulness.nc",
             "analysis": out / "analysis"}
@@ -92,9 +112,12 @@ def flatten(name: str, path: Path):
 
 
 def main() -> None:
-    out = Path(sys.argv[1])
-    made = build(out)
-    flat = out / "flat"
+    write = sys.argv[1:] == ["--write"]
+    if not write and len(sys.argv) != 2:
+        raise SystemExit("usage: build.py OUT | build.py --write")
+    out = Path(tempfile.mkdtemp(prefix="golden-")) if write else Path(sys.argv[1])
+    made = build(out, store=None if write else STORE)
+    flat = HERE / "data" if write else out / "flat"
     flat.mkdir(exist_ok=True)
     for name in ARTIFACTS:
         ds = flatten(name, made[name])
@@ -104,6 +127,8 @@ def main() -> None:
                      encoding={v: {"zlib": True, "complevel": 9} for v in ds.data_vars
                                if ds[v].dtype != object})
     print(f"golden artifacts in {flat}")
+    if write:
+        shutil.rmtree(out)
 
 
 if __name__ == "__main__":

@@ -23,8 +23,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from ..format import metrics as M
-from ..format import vocab as V
+from .. import metrics as M
+from .. import vocab as V
 from .spec import (add_arguments, check_fields, flag_of, from_args, identity, mismatches,
                          option, provenance)
 
@@ -137,7 +137,7 @@ class FaithConfig:
     task: str = option("lm", "lm (perplexity of texts) or a task scored by accuracy",
                        choices=V.TASKS, record="options")
     metrics: tuple[str, ...] = option(M.BUILTIN, "comma-separated metrics (registered ones: "
-                                      "store/format/metrics.py)", kind="names",
+                                      "attngeom/common/metrics.py)", kind="names",
                                       choices=M.names, record="options")
     modes: tuple[str, ...] = option(V.REMOVAL_MODES, "remove the top or the bottom keys",
                                     kind="names", choices=V.REMOVAL_MODES, record="options")
