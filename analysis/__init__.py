@@ -16,9 +16,9 @@ from pathlib import Path
 import xarray as xr
 
 from attngeom.store.format import schema as S
-from attngeom.store.options.stages import AnalysisOptions, provenance
-from attngeom.store.options.ranges import parse_ranges
-from attngeom.store.io.atomic import atomic_write_bytes
+from attngeom.common.options.stages import AnalysisOptions, provenance
+from attngeom.common.options.ranges import parse_ranges
+from attngeom.common.atomic import atomic_write_bytes
 from attngeom.store.io.writer import write_netcdf
 
 from ._common import with_provenance
@@ -45,7 +45,7 @@ def run_all(ds: xr.Dataset, out_dir: str | os.PathLike | None = None,
             **changes) -> dict:
     """Run the four analyses in one pass over the store; write them when ``out_dir`` is given.
 
-    ``options`` (:class:`attngeom.store.options.stages.AnalysisOptions`: sink_k, tail_w, epsilon,
+    ``options`` (:class:`attngeom.common.options.stages.AnalysisOptions`: sink_k, tail_w, epsilon,
     n_boot, seed, level, layers; default: all defaults), with ``changes`` to any of its fields
     by keyword (``run_all(ds, out, n_boot=20)``).
 
@@ -70,7 +70,7 @@ def run_all(ds: xr.Dataset, out_dir: str | os.PathLike | None = None,
     info = describe(ds, opts.sink_k, opts.tail_w, layers)
     ds.attngeom.groups(info.k, info.w).require_groups()
     analytic = info.store_k == 1
-    from attngeom.store.dataset.distributed import scheduler as dask_scheduler
+    from .scheduler import scheduler as dask_scheduler
 
     workers = default_fit_workers() if fit_workers is None else int(fit_workers)
     with dask_scheduler(scheduler), fit_pool(workers) as pool:

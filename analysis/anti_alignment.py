@@ -33,7 +33,7 @@ import xarray as xr
 from scipy import stats
 
 from attngeom.store.format import schema as S
-from attngeom.store.format.vocab import LEVEL, SEED
+from attngeom.common.vocab import LEVEL, SEED
 
 from ._common import fdr, with_provenance
 from .blocks import DEFAULT_BLOCK_ELEMENTS, Block, describe, require, run_pass

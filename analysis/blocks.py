@@ -21,7 +21,7 @@ import xarray as xr
 
 from attngeom.store.format import schema as S
 from attngeom.store.dataset.groups import KeyGroups
-from attngeom.store.format.vocab import GROUPS
+from attngeom.common.vocab import GROUPS
 
 DEFAULT_BLOCK_ELEMENTS = 4_000_000  # float64 cells of one (sequence, head, query, key) block
 MAX_FIT_WORKERS = 4  # processes for the per-layer fits (each holds one layer's rows)

@@ -32,7 +32,7 @@ import xarray as xr
 from scipy import stats
 
 from attngeom.store.format import schema as S
-from attngeom.store.format.vocab import LEVEL, N_BOOT, SEED, SINK
+from attngeom.common.vocab import LEVEL, N_BOOT, SEED, SINK
 
 from ._common import bootstrap_rng, fdr, one_sided_from_two, with_provenance
 from .blocks import DEFAULT_BLOCK_ELEMENTS, Block, describe, require, run_pass

@@ -41,7 +41,7 @@ import xarray as xr
 
 from attngeom.store.format import schema as S
 from attngeom.store.dataset.accessor import RATIO
-from attngeom.store.format.vocab import GROUPS, MIDDLE, SINK, TAIL
+from attngeom.common.vocab import GROUPS, MIDDLE, SINK, TAIL
 
 from ._common import with_provenance
 from .blocks import DEFAULT_BLOCK_ELEMENTS, Block, describe, require, run_pass

@@ -33,7 +33,7 @@ import xarray as xr
 from scipy import stats
 from statsmodels.stats.multitest import multipletests
 
-from attngeom.store.format.vocab import COMPREHENSIVENESS, LEVEL, ORDER_RESAMPLES, SEED
+from attngeom.common.vocab import COMPREHENSIVENESS, LEVEL, ORDER_RESAMPLES, SEED
 
 from . import faithfulness as faith
 

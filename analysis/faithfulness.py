@@ -47,8 +47,8 @@ from scipy import stats
 from statsmodels.stats.multitest import multipletests
 
 from attngeom.store.format import derive
-from attngeom.store.format.metrics import PAPER_ORDER
-from attngeom.store.format.vocab import COMPREHENSIVENESS, LEVEL, ORDER_RESAMPLES, SEED
+from attngeom.common.metrics import PAPER_ORDER
+from attngeom.common.vocab import COMPREHENSIVENESS, LEVEL, ORDER_RESAMPLES, SEED
 
 from ._common import bootstrap_rng
 

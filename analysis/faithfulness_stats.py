@@ -32,8 +32,8 @@ from scipy import stats as sps
 
 from attngeom import __version__
 from attngeom.store import read_manifest
-from attngeom.store.format.vocab import LEVEL, ORDER_RESAMPLES, SEED
-from attngeom.store.io.atomic import atomic_write_bytes
+from attngeom.common.vocab import LEVEL, ORDER_RESAMPLES, SEED
+from attngeom.common.atomic import atomic_write_bytes
 from attngeom.store.io.results import recorded_sha256, verified_file
 from attngeom.store.io.writer import write_netcdf
 
@@ -67,7 +67,7 @@ class StatsSettings:
 
 
 def stats_settings(options) -> StatsSettings:
-    """The statistics' settings from an :class:`~attngeom.store.options.stages.AnalysisOptions`
+    """The statistics' settings from an :class:`~attngeom.common.options.stages.AnalysisOptions`
     (its level, seed and order resamples; the margins are the declared ones)."""
     return StatsSettings(level=options.level, seed=options.seed,
                          n_resamples=options.order_resamples)

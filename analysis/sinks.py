@@ -29,7 +29,7 @@ import numpy as np
 import xarray as xr
 
 from attngeom.store.format import schema as S
-from attngeom.store.format.vocab import EPSILON, SINK
+from attngeom.common.vocab import EPSILON, SINK
 
 from ._common import with_provenance
 from .blocks import DEFAULT_BLOCK_ELEMENTS, Block, describe, require, run_pass

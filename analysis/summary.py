@@ -17,7 +17,7 @@ import pandas as pd
 import xarray as xr
 
 from attngeom.store.format import schema as S
-from attngeom.store.format.vocab import GROUPS
+from attngeom.common.vocab import GROUPS
 
 from .decomposition import GROUP, verdict
 

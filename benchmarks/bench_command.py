@@ -91,7 +91,7 @@ def eager_forward(model_path: Path, limit: int, max_length: int, batch_size: int
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from attngeom.extract.loading.data import batches, load_texts, pad_token_id, tokenize_texts
-    from attngeom.store.format import vocab as V
+    from attngeom.common import vocab as V
 
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32,
                                                  attn_implementation="eager").eval()

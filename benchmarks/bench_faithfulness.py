@@ -183,7 +183,7 @@ def main(argv=None) -> int:
         return 0
     import torch
 
-    from attngeom.store.format.metrics import BUILTIN as METRICS
+    from attngeom.common.metrics import BUILTIN as METRICS
 
     torch.set_num_threads(a.threads or torch.get_num_threads())
     model = random_llama(SMOLLM2, layers=a.layers)

@@ -78,7 +78,7 @@ def vocabulary(tok) -> list[str]:
 def extract_store(root: Path, name: str, mode: str, device: str, dtype: str):
     from attngeom.extract.run import extract
     from attngeom.store.io.reader import open_store
-    from attngeom.store.options.stages import ExtractConfig
+    from attngeom.common.options.stages import ExtractConfig
 
     cfg = ExtractConfig(mode=mode, device=device, dtype=dtype, batch_size=BATCH,
                         max_length=MAX_LENGTH, shard_size=4)
@@ -166,7 +166,7 @@ def stage_faithfulness(out: Path, root: Path, plan: Plan) -> None:
 
     import test_faithfulness_reference as ref
     from attngeom.extract.faithfulness import experiment as F
-    from attngeom.store.options.stages import FaithConfig
+    from attngeom.common.options.stages import FaithConfig
 
     results = {}
     for dtype in ("float32", "bfloat16"):

@@ -18,13 +18,13 @@ from tqdm.auto import tqdm
 from attngeom import __version__
 from attngeom.store.format import schema as S
 from attngeom.store.format.chunks import ChunkEncoder
-from attngeom.store.dataset.distributed import check_part, parse_shard, part_record
+from attngeom.store.format.parts import check_part, parse_shard, part_record
 from attngeom.store.format.manifest import portable, spec_label
 from attngeom.store.format.packing import stored_arrays, stored_attrs
-from attngeom.store.format.vocab import FLOAT32
+from attngeom.common.vocab import FLOAT32
 from attngeom.store.format.shards import build_shard
 from attngeom.store.io.writer import StoreWriter
-from attngeom.store.options.stages import ExtractConfig, identity
+from attngeom.common.options.stages import ExtractConfig, identity
 
 from .measurement.capture import capture
 from .loading.data import (TextSet, Tokenized, batches, load_texts, pad_token_id, texts_sha256,
@@ -111,7 +111,7 @@ def extract(model: str, data: str, out: str | Path, cfg: ExtractConfig | None = 
     """Extract ``data`` through ``model`` into the store ``out``; return the manifest.
 
     ``shard="I/N"`` extracts only part I (0-based) of N: a contiguous block of whole shard
-    files (see :mod:`attngeom.store.dataset.distributed`); merging the N part stores with
+    files (see :mod:`attngeom.store.format.parts`); merging the N part stores with
     ``attngeom store merge`` gives exactly the single-process store. ``beyond_context``:
     allow ``max_length`` past the model's configured context (refused otherwise, before the
     store is created, as a store or batch too large for the disk or memory is).

@@ -18,7 +18,7 @@ from matplotlib.figure import Figure
 
 from attngeom.store.format import schema as S
 from attngeom.store.dataset.accessor import RATIO
-from attngeom.store.format import metrics as M
+from attngeom.common import metrics as M
 
 PAGE = (11.69, 8.27)                 # A4 landscape, inches
 RC = {

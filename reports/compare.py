@@ -15,7 +15,7 @@ import pandas as pd
 import xarray as xr
 
 from attngeom.analysis.compare import table1
-from attngeom.store.io.atomic import atomic_file, atomic_write_bytes
+from attngeom.common.atomic import atomic_file, atomic_write_bytes
 
 from ._style import Page, figure, style, table
 from .summary import fmt

@@ -6,7 +6,7 @@ import numpy as np
 from matplotlib.ticker import MaxNLocator
 
 from attngeom.store.format import schema as S
-from attngeom.store.format.vocab import SINK
+from attngeom.common.vocab import SINK
 
 from ._style import Page, figure, legend_below, top_layers
 from .summary import ci, fmt

@@ -7,7 +7,7 @@ from matplotlib.ticker import MaxNLocator
 
 from attngeom.analysis.decomposition import GROUP, PART
 from attngeom.store.format import schema as S
-from attngeom.store.format.vocab import MIDDLE, SINK, TAIL
+from attngeom.common.vocab import MIDDLE, SINK, TAIL
 
 from ._style import PART_COLORS, PART_LABELS, Page, figure, note
 from .summary import fmt

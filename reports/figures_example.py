@@ -17,7 +17,7 @@ from matplotlib.cm import ScalarMappable
 from matplotlib.patches import Rectangle
 
 from attngeom.store.format import schema as S
-from attngeom.store.format.vocab import MIDDLE, SINK, TAIL
+from attngeom.common.vocab import MIDDLE, SINK, TAIL
 
 from ._style import PLAIN, Page, colormap, figure
 from .summary import fmt

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from attngeom.analysis import equivalence as eq
-from attngeom.store.format import metrics as M
+from attngeom.common import metrics as M
 from attngeom.store.format import schema as S
 
 from ._style import Page, figure, metric_color, table

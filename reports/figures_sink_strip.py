@@ -12,7 +12,7 @@ import numpy as np
 from matplotlib import colors
 
 from attngeom.store.format import schema as S
-from attngeom.store.format.vocab import SINK
+from attngeom.common.vocab import SINK
 
 from ._style import PLAIN, Page, colormap, figure
 from .figures_example import SECTION, pick_example, token_labels

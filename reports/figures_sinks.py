@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from attngeom.store.format import schema as S
-from attngeom.store.format.vocab import EPSILON
+from attngeom.common.vocab import EPSILON
 
 from ._style import Page, figure, heatmap, legend_below
 from .summary import fmt

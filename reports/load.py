@@ -21,7 +21,7 @@ from attngeom.analysis.results import analysis_state, read_analysis
 from attngeom.analysis.faithfulness_stats import StatsSettings, for_store, stats_settings
 from attngeom.store import open_store, read_manifest
 from attngeom.store.format import schema as S
-from attngeom.store.options.stages import AnalysisOptions
+from attngeom.common.options.stages import AnalysisOptions
 from attngeom.store.io.results import is_faith_only
 
 

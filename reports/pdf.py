@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 
 from attngeom.store.format import schema as S
-from attngeom.store.io.atomic import atomic_file
-from attngeom.store.options.stages import AnalysisOptions
+from attngeom.common.atomic import atomic_file
+from attngeom.common.options.stages import AnalysisOptions
 
 from . import (figures_anti_alignment, figures_convexity, figures_decomposition, figures_drift,
                figures_example, figures_faithfulness, figures_sink_strip, figures_sinks)
@@ -243,7 +243,7 @@ def build_report(store: str | os.PathLike, out: str | os.PathLike | None = None,
     out : the PDF path (default ``<store>/report.pdf``).
     analysis_dir : analysis results (default ``<store>/analysis``; computed when missing).
     faithfulness : name of the recorded faithfulness result to show.
-    options : the analysis options (:class:`attngeom.store.options.stages.AnalysisOptions`), used
+    options : the analysis options (:class:`attngeom.common.options.stages.AnalysisOptions`), used
         when the analyses run.
     """
     data = gather(store, analysis_dir, faithfulness=faithfulness, progress=progress, log=log,

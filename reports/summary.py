@@ -12,8 +12,8 @@ import numpy as np
 import pandas as pd
 
 from attngeom.store.format import schema as S
-from attngeom.store.format import metrics as M
-from attngeom.store.format.vocab import EPSILON
+from attngeom.common import metrics as M
+from attngeom.common.vocab import EPSILON
 
 MIN_SEQUENCES = 3            # the analyses' clustered fits and per-head tests need this many
 

@@ -27,10 +27,10 @@ from pathlib import Path
 import numpy as np
 import xarray as xr
 
-from attngeom.store.format import metrics as M
+from attngeom.common import metrics as M
 from attngeom.store.format import schema as S
-from attngeom.store.options.ranges import runs_text
-from attngeom.store.format.vocab import VIEW_MAX_BYTES as MAX_BYTES
+from attngeom.common.options.ranges import runs_text
+from attngeom.common.vocab import VIEW_MAX_BYTES as MAX_BYTES
 
 from . import view_data as V
 

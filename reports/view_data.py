@@ -28,7 +28,7 @@ import numpy as np
 import xarray as xr
 
 from attngeom.store.format import schema as S
-from attngeom.store.options.ranges import parse_ranges
+from attngeom.common.options.ranges import parse_ranges
 
 from .tokens import clean_token
 
@@ -75,7 +75,7 @@ class MapSums:
 def select(ds: xr.Dataset, sequences=None, layers=None, heads=None,
            prefix: str = "--") -> xr.Dataset:
     """``ds`` cut to the labels chosen in the range syntax of
-    :mod:`attngeom.store.options.ranges`."""
+    :mod:`attngeom.common.options.ranges`."""
     chosen = {}
     for dim, spec in ((S.SEQUENCE, sequences), (S.LAYER, layers), (S.HEAD, heads)):
         values = parse_ranges(spec, ds[dim].values.tolist(), what=f"{prefix}{dim}s")

@@ -10,7 +10,7 @@ layouts alike.
 
 from .dataset import accessor# noqa: F401  (registers ds.attngeom)
 from .format.manifest import read_manifest
-from .errors import StoreError
+from attngeom.common.errors import StoreError
 from .io.reader import open_store as open
 from .io.reader import open_store
 from .io.save import write

@@ -210,7 +210,7 @@ class SecondStudy(study_plan.Planned, survey.Study):
 
     def layers(self) -> list[int]:
         """Design 2's layers (resolved once, against the model's layer count)."""
-        from attngeom.store.options.ranges import parse_ranges
+        from attngeom.common.options.ranges import parse_ranges
 
         if self._layers is None:
             config = self.model().model.config

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 
-from attngeom.store.format import metrics as M
+from attngeom.common import metrics as M
 
 SHORT = {name: M.label(name, "abbrev") for name in M.names()}   # raw, vw, vwn, contrib, ...
 

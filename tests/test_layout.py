@@ -29,6 +29,70 @@ def test_public_import_paths(module, name):
     assert callable(getattr(importlib.import_module(module), name))
 
 
+# earlier paths of what moved to attngeom.common: each is the same module object
+MOVED = [("attngeom.store.format.metrics", "attngeom.common.metrics"),
+         ("attngeom.store.format.vocab", "attngeom.common.vocab"),
+         ("attngeom.store.errors", "attngeom.common.errors"),
+         ("attngeom.store.options.stages", "attngeom.common.options.stages"),
+         ("attngeom.store.options.spec", "attngeom.common.options.spec"),
+         ("attngeom.store.options.ranges", "attngeom.common.options.ranges")]
+
+
+@pytest.mark.parametrize("old, new", MOVED)
+def test_moved_modules_keep_their_old_import_paths(old, new):
+    assert importlib.import_module(old) is importlib.import_module(new)
+
+
+def test_plugin_authors_imports_still_work():
+    from attngeom.common import metrics
+    from attngeom.store.format.metrics import Metric, register
+    from attngeom.store.options import AnalysisOptions, ExtractConfig, FaithConfig
+
+    from attngeom.common.options import stages
+
+    assert Metric is metrics.Metric and register is metrics.register
+    assert (AnalysisOptions, ExtractConfig, FaithConfig) == (
+        stages.AnalysisOptions, stages.ExtractConfig, stages.FaithConfig)
+
+
+# which part may import which (attngeom.<part>): the declared arrows, and nothing into common
+MAY_IMPORT = {"common": set(), "store": {"common"}, "analysis": {"common", "store"},
+              "reports": {"common", "store", "analysis"},
+              "extract": {"common", "store"}}
+FOLDERS = {"common": ROOT / "attngeom" / "common", "store": ROOT / "store",
+           "analysis": ROOT / "analysis", "reports": ROOT / "reports",
+           "extract": ROOT / "extract"}
+
+
+def _attngeom_parts(path: Path) -> set[str]:
+    """The attngeom parts a module imports (absolute imports, at any depth of the file)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                 [node.module] if isinstance(node, ast.ImportFrom) and node.module
+                 and node.level == 0 else [])
+        found |= {n.split(".")[1] for n in names if n.startswith("attngeom.")}
+    return found
+
+
+@pytest.mark.parametrize("part", MAY_IMPORT)
+def test_imports_follow_the_arrows(part):
+    bad = {p.relative_to(ROOT).as_posix(): sorted(_attngeom_parts(p) - MAY_IMPORT[part]
+                                                  - {part})
+           for p in FOLDERS[part].rglob("*.py")}
+    assert {k: v for k, v in bad.items() if v} == {}
+
+
+def test_the_registry_and_the_options_do_not_import_torch():
+    import subprocess
+    import sys
+
+    code = ("import sys; import attngeom.common.metrics, attngeom.common.options, "
+            "attngeom.store, attngeom.analysis; print('torch' in sys.modules)")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert run.stdout.strip() == "False", run.stderr
+
+
 def test_the_xarray_engine_is_registered():
     import xarray as xr
 
@@ -41,11 +105,11 @@ def _package_files():
 
 
 def test_files_are_renamed_into_place_only_by_the_atomic_writer():
-    """Every file goes through store/io/atomic.py; the one other rename is a model cache
+    """Every file goes through attngeom/common/atomic.py; the one other rename is a model cache
     folder (a directory, replaced whole)."""
     found = {p.relative_to(ROOT).as_posix() for p in _package_files()
              if re.search(r"\bos\.(replace|rename)\(", p.read_text())}
-    assert found == {"store/io/atomic.py", "extract/loading/models.py"}
+    assert found == {"attngeom/common/atomic.py", "extract/loading/models.py"}
 
 
 def test_every_subpackage_is_listed_in_pyproject():

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 
-from attngeom.store.options.stages import AnalysisOptions, AnalyzeCommand, add_arguments, from_args
+from attngeom.common.options.stages import AnalysisOptions, AnalyzeCommand, add_arguments, from_args
 
 
 def add_parser(p: argparse.ArgumentParser) -> None:
@@ -25,7 +25,7 @@ def run(args: argparse.Namespace) -> int:
     from attngeom.analysis.faithfulness_stats import for_store, stats_settings
     from attngeom.store import open as open_store
     from attngeom.store import StoreError, read_manifest
-    from attngeom.store.dataset.distributed import parse_scheduler
+    from attngeom.analysis.scheduler import parse_scheduler
     from attngeom.store.io.results import entries, is_faith_only
 
     cmd, options = from_args(args, AnalyzeCommand), from_args(args, AnalysisOptions)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 
-from attngeom.store.format.vocab import FAITHFULNESS_NAME
+from attngeom.common.vocab import FAITHFULNESS_NAME
 
 
 def add_parser(p: argparse.ArgumentParser) -> None:

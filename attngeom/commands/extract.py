@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from attngeom.store.options.stages import ExtractCommand, ExtractConfig, add_arguments, from_args
+from attngeom.common.options.stages import ExtractCommand, ExtractConfig, add_arguments, from_args
 
 
 def add_parser(p) -> None:
@@ -65,7 +65,7 @@ def load_data(data: str, cfg: ExtractConfig):
 
 
 def run(args) -> int:
-    from attngeom.store.dataset.distributed import parse_shard
+    from attngeom.store.format.parts import parse_shard
 
     cmd, cfg = from_args(args, ExtractCommand), from_args(args, ExtractConfig)
     cfg.check()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from attngeom.store.options.stages import FaithCommand, FaithConfig, add_arguments, from_args
+from attngeom.common.options.stages import FaithCommand, FaithConfig, add_arguments, from_args
 
 
 def check_data(cfg: FaithConfig, data: str) -> None:

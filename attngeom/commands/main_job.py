@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from attngeom.store.options.stages import (RUN_FAITH_BLOCK, RUN_STAGES, AnalysisOptions,
+from attngeom.common.options.stages import (RUN_FAITH_BLOCK, RUN_STAGES, AnalysisOptions,
                                            ExtractConfig, FaithConfig, RunOptions, add_arguments,
                                            from_args, mismatches)
 
@@ -70,7 +70,7 @@ def limit_threads(n: int | None) -> int:
 
 def _manifest(store: Path) -> dict | None:
     from attngeom.store import read_manifest
-    from attngeom.store.errors import StoreError
+    from attngeom.common.errors import StoreError
 
     try:
         return read_manifest(store) if (store / "manifest.json").is_file() else None

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 
-from attngeom.store.options.stages import (REPORT_ANALYSIS, AnalysisOptions, ReportCommand,
+from attngeom.common.options.stages import (REPORT_ANALYSIS, AnalysisOptions, ReportCommand,
                                     add_arguments, from_args)
 
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import argparse
 
-from attngeom.store.options.ranges import SYNTAX
-from attngeom.store.format.vocab import VIEW_MAX_BYTES
+from attngeom.common.options.ranges import SYNTAX
+from attngeom.common.vocab import VIEW_MAX_BYTES
 
 
 def _bytes(text: str) -> int:

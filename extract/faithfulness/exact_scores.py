@@ -20,7 +20,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from attngeom.store.format import metrics
+from attngeom.common import metrics
 
 from ..measurement.geometry import Projection, softmax_masked, vecdot
 
@@ -42,7 +42,7 @@ def resolve_kernel(path: str) -> Callable:
         return getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError) as exc:
         raise ValueError(f"metric kernel '{path}' cannot be loaded ({exc}); check the "
-                         "metric's registration (store/format/metrics.py)") from exc
+                         "metric's registration (attngeom/common/metrics.py)") from exc
 
 
 def rowmm(a: Tensor, b: Tensor) -> Tensor:

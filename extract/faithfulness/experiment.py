@@ -22,10 +22,10 @@ from tqdm.auto import tqdm
 
 from attngeom.store.format.manifest import portable
 from attngeom.store.io.result_files import open_partial, record_result, result_path
-from attngeom.store.options.stages import FaithConfig
-from attngeom.store.options.ranges import parse_ranges
-from attngeom.store.format import metrics as M
-from attngeom.store.format.vocab import MAGNITUDE, RANKS, SIGNED
+from attngeom.common.options.stages import FaithConfig
+from attngeom.common.options.ranges import parse_ranges
+from attngeom.common import metrics as M
+from attngeom.common.vocab import MAGNITUDE, RANKS, SIGNED
 
 from ..loading.data import Tokenized, batches, load_texts, pad_token_id
 from .interventions import DriftProbe, Intervener, Removal, forward_logits
@@ -40,7 +40,7 @@ from .selection import Workspace
 def ranking_plan(metrics, ranks, granularity: str) -> dict[tuple[str, str], tuple[str, str]]:
     """(metric, rank) -> the (metric, rank) whose forward passes give its results.
 
-    From the metric registry (:mod:`attngeom.store.format.metrics`): a metric that provably
+    From the metric registry (:mod:`attngeom.common.metrics`): a metric that provably
     ranks keys like another one run at this granularity takes its results, and a non-negative
     metric ranks the same by |score| as by score. Such pairs are copied, not recomputed.
     """

@@ -3,7 +3,7 @@
 Removal (faithfulness). At each intervened layer, from that layer's own clean attention
 (alpha and head outputs computed from the inputs it receives, which earlier interventions have
 already changed), every eligible key j of every query i gets a score of the chosen metric
-(the registry, :mod:`attngeom.store.format.metrics`):
+(the registry, :mod:`attngeom.common.metrics`):
 
 =============================  =====================================  ====================
 ``attention``                  alpha_ij^h                              >= 0
@@ -52,8 +52,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from attngeom.store.format import metrics as M
-from attngeom.store.format.vocab import (DRIFT_LOW_FRACTION, GRANULARITIES, RANKS, REMOVAL_MODES,
+from attngeom.common import metrics as M
+from attngeom.common.vocab import (DRIFT_LOW_FRACTION, GRANULARITIES, RANKS, REMOVAL_MODES,
                                          SINK_K)
 
 from ..measurement.archs import attention_layers

@@ -12,7 +12,7 @@ from functools import cached_property
 
 import torch
 
-from attngeom.store.format import metrics
+from attngeom.common import metrics
 
 from .dense import grouped, weighted_values
 from .exact_scores import finite, resolve_kernel
@@ -81,7 +81,7 @@ def fast_scores(metric: str, alpha: Tensor, value: Tensor, proj: Projection, lam
                 out: Tensor | None = None, blocks=None) -> tuple[Tensor, ErrorBound]:
     """Scores (B, H, T, Tk) in alpha's dtype (into ``out``; ``alpha`` itself for attention)
     and the relative size of their rounding error: the metric's registered float32 kernel
-    (:mod:`attngeom.store.format.metrics`).
+    (:mod:`attngeom.common.metrics`).
 
     Parameters: see :class:`FastLayer`.
 

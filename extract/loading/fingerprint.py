@@ -21,8 +21,8 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from attngeom.store.errors import StoreWriteError
-from attngeom.store.io.atomic import atomic_write_bytes
+from attngeom.common.errors import StoreWriteError
+from attngeom.common.atomic import atomic_write_bytes
 
 if TYPE_CHECKING:
     import torch

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from attngeom.store.errors import StoreWriteError
-from attngeom.store.io.atomic import atomic_write_bytes
+from attngeom.common.errors import StoreWriteError
+from attngeom.common.atomic import atomic_write_bytes
 
 from . import install
 from .fingerprint import cached_fingerprint, weight_fingerprint

@@ -34,7 +34,7 @@ import numpy as np
 import xarray as xr
 
 from attngeom.store.format.manifest import new_manifest
-from attngeom.store.options.stages import ExtractConfig, check_sink_window
+from attngeom.common.options.stages import ExtractConfig, check_sink_window
 from attngeom.store.io.reader import add_derived, store_attrs
 
 from ..loading.data import Tokenized, texts_sha256, tokenize_texts
@@ -68,7 +68,7 @@ def measure(model, inputs, mode: str = ExtractConfig.mode, sink_k: int = Extract
     inputs : texts (with ``tokenizer``), a mapping with ``input_ids`` [and
         ``attention_mask``], or a mapping with ``pixel_values``; see the module doc.
     mode, sink_k, tail_w, batch_size, store_text, shard_size : as the options of
-        ``attngeom extract`` (:class:`attngeom.store.options.stages.ExtractConfig`); ``batch_size``
+        ``attngeom extract`` (:class:`attngeom.common.options.stages.ExtractConfig`); ``batch_size``
         rows per forward pass, ``shard_size`` the sequences per file of a later
         :func:`attngeom.store.write` (recorded in the config as extract records it).
     tokenizer : the tokenizer (texts; optional for token ids) or the image processor

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from attngeom.store.format.vocab import COMPACT, DENSE, SINK_K, TAIL_W
+from attngeom.common.vocab import COMPACT, DENSE, SINK_K, TAIL_W
 
 from .geometry import (Projection, attention_bias, attention_probs, band, band_values,
                        fused_attention, per_token, repeat_kv, tail_index)

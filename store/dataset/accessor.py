@@ -26,19 +26,18 @@ from typing import Iterable
 import numpy as np
 import xarray as xr
 
+from attngeom.common.vocab import COMPACT, DENSE, GROUPS, LAYOUTS, MIDDLE, SINK, TAIL, TAIL_W
+
+from ..format import derive
 from ..format import schema as S
 from ..io.blockread import ENCODING_KEY, local_scheduler
 from .groups import KeyGroups, check_group
-from ..format.vocab import COMPACT, DENSE, GROUPS, LAYOUTS, MIDDLE, SINK, TAIL, TAIL_W
 
 # dims in the order every block array is given: the schema's order
 CANONICAL = (S.SEQUENCE, S.LAYER, S.HEAD, S.POSITION, S.QUERY, S.KEY, S.SINK, S.LAG)
 MASK_VARIABLES = (S.LENGTH, S.FINITE, S.SPECIAL)      # read with every block
 RATIO = "ratio"                                       # value_norm / output_norm of a key group
 PAIR_QUANTITIES = tuple(S.PAIR_VARIABLES) + tuple(S.DERIVED_PAIR_VARIABLES)
-DERIVED_PARTS = {S.CONTRIBUTION: (S.ALPHA, S.COSINE, S.VALUE_NORM, S.OUTPUT_NORM),
-                 S.CONTRIBUTION_LAYER: (S.ALPHA, S.COSINE_LAYER, S.VALUE_NORM,
-                                        S.LAYER_OUTPUT_NORM)}
 
 
 @xr.register_dataset_accessor("attngeom")
@@ -180,11 +179,11 @@ class StoreAccessor:
             stored = [per_group[g] for g in groups if g != MIDDLE or per_group[g] in S.DIMS]
         out = []
         for var in stored:
-            if var in self._ds or name not in DERIVED_PARTS or var.startswith(S.MIDDLE_PREFIX):
+            if var in self._ds or name not in derive.DERIVED or var.startswith(S.MIDDLE_PREFIX):
                 out.append(var)
             else:                      # derived on read, absent here: read its parts
                 keys = groups if self.all_keys else [g for g in groups if g != MIDDLE]
-                out += self.sources(DERIVED_PARTS[name], keys)
+                out += self.sources(derive.DERIVED[name].parts(), keys)
         return out
 
     def block_width(self, groups: Iterable[str], k: int, w: int) -> int:

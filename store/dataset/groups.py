@@ -33,13 +33,10 @@ from xarray.indexes import PandasIndex
 
 from ..format import derive
 from ..format import schema as S
-from ..format.vocab import GROUPS, MIDDLE, SINK, TAIL
+from attngeom.common.vocab import GROUPS, MIDDLE, SINK, TAIL
 
 SLOT = {SINK: S.SINK, TAIL: S.LAG, MIDDLE: S.KEY}    # the slot dimension of each group
 RATIO = "ratio"
-DERIVED = {S.CONTRIBUTION: (S.COSINE, S.OUTPUT_NORM, derive.contribution),
-           S.CONTRIBUTION_LAYER: (S.COSINE_LAYER, S.LAYER_OUTPUT_NORM,
-                                  derive.contribution_layer)}
 
 
 class _A(NamedTuple):
@@ -275,14 +272,10 @@ class KeyGroups:
     def _value_norm(self, group: str) -> _A:
         """value_norm of each slot's key, (..., head, query, slot) (unmasked)."""
         vn = self._var(S.VALUE_NORM)                     # (..., head, key)
-        lead, slot = vn.dims[:-1], SLOT[group]
-        if group == TAIL:
-            idx = derive.tail_keys(self.n_positions, self.k, self.w)[0]
-            out = vn.data[..., idx.ravel()].reshape(vn.data.shape[:-1] + idx.shape)
-        else:
-            rows = vn.data[..., None, : self.k] if group == SINK else vn.data[..., None, :]
-            out = np.broadcast_to(rows, self._shape(lead, slot))
-        return _A(out, lead + (S.QUERY, slot))
+        slot = SLOT[group]
+        n = {SINK: self.k, TAIL: self.w, MIDDLE: self.n_positions}[group]
+        return _A(derive.slot_value_norm(vn.data, slot, self.n_positions, n),
+                  vn.dims[:-1] + (S.QUERY, slot))
 
     @_memo
     def _group(self, group: str, name: str) -> _A:
@@ -291,11 +284,12 @@ class KeyGroups:
             vn = self._group(group, S.VALUE_NORM)
             on = self._per(S.OUTPUT_NORM, S.QUERY)
             return _A(vn.data / _expand(on, vn.dims), vn.dims)
-        if name in DERIVED and not self._has(group, name):
-            cosine, norm, formula = DERIVED[name]
-            parts = [self._group(group, n) for n in (S.ALPHA, S.VALUE_NORM, cosine)]
+        if name in derive.DERIVED and not self._has(group, name):
+            alpha, cosine, vn, norm = derive.DERIVED[name].parts()
+            parts = [self._group(group, n) for n in (alpha, vn, cosine)]
             dims = parts[0].dims
-            out = formula(*(p.data for p in parts), _expand(self._per(norm, S.QUERY), dims))
+            out = derive.DERIVED[name].formula(*(p.data for p in parts),
+                                               _expand(self._per(norm, S.QUERY), dims))
             return _A(out, dims)
         out = self._value_norm(group) if name == S.VALUE_NORM else self._stored(group, name)
         return _where(self._member(group), out)

@@ -14,8 +14,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..errors import StoreError
-from ..io.atomic import atomic_write_bytes
+from attngeom.common.errors import StoreError
+from attngeom.common.atomic import atomic_write_bytes
 from .schema import FORMAT_NAME, SCHEMA_VERSION
 
 MANIFEST = "manifest.json"

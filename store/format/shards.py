@@ -22,7 +22,7 @@ import xarray as xr
 
 from ..format import schema as S
 from .chunks import LEVEL, Encoded, chunk_rows, fill_value
-from ..io.atomic import atomic_write_bytes
+from attngeom.common.atomic import atomic_write_bytes
 from .packing import FILL, cf_attrs, is_packed, precision_of
 
 SHARD_DIR = "shards"
@@ -140,7 +140,7 @@ def write_shard(ds: xr.Dataset, path: str | Path,
     """Write a shard atomically with the store's compression and chunking.
 
     The file is built in memory and written by
-    :func:`attngeom.store.io.atomic.atomic_write_bytes`: a file with the final name is always
+    :func:`attngeom.common.atomic.atomic_write_bytes`: a file with the final name is always
     complete, a failed write (disk full, read-only folder) raises StoreWriteError naming
     ``path``. (HDF5 writing straight to a full disk can crash the process on close.)
 

@@ -23,7 +23,6 @@ import xarray as xr
 
 from ..format import derive
 from ..format import schema as S
-from ..dataset.groups import DERIVED  # contribution(s) -> (cosine, norm, formula)
 
 ENCODING_KEY = "attngeom_direct_reads"   # ds.encoding entry set by open_store
 # No HDF5 chunk cache, here and in the store's own handles (store/io/reader.py): every read takes
@@ -75,7 +74,7 @@ class DirectReads:
         """Whether ``name`` reads from the files as it would through dask."""
         if name in self.tokens:
             return getattr(ds.variables[name].data, "name", None) == self.tokens[name]
-        if _split(name)[0] not in DERIVED or name not in ds:
+        if derive.split(name)[0] not in derive.DERIVED or name not in ds:
             return False
         return all(self.readable(ds, n) for n in self._parts(name))
 
@@ -103,35 +102,11 @@ class DirectReads:
             out[n] = xr.Variable(dims, np.concatenate(pieces[n]))
         for name in names:
             if name not in out:
-                out[name] = _derive(ds, name, out)
+                out[name] = derive.derive_pair(name, out.__getitem__, ds.sizes[S.QUERY])
         return {n: out[n] for n in names}
 
     def _parts(self, name: str) -> tuple[str, ...]:
         if name in self.tokens:
             return (name,)
-        base, prefix = _split(name)
-        cosine, norm, _ = DERIVED[base]
-        return prefix + S.ALPHA, prefix + cosine, S.VALUE_NORM, norm
-
-
-def _split(name: str) -> tuple[str, str]:
-    """(base name, ``tail_`` or "") of a pair variable."""
-    if name.startswith(S.TAIL_PREFIX):
-        return name[len(S.TAIL_PREFIX):], S.TAIL_PREFIX
-    return name, ""
-
-
-def _derive(ds: xr.Dataset, name: str, got: dict[str, xr.Variable]) -> xr.Variable:
-    """A contribution derived on read, as :func:`attngeom.store.io.reader.add_derived` forms it:
-    value norms of the sink keys (``sink``) or gathered at key = query - lag (``lag``), the
-    formula broadcast by dim name, in float32."""
-    base, prefix = _split(name)
-    cosine, norm, formula = DERIVED[base]
-    alpha, vn = got[prefix + S.ALPHA], got[S.VALUE_NORM]            # (S, H, Q, slot), (S, H, K)
-    if prefix:
-        key, _ = derive.tail_keys(ds.sizes[S.QUERY], 0, ds.sizes[S.LAG])   # (query, lag)
-        vn = xr.Variable(vn.dims[:-1] + (S.QUERY, S.LAG), vn.values[..., key])
-    else:
-        vn = xr.Variable(vn.dims[:-1] + (S.SINK,), vn.values[..., : ds.sizes[S.SINK]])
-    value = formula(alpha, vn, got[prefix + cosine], got[norm])
-    return value.transpose(*alpha.dims).astype("float32")
+        base, prefix = derive.split(name)
+        return derive.DERIVED[base].parts(prefix)

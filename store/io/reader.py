@@ -16,7 +16,7 @@ from ..format import derive
 from .blockread import CHUNK_CACHE_BYTES, ENCODING_KEY, DirectReads
 from ..format import schema as S
 from ..format.manifest import check_coverage, config_hash, read_manifest
-from ..errors import StoreError
+from attngeom.common.errors import StoreError
 from ..format.packing import precision_of
 from ..format.shards import expected_labels, expected_variables, layout_problem
 
@@ -172,31 +172,15 @@ def describe_store(manifest: dict) -> dict:
 def add_derived(ds: xr.Dataset) -> xr.Dataset:
     """contribution = alpha * value_norm * cosine / output_norm (and the layer version).
 
-    Added lazily (formulas of :mod:`attngeom.store.format.derive`) for the pair variables and, in
-    compact stores, the tail window (whose value norms are gathered at key = query - lag).
+    Added lazily (:func:`attngeom.store.format.derive.derive_pair`) for the pair variables and,
+    in compact stores, the tail window (whose value norms are gathered at key = query - lag).
     """
     if S.ALPHA not in ds:
         return ds
-    vn = ds[S.VALUE_NORM]
-    if S.SINK in ds[S.ALPHA].dims:
-        sink_vn = vn.isel(key=slice(0, ds.sizes[S.SINK])).rename(key=S.SINK)
-        _derive(ds, "", sink_vn.assign_coords({S.SINK: ds[S.SINK].values}))
-    else:
-        _derive(ds, "", vn)
-    if S.TAIL_PREFIX + S.ALPHA in ds:
-        key, _ = derive.tail_keys(ds.sizes[S.QUERY], 0, ds.sizes[S.LAG])   # (query, lag)
-        tail_vn = vn.drop_vars(S.KEY).isel(key=xr.DataArray(key, dims=(S.QUERY, S.LAG)))
-        _derive(ds, S.TAIL_PREFIX, tail_vn)
+    prefixes = ("", S.TAIL_PREFIX) if S.TAIL_PREFIX + S.ALPHA in ds else ("",)
+    for prefix in prefixes:
+        for base in derive.DERIVED:
+            name = prefix + base
+            ds[name] = derive.derive_pair(name, ds.variables.__getitem__, ds.sizes[S.QUERY])
+            ds[name].attrs["description"] = S.DESCRIPTIONS[name] + " (derived on read)"
     return ds
-
-
-def _derive(ds: xr.Dataset, prefix: str, value_norm: xr.DataArray) -> None:
-    alpha = ds[prefix + S.ALPHA]
-    parts = {S.CONTRIBUTION: derive.contribution(alpha, value_norm, ds[prefix + S.COSINE],
-                                                 ds[S.OUTPUT_NORM]),
-             S.CONTRIBUTION_LAYER: derive.contribution_layer(
-                 alpha, value_norm, ds[prefix + S.COSINE_LAYER], ds[S.LAYER_OUTPUT_NORM])}
-    for name, value in parts.items():
-        ds[prefix + name] = value.transpose(*alpha.dims).astype("float32")
-        ds[prefix + name].attrs["description"] = (S.DESCRIPTIONS[prefix + name]
-                                                  + " (derived on read)")

@@ -16,10 +16,10 @@ import xarray as xr
 
 from ..format.manifest import (MANIFEST, canonical, config_difference, config_hash, file_sha256,
                                now, read_manifest, write_manifest)
-from ..errors import StoreError
-from ..format.readme import write_readme
+from attngeom.common.errors import StoreError
+from .readme import write_readme
 from .results import entries
-from .atomic import atomic_write_bytes
+from attngeom.common.atomic import atomic_write_bytes
 from .writer import Log, remove_temporaries, results_manifest, write_netcdf
 
 

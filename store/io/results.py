@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..format.manifest import file_sha256
-from ..errors import StoreError
+from attngeom.common.errors import StoreError
 
 FAITH_ONLY = "faithfulness"
 

@@ -21,7 +21,7 @@ import xarray as xr
 
 from ..format import schema as S
 from ..format.manifest import config_hash, without_text
-from ..errors import StoreError
+from attngeom.common.errors import StoreError
 from ..format.shards import layout_problem
 from .writer import StoreWriter
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from ..format.manifest import config_hash, coverage_problems, file_sha256, read_manifest
-from ..errors import StoreError
+from attngeom.common.errors import StoreError
 from ..format.packing import packing_problem, precision_of
 from .results import check as check_results
 from .results import entries as result_entries

@@ -16,7 +16,7 @@ Extraction, merge and subset::
 Result files (``attngeom faithfulness``): :mod:`attngeom.store.io.result_files`.
 
 Files outside a store (analysis results, exports): :func:`write_netcdf` here, and the atomic
-files of :mod:`attngeom.store.io.atomic` (``atomic_write_bytes``, ``copy_file``, ``atomic_file``
+files of :mod:`attngeom.common.atomic` (``atomic_write_bytes``, ``copy_file``, ``atomic_file``
 for a writer that streams into a file of its own).
 """
 
@@ -33,10 +33,10 @@ from ..format import schema as S
 from ..format.chunks import Encoded
 from ..format.manifest import (MANIFEST, config_difference, file_sha256, new_manifest,
                                read_manifest, write_manifest)
-from ..errors import StoreError, write_error
-from .atomic import atomic_write_bytes, copy_file, fsync_dir, temporary_name
+from attngeom.common.errors import StoreError, write_error
+from attngeom.common.atomic import atomic_write_bytes, copy_file, fsync_dir, temporary_name
 from ..format.packing import precision_of, stored_dataset
-from ..format.readme import write_readme
+from .readme import write_readme
 from .results import FAITH_ONLY, entries, result_file
 from ..format.shards import (SHARD_DIR, layout_problem, netcdf_bytes, shard_attrs, shard_name,
                      write_shard)

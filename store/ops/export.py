@@ -29,11 +29,11 @@ import numpy as np
 
 from ..format import schema as S
 from ..format.manifest import MANIFEST, file_sha256, read_manifest
-from ..errors import StoreError
-from ..format.readme import README, readme_text
+from attngeom.common.errors import StoreError
+from ..io.readme import README, readme_text
 from ..io.results import entries as result_entries
 from ..io.results import is_faith_only
-from ..io.atomic import atomic_file, atomic_write_bytes, copy_file
+from attngeom.common.atomic import atomic_file, atomic_write_bytes, copy_file
 
 FORMATS = ("zarr", "parquet", "hf")
 SOURCE_MANIFEST = MANIFEST.replace(".json", ".source.json")   # the source manifest, copied

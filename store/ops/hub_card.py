@@ -2,7 +2,7 @@
 
 YAML metadata first (license, pretty_name, tags, size category, one config per table with
 its data_files), then what the tables hold: every column with its definition (the store's
-variables from :mod:`attngeom.store.format.schema`, units from :mod:`attngeom.store.format.readme`;
+variables from :mod:`attngeom.store.format.schema`, units from :mod:`attngeom.store.io.readme`;
 a faithfulness result's from the result file), how to load and upload, provenance (the source
 store's README.txt) and the citation.
 """
@@ -14,7 +14,7 @@ import re
 from pathlib import Path
 
 from ..format import schema as S
-from ..format.readme import UNITS, readme_text
+from ..io.readme import UNITS, readme_text
 from ..io.results import entries as result_entries
 from ..io.results import is_faith_only
 

@@ -21,7 +21,7 @@ from typing import Callable
 import numpy as np
 import xarray as xr
 
-from ..errors import StoreError
+from attngeom.common.errors import StoreError
 from ..format import schema as S
 from ..format.manifest import config_hash, file_sha256, parse_manifest, without_text
 from ..format.shards import expected_labels, expected_variables

@@ -36,7 +36,7 @@ import numpy as np
 from ..format import schema as S
 from ..format.manifest import (canonical, config_difference, config_hash, file_sha256,
                                read_complete, without_text)
-from ..errors import StoreError
+from attngeom.common.errors import StoreError
 from ..io.results import conflict as results_conflict
 from ..io.results import entries as result_entries
 from ..io.results import is_faith_only

@@ -8,8 +8,8 @@ import xarray as xr
 
 from ..format import schema as S
 from ..format.manifest import read_complete, without_text
-from ..errors import StoreError
-from ..options.ranges import expand, parse_ranges, runs
+from attngeom.common.errors import StoreError
+from attngeom.common.options.ranges import expand, parse_ranges, runs
 from ..format.shards import read_shard, renumbered
 from ..io.writer import StoreWriter
 
@@ -21,7 +21,7 @@ READ_NEEDS = {  # what attngeom.store.open needs to derive contributions on read
 
 
 def _select(spec, available, what: str) -> list[int]:
-    """:func:`attngeom.store.options.ranges.parse_ranges` of the store's labels; None: all of
+    """:func:`attngeom.common.options.ranges.parse_ranges` of the store's labels; None: all of
     them."""
     chosen = parse_ranges(spec, available, what)
     return [int(a) for a in available] if chosen is None else chosen

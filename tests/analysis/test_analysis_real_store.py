@@ -64,7 +64,7 @@ def test_distributed_scheduler_gives_identical_results(analysed, tmp_path, monke
     import pandas as pd
     from distributed import get_task_stream
 
-    from attngeom.store.dataset import distributed as dist
+    from attngeom.analysis import scheduler as dist
 
     real, tasks = dist.scheduler, []
 

@@ -1,4 +1,4 @@
-"""The metric registry (store/format/metrics.py): every entry's float32 and float64 kernels
+"""The metric registry (attngeom/common/metrics.py): every entry's float32 and float64 kernels
 against a model-space reference written here from MISSION.md's definitions, the copy rules it
 drives, and a metric a user registers running through `attngeom faithfulness --metrics`."""
 

@@ -19,7 +19,8 @@ from tiny_models import _WORDS, save_tiny
 from attngeom.cli import main
 from attngeom.extract.run import ExtractConfig, extract
 from attngeom.store import open_store
-from attngeom.store.dataset.distributed import parse_scheduler, parse_shard, scheduler, shard_block
+from attngeom.analysis.scheduler import parse_scheduler, scheduler
+from attngeom.store.format.parts import parse_shard, shard_block
 from attngeom.store.format.manifest import config_hash, read_manifest
 from attngeom.store.errors import StoreError
 from attngeom.store.ops.merge import merge
