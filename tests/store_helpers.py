@@ -80,6 +80,19 @@ def module_output_size(alpha: np.ndarray, v: np.ndarray, w_o: np.ndarray,
     return z @ np.abs(w_o) + (0.0 if b_o is None else np.abs(b_o))
 
 
+def score_size(alpha: np.ndarray, v: np.ndarray, w_o: np.ndarray) -> np.ndarray:
+    """(B, H, T, Tk): the size every removal score's rounding scales with: 2 alpha ||v~|| /
+    ||o|| (the smaller of the head's and the layer's ||o||: the contributions' operands), at
+    least alpha. v (B, H, Tk, dh) per query head, w_o (H*dh, d); float64."""
+    H, dh = v.shape[1], v.shape[-1]
+    vt = np.stack([v[:, h] @ w_o[h * dh:(h + 1) * dh] for h in range(H)], 1)   # (B,H,Tk,d)
+    o_h = np.einsum("bhij,bhjd->bhid", alpha, vt)
+    on = np.fmin(np.linalg.norm(o_h, axis=-1), np.linalg.norm(o_h.sum(1), axis=-1)[:, None])
+    with np.errstate(invalid="ignore", divide="ignore"):
+        size = 2 * alpha * np.linalg.norm(vt, axis=-1)[:, :, None, :] / on[..., None]
+    return np.fmax(size, alpha)
+
+
 def measurement_bounds(r: dict[str, np.ndarray], dims: dict[str, int], vs=tol.F64,
                        dtype=tol.F32, layers=None) -> dict[str, np.ndarray]:
     """Rounding bounds (absolute, per element) of attngeom's float32 measurements of ``r``.

@@ -7,14 +7,25 @@ from pathlib import Path
 
 import numpy as np
 
+import tolerance as tol
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 import bench_length as bl  # noqa: E402
 
 
+def _slope_bound(T: np.ndarray, y: np.ndarray) -> tol.Tol:
+    """A float64 least-squares slope sum (x - mean) y / sum (x - mean)^2 of n = len(T) points:
+    the logs, the means and both sums, gamma(3n + 4) x sum |x - mean| |y| / sum (x - mean)^2."""
+    x, y = np.log(T), np.log(y)
+    c = np.abs(x - x.mean())
+    return tol.dot(3 * len(T) + 4, (c * np.abs(y)).sum() / (c ** 2).sum(), tol.F64)
+
+
 def test_exponent_is_the_log_log_slope():
     T = np.array([512, 1024, 2048, 4096])
-    assert np.isclose(bl.exponent(T, 3e-6 * T ** 2.0), 2.0)
-    assert np.isclose(bl.exponent(T, 7.0 * T ** 1.25), 1.25)
+    for k, p in ((3e-6, 2.0), (7.0, 1.25)):
+        y = k * T ** p
+        np.testing.assert_allclose(bl.exponent(T, y), p, **_slope_bound(T, y))
     assert np.isnan(bl.exponent(T, [np.nan, np.nan, np.nan, 1.0]))   # one point: no slope
 
 

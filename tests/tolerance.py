@@ -110,12 +110,12 @@ def dot(n: float, size=1.0, dtype=F32, vs=None) -> Tol:
     return Tol(atol=_gammas(n, dtype, vs) * np.asarray(size, dtype=float))
 
 
-def total(n: float, size=1.0, dtype=F64, vs=None) -> Tol:
+def total(n: float, size=1.0, dtype=F32, vs=None) -> Tol:
     """A sum (or mean) of ``n`` terms: gamma(n - 1) x ``size``, the sum (mean) of |terms|."""
     return Tol(atol=_gammas(max(n - 1, 0), dtype, vs) * np.asarray(size, dtype=float))
 
 
-def relative(n: float, dtype=F64, vs=None) -> Tol:
+def relative(n: float, dtype=F32, vs=None) -> Tol:
     """A product or quotient of ``n`` rounded operations (exp, log, sqrt count one each, as
     correctly rounded within u; libm's are within 1 ulp = 2u, so count them twice)."""
     return Tol(rtol=_gammas(n, dtype, vs))

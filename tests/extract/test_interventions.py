@@ -21,12 +21,12 @@ try:
     from tests import reference as ref
     from tests import tiny_models as tm
     from tests import tolerance as tol
-    from tests.store_helpers import model_dims, module_output_size
+    from tests.store_helpers import model_dims, module_output_size, score_size
 except ImportError:
     import reference as ref
     import tiny_models as tm
     import tolerance as tol
-    from store_helpers import model_dims, module_output_size
+    from store_helpers import model_dims, module_output_size, score_size
 
 from attngeom.extract.measurement.hooks import attention_handler
 from attngeom.extract.faithfulness.interventions import (GRANULARITIES, MODES, RANKS,
@@ -164,17 +164,9 @@ def test_selection_with_ties_matches_loops(granularity):
 
 
 def _score_bound(alpha, v, w_o, dims) -> np.ndarray:
-    """The float32 scores' rounding bound: gamma(N) x 2 alpha ||v~|| / ||o|| (the smaller of the
-    head's and the layer's ||o||, so every metric's size), alpha and v given (layer 0 terms)."""
-    a, v = alpha.double().numpy(), v.double().numpy()
-    H, dh = v.shape[1], v.shape[-1]
-    vt = np.stack([v[:, h] @ w_o[h * dh:(h + 1) * dh] for h in range(H)], 1)   # (B,H,T,d)
-    o_h = np.einsum("bhij,bhjd->bhid", a, vt)
-    on = np.fmin(np.linalg.norm(o_h, axis=-1), np.linalg.norm(o_h.sum(1), axis=-1)[:, None])
-    with np.errstate(invalid="ignore", divide="ignore"):
-        size = 2 * a * np.linalg.norm(vt, axis=-1)[:, :, None, :] / on[..., None]
-    n = tol.attention_terms(T=a.shape[-1], **dims)
-    return tol.dot(n, np.fmax(size, a), vs=tol.F64).atol
+    """The float32 scores' rounding bound, alpha and v given (layer 0's chain)."""
+    size = score_size(alpha.double().numpy(), v.double().numpy(), w_o)
+    return tol.dot(tol.attention_terms(T=alpha.shape[-1], **dims), size, vs=tol.F64).atol
 
 
 def _model_space_scores(metric, alpha, v, w_o, n_heads):

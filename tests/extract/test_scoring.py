@@ -16,8 +16,10 @@ import xarray as xr
 
 try:
     from tests import tiny_models as tm
+    from tests import tolerance as tol
 except ImportError:
     import tiny_models as tm
+    import tolerance as tol
 
 from attngeom.extract.faithfulness import experiment as F
 from attngeom.extract.faithfulness.scoring import (encode_pair, prepare_answers, prepare_choices,
@@ -44,6 +46,12 @@ def ids_of(tok, text: str) -> list[int]:
 
 
 # ------------------------------------------------------------------------------ primitives
+def _log_softmax_size(logits: np.ndarray) -> np.ndarray:
+    """1 + |x| + max |x| per entry: what float32 log_softmax's rounding scales with (x - max,
+    a normaliser of V exps, its log, the subtraction: gamma(V + 4) times this)."""
+    return 1 + np.abs(logits) + np.abs(logits).max(-1, keepdims=True)
+
+
 @pytest.mark.parametrize("chunk", [1024, 2])          # 2: a row's positions in several chunks
 def test_span_logprobs_matches_loop(monkeypatch, chunk):
     import attngeom.extract.faithfulness.scoring as scoring
@@ -57,7 +65,10 @@ def test_span_logprobs_matches_loop(monkeypatch, chunk):
     lp = torch.log_softmax(logits.double(), -1)
     want = [sum(float(lp[r, s + m - 1, t]) for m, t in enumerate(tt))
             for r, s, tt in zip(rows, starts, tokens)]
-    np.testing.assert_allclose(got, want, rtol=1e-6)
+    size = _log_softmax_size(logits.double().numpy())
+    span = [sum(size[r, s + m - 1, t] for m, t in enumerate(tt))
+            for r, s, tt in zip(rows, starts, tokens)]
+    tol.assert_close(got, want, tol.dot(logits.shape[-1] + 4, span, vs=tol.F64), "span")
 
 
 def test_encode_pair_keeps_bos_and_splits_the_room(tok):
@@ -107,12 +118,15 @@ def test_choice_scoring_on_a_bigram_model(tok):
     logits = _bigram_logits(prep.rows, table)
     lp = span_logprobs(logits, prep.span_row, prep.span_start, prep.span_tokens)
     got = unit_scores(prep, lp)
+    table = table.astype(np.float64)
     ls = table - np.log(np.exp(table).sum(1, keepdims=True))       # log-softmax by hand
+    size = _log_softmax_size(table)
+    one = tol.dot(V + 4, size[t["is"], t["the"]], vs=tol.F64)     # one token (all sizes alike)
     first = [ls[t["is"], t[w]] for w in ("a", "the", "it")]
-    np.testing.assert_allclose(got["logprob"][0], first, rtol=1e-5)
-    np.testing.assert_allclose(got["logprob"][1], first, rtol=1e-5)
+    np.testing.assert_allclose(got["logprob"][0], first, **one)
+    np.testing.assert_allclose(got["logprob"][1], first, **one)
     wino = [ls[t[w], t["was"]] + ls[t["was"], t["there"]] for w in ("people", "time")]
-    np.testing.assert_allclose(got["logprob"][2, :2], wino, rtol=1e-5)
+    np.testing.assert_allclose(got["logprob"][2, :2], wino, **(2 * one))    # two tokens
     assert np.isnan(got["logprob"][2, 2])                          # the item has 2 options
     assert got["correct"].tolist() == [1, 0, 1]
 
@@ -132,7 +146,7 @@ def test_lm_perplexity_matches_each_text_alone(tok):
     result = F.compute_block(model, prep, cfg, [], pad_id=tm.PAD_ID)
     ppl = unit_scores(prep, result["clean"])["ppl"]
     want = [_manual_ppl(model, tok(t)["input_ids"]) for t in TEXTS]
-    np.testing.assert_allclose(ppl, want, rtol=1e-5)
+    tol.assert_close(ppl, want, tol.FAITHFULNESS_PPL, "ppl")
 
 
 # ------------------------------------------------------------------------------ the plan
@@ -183,11 +197,14 @@ def test_run_writes_a_labeled_file_and_records_it(tiny_dir, tmp_path, tok):
                         "layer": 2}
     model = tm.build("llama")
     want = [_manual_ppl(model, tok(t)["input_ids"]) for t in TEXTS]
-    np.testing.assert_allclose(ds["clean_ppl"], want, rtol=1e-5)
-    np.testing.assert_allclose(ds["delta_ppl"], ds["ppl"] - ds["clean_ppl"])
+    tol.assert_close(ds["clean_ppl"].values, want, tol.FAITHFULNESS_PPL, "clean_ppl")
+    # one float64 subtraction; a mean of two (fractions 0.2, 0.5)
+    np.testing.assert_allclose(ds["delta_ppl"], ds["ppl"] - ds["clean_ppl"],
+                               **tol.relative(1, tol.F64))
     d = ds["delta_ppl"].transpose("metric", "rank", "mode", "fraction", "sequence").values
-    np.testing.assert_allclose(ds["aopc"].transpose("metric", "rank", "mode", "sequence"),
-                               (d[:, :, :, 0] + d[:, :, :, 1]) / 2)       # fractions 0.2, 0.5
+    tol.assert_close(ds["aopc"].transpose("metric", "rank", "mode", "sequence").values,
+                     (d[:, :, :, 0] + d[:, :, :, 1]) / 2,
+                     tol.total(2, np.abs(d).mean(3), tol.F64, vs=tol.F64), "aopc")
     att = ds["ppl"].sel(metric="attention")
     assert (att.sel(rank="signed") == att.sel(rank="magnitude")).all()      # copied
     c = ds["ppl"].sel(metric="contribution")
@@ -234,7 +251,7 @@ def test_killed_run_resumes_from_finished_blocks(tiny_dir, tmp_path, monkeypatch
     fresh = F.faithfulness(model, data, tmp_path / "fresh", F.FaithConfig(**SMALL),
                            progress=False, log=lambda m: None)
     a, b = (xr.open_dataset(p, engine="h5netcdf").load() for p in (path, fresh))
-    np.testing.assert_allclose(a["ppl"], b["ppl"], rtol=1e-6)
+    tol.assert_close(a["ppl"].values, b["ppl"].values, tol.FAITHFULNESS_PPL, "resumed ppl")
     calls.clear()                                                 # complete: nothing rerun
     F.faithfulness(model, data, out, F.FaithConfig(**SMALL), progress=False, log=lambda m: None)
     assert not calls
@@ -250,13 +267,15 @@ def test_multiple_choice_run(tiny_dir, tmp_path):
     ds = xr.open_dataset(path, engine="h5netcdf").load()
     assert ds["correct"].dims == ("metric", "rank", "mode", "fraction", "item")
     assert ds["logprob"].sizes["option"] == 2 and ds.attrs["loss_variable"] == "accuracy_loss"
-    np.testing.assert_allclose(ds["accuracy"], ds["correct"].mean("item"))
+    np.testing.assert_allclose(ds["accuracy"], ds["correct"].mean("item"),     # a mean of 0/1
+                               **tol.total(ds.sizes["item"], 1.0, tol.F64, vs=tol.F64))
     np.testing.assert_array_equal(ds["clean_correct"],
                                   ds["clean_logprob"].argmax("option") == ds["answer"])
     np.testing.assert_array_equal(ds["accuracy_loss"], ds["clean_correct"] - ds["correct"])
     lp, clean, ans = ds["logprob"].values, ds["clean_logprob"].values, ds["answer"].values
     want = np.stack([clean[u, ans[u]] - lp[..., u, ans[u]] for u in range(len(ans))], -1)
-    np.testing.assert_allclose(ds["answer_logprob_loss"].transpose(*ds["correct"].dims), want)
+    np.testing.assert_allclose(ds["answer_logprob_loss"].transpose(*ds["correct"].dims), want,
+                               **tol.relative(1, tol.F64))                    # a subtraction
 
 
 def test_cli_errors_are_one_line(tiny_dir, tmp_path, capsys):
@@ -315,7 +334,7 @@ def test_out_of_memory_halves_the_batch_and_redoes_the_block(tok, monkeypatch):
     assert current.size == 1 and len(log) == 2 and "batch size 4" in log[0]
     assert cfg.batch_size == 4                   # the config is not changed
     want = [_manual_ppl(model, tok(t)["input_ids"]) for t in TEXTS]
-    np.testing.assert_allclose(unit_scores(prep, result["clean"])["ppl"], want, rtol=1e-5)
+    tol.assert_close(unit_scores(prep, result["clean"])["ppl"], want, tol.FAITHFULNESS_PPL, "ppl")
     monkeypatch.setattr(F, "forward_logits", lambda *a: (_ for _ in ()).throw(
         torch.cuda.OutOfMemoryError("CUDA out of memory")))
     with pytest.raises(MemoryError, match="at batch size 1"):

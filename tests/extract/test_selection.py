@@ -20,8 +20,10 @@ import torch
 
 try:
     from tests import tiny_models as tm
+    from tests import tolerance as tol
 except ImportError:
     import tiny_models as tm
+    import tolerance as tol
 
 from attngeom.extract.measurement.hooks import attention_handler
 from attngeom.extract.faithfulness.interventions import (GRANULARITIES, MODES, RANKS,
@@ -303,11 +305,17 @@ def test_learned_sinks_join_the_softmax():
                                                    (B, H, T, 1))], -1)
     p = np.exp(full - full.max(-1, keepdims=True))
     want = (p / p.sum(-1, keepdims=True))[..., :-1]
-    assert np.allclose(want[1, :, 2], 0.0)
+    assert (want[1, :, 2] == 0.0).all()                        # exp(-inf): exactly 0
+    # alpha's rounding: alpha times its logits' (dot products of d_head, their sizes S) and
+    # the softmax's (the normaliser of T + 1 terms, the exp, the division): 2 alpha (1 + S)
+    S = np.einsum("bhid,bhjd->bhij", np.abs(q.double().numpy()),
+                  np.repeat(np.abs(k.double().numpy()), H // G, 1)) * scale
+    size = 2 * want * (1 + np.abs(sinks.double().numpy())[..., None] + S.max(-1, keepdims=True))
     fast = attention_weights(q, k, allowed, scale, None, torch.float32, sinks)
-    np.testing.assert_allclose(fast.numpy(), want, atol=1e-6)
+    tol.assert_close(fast.numpy(), want, tol.dot(dh + T + 4, size, vs=tol.F64), "fast alpha")
     exact = exact_alpha(q, k.repeat_interleave(H // G, 1), allowed, scale, None, sinks)
-    np.testing.assert_allclose(exact.numpy(), want, atol=1e-12)
+    tol.assert_close(exact.numpy(), want, tol.dot(dh + T + 4, size, tol.F64, vs=tol.F64),
+                     "exact alpha")
     rows = ExactScores("attention", q, k, k, allowed, scale, None, None, sinks)
     b, i, h = torch.tensor([1, 0, 1]), torch.tensor([2, 5, 3]), torch.tensor([3, 0, 1])
     assert torch.equal(rows(b, i, h), exact[b, h, i])

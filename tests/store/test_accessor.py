@@ -18,7 +18,10 @@ import xarray as xr
 from dask.callbacks import Callback
 
 import attngeom.store  # noqa: F401  (registers ds.attngeom)
+import tiny_models as tm
+import tolerance as tol
 from attngeom.store.format import derive
+from store_helpers import compact_bounds, model_dims
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "analysis"))
 from synthetic_stores import geometric_store, group_of_pairs, to_compact  # noqa: E402
@@ -87,7 +90,9 @@ def test_groups_are_alpha_at_the_named_keys(geo):
                 assert np.isnan(got["sink"][s, :, :, i]).all()
     total = sum(g.total(name, "alpha") for name in GROUPS)
     ok = g.query_ok.values[:, None, None, :] & np.ones(total.shape, bool)
-    np.testing.assert_allclose(total.values[ok], 1.0, atol=1e-12)
+    # the synthetic float64 softmax row, then its group totals and their sum
+    np.testing.assert_allclose(total.values[ok], 1.0, **tol.sums_to_one(T + 3, depth=T + 1,
+                                                                         dtype=tol.F64))
     assert np.isnan(total.values[~ok]).all()
     np.testing.assert_array_equal(g.sink_rate.values, got["sink"][..., 0])
 
@@ -99,12 +104,15 @@ def test_compact_matches_dense(geo):
         for grp in ("sink", "tail"):
             for name in ("alpha", "cosine", "cosine_layer", "contribution",
                          "contribution_layer", "value_norm", "ratio"):
-                xr.testing.assert_allclose(compact.group(grp, name), dense.group(grp, name))
+                # the same stored values, indexed: exact
+                xr.testing.assert_identical(compact.group(grp, name), dense.group(grp, name))
             assert compact.group(grp, "alpha").dims[-1] == {"sink": "sink", "tail": "lag"}[grp]
         for grp in GROUPS:
             for name in ("alpha", "contribution", "contribution_layer"):
-                np.testing.assert_allclose(compact.total(grp, name).values,
-                                           dense.total(grp, name).values, atol=1e-12)
+                # two float64 sums of at most T terms (stored middles: to_compact's)
+                size = np.nansum(np.abs(ds[name].values), -1)
+                tol.assert_close(compact.total(grp, name).values, dense.total(grp, name).values,
+                                 tol.total(T, size, tol.F64, vs=tol.F64), f"{grp} {name}")
             np.testing.assert_array_equal(compact.count(grp).values.astype(float),
                                           np.where(compact.query_ok.values[:, None, None],
                                                    dense.count(grp).values, np.nan)
@@ -117,6 +125,13 @@ def test_ratio_and_derived_contribution_follow_the_definition(geo):
     """alpha * ratio * cosine is the contribution computed from model-space vectors, and is
     what the accessor derives when the store does not hold the contribution."""
     ds = geo[0]
+    # model space (a float64 dot of d, two norms, a division) against alpha x ratio x cosine
+    # (the cosine's dot and norms, two products): gamma(d + 6) x 2 alpha ||v~|| / ||o||
+    d = 5                                                        # geometric_store's default
+    with np.errstate(invalid="ignore", divide="ignore"):
+        o = np.fmin(ds["output_norm"], ds["layer_output_norm"])
+        size = float(np.nanmax(2 * ds["alpha"] * ds["value_norm"] / o))
+    bound = tol.dot(d + 6, size, tol.F64, vs=tol.F64)
     for store in (ds, to_compact(ds)):
         g = store.attngeom.groups()
         bare = store.drop_vars([n for n in ("contribution", "tail_contribution",
@@ -126,11 +141,10 @@ def test_ratio_and_derived_contribution_follow_the_definition(geo):
             c = g.group(grp, "contribution").values           # stored (model space)
             prod = (g.group(grp, "alpha") * g.group(grp, "ratio") * g.group(grp, "cosine"))
             assert np.array_equal(np.isfinite(prod.values), np.isfinite(c))
-            np.testing.assert_allclose(prod.values[np.isfinite(c)], c[np.isfinite(c)],
-                                       rtol=1e-10)
+            np.testing.assert_allclose(prod.values[np.isfinite(c)], c[np.isfinite(c)], **bound)
             for name in ("contribution", "contribution_layer"):
                 np.testing.assert_allclose(bare.group(grp, name).values,
-                                           g.group(grp, name).values, rtol=1e-10)
+                                           g.group(grp, name).values, **bound)
 
 
 def test_masks(geo):
@@ -216,21 +230,37 @@ def test_sources_name_the_layout_variables(geo):
 
 def test_real_stores_dense_and_compact_agree(opened):
     """The session's dense and compact extractions of the same texts: the same groups."""
-    dense = opened["llama", "dense"].attngeom.groups()
+    ds = opened["llama", "dense"]
+    dense = ds.attngeom.groups()
     compact = opened["llama", "compact"].attngeom.groups()
     assert dense.k == compact.k == 2 and dense.w == compact.w == 3
+    # two float32 measurements: each within its bound (store_helpers), sizes from dense's
+    r = {n: ds[n].values.astype(float) for n in ds.data_vars if ds[n].dims[:2] == (
+        "sequence", "layer")}
+    dims = model_dims(tm.make_config("llama"))
+    bound = compact_bounds(r, dims, 2, 3, vs=tol.F32)
+    n = tol.attention_terms(T=ds.sizes["key"], layer=ds.sizes["layer"] - 1, **dims)
     for grp in ("sink", "tail"):
         for name in ("alpha", "contribution", "contribution_layer", "ratio"):
             a, b = compact.group(grp, name).values, dense.group(grp, name).values
-            assert np.array_equal(np.isnan(a), np.isnan(b))
-            np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5, equal_nan=True)
+            prefix = "tail_" if grp == "tail" else ""
+            found = (tol.relative(2 * n + 1, vs=tol.F32) if name == "ratio"     # ||v~|| / ||o||
+                     else tol.Tol(atol=bound[prefix + name]))
+            tol.assert_close(a, b, found, f"{grp} {name}")
+    totals = {"sink": np.nansum(bound["contribution"], -1),
+              "tail": np.nansum(bound["tail_contribution"], -1),
+              "middle": bound["middle_contribution"]}
     for grp in GROUPS:
-        np.testing.assert_allclose(compact.total(grp, "contribution").values,
-                                   dense.total(grp, "contribution").values, atol=1e-4)
+        tol.assert_close(compact.total(grp, "contribution").values,
+                         dense.total(grp, "contribution").values, tol.Tol(atol=totals[grp]),
+                         f"{grp} total")
     total = sum(compact.total(grp, "contribution") for grp in GROUPS).values
     ok = np.isfinite(total)
     assert ok.any()
-    np.testing.assert_allclose(total[ok], 1.0, atol=1e-4)   # c sums to 1 over keys
+    size = sum(np.abs(compact.total(grp, "contribution").values) for grp in GROUPS)
+    one_run = sum(totals.values()) / 2                       # compact alone against exact 1
+    tol.assert_close(total[ok], 1.0, tol.sums_to_one(3, term=one_run, size=size).at(ok),
+                     "c sums to 1 over keys")
     with warnings.catch_warnings():
         warnings.simplefilter("error")                         # clean stores warn nothing
         assert bool(compact.sequence_ok.all())
