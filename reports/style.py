@@ -2,7 +2,7 @@
 
 Figures are built as ``matplotlib.figure.Figure`` objects (no pyplot state, so no GUI backend is
 touched; the commands select Agg), one per page, A4 landscape, with the top strip left for the
-section title and the bottom strip for the caption (:mod:`.pdf` draws both). Fonts are embedded as TrueType (``pdf.fonttype: 42``) so
+section title and the bottom strip for the caption (:mod:`.documents.report` draws both). Fonts are embedded as TrueType (``pdf.fonttype: 42``) so
 the text is selectable. Text from the data (tokens, captions, paths) is drawn with
 ``parse_math=False`` (:data:`PLAIN`) so that ``$`` prints as itself.
 """
@@ -28,7 +28,8 @@ RC = {
     "figure.dpi": 100, "savefig.dpi": 150, "axes.spines.top": False,
     "axes.spines.right": False, "image.cmap": "viridis",
 }
-# the area figure modules draw in (figure fractions); pdf.py adds title above, caption below
+# the area figure modules draw in (figure fractions); documents/report.py adds title above,
+# caption below
 AREA = dict(left=0.07, right=0.96, top=0.86, bottom=0.31)
 PLAIN = {"parse_math": False}
 PART_COLORS = {S.ALPHA: "#4c72b0", RATIO: "#dd8452", S.COSINE: "#55a868"}

@@ -29,7 +29,7 @@ def run(args: argparse.Namespace) -> int:
 
     matplotlib.use("Agg")
     from attngeom.analysis.compare import compare
-    from attngeom.reports.compare import write_csv, write_pdf
+    from attngeom.reports.documents.compare import write_csv, write_pdf
 
     labels = args.labels.split(",") if args.labels else None
     ds = compare(args.stores, labels, faithfulness=args.faithfulness)

@@ -148,8 +148,8 @@ def step_report(store: Path, out: Path, job: Job) -> str:
     import matplotlib
 
     matplotlib.use("Agg")
-    from attngeom.reports.load import gather
-    from attngeom.reports.pdf import render
+    from attngeom.reports.documents.load import gather
+    from attngeom.reports.documents.report import render
 
     inputs = [p for p in (store / ANALYSIS).glob("*") if p.is_file()]
     inputs += [store / "faithfulness.nc"] if (store / "faithfulness.nc").is_file() else []

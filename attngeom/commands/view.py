@@ -1,6 +1,6 @@
 """``attngeom view STORE --out view.html``: explore a store in a browser, one self-contained file.
 
-The page (reports/view.py) needs no network and no server: open it from disk. It embeds the
+The page (reports/view/page.py) needs no network and no server: open it from disk. It embeds the
 chosen sequences, layers and heads (default all) and refuses, naming a selection that fits,
 to grow beyond ``--max-bytes``.
 """

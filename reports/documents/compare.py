@@ -17,8 +17,8 @@ import xarray as xr
 from attngeom.analysis.compare import table1
 from attngeom.common.atomic import atomic_file, atomic_write_bytes
 
-from ._style import Page, figure, style, table
-from .summary import fmt
+from ..style import Page, figure, style, table
+from ..summary import fmt
 
 SECTION = "Comparison"
 FLAG = "†"                      # a cell whose stores differ in a setting that changes it
@@ -183,7 +183,7 @@ def write_pdf(ds: xr.Dataset, out: str | os.PathLike, png: str | os.PathLike | N
     """The comparison PDF (and, with ``png``, the per-layer figure as a PNG)."""
     from matplotlib.backends.backend_pdf import PdfPages
 
-    from .pdf import decorate
+    from .report import decorate
 
     out = Path(out)
     with style():

@@ -1,6 +1,6 @@
 """The PDF report: a title page with provenance and the summary, then one section per question.
 
-:func:`build_report` gathers the results (:mod:`.load`), asks each ``figures_*`` module for its
+:func:`build_report` gathers the results (:mod:`.load`), asks each module of :mod:`..figures` for its
 pages, and writes them with ``PdfPages`` (TrueType fonts, selectable text, vector figures). A
 section whose data is missing is left out, with a line on the title page saying why.
 """
@@ -18,11 +18,10 @@ from attngeom.store.format import schema as S
 from attngeom.common.atomic import atomic_file
 from attngeom.common.options.stages import AnalysisOptions
 
-from . import (figures_anti_alignment, figures_convexity, figures_decomposition, figures_drift,
-               figures_example, figures_faithfulness, figures_sink_strip, figures_sinks)
-from ._style import PAGE, PLAIN, Page, figure, style
+from .. import figures
+from ..style import PAGE, PLAIN, Page, figure, style
+from ..summary import fmt, sentences
 from .load import ReportData, gather
-from .summary import fmt, sentences
 
 SECTIONS = ("Faithfulness", "Sink heads", "Convexity", "Anti-alignment", "Decomposition",
             "Semantic drift", "Example sequence")
@@ -38,26 +37,26 @@ def section_pages(data: ReportData) -> tuple[dict[str, list[Page]], dict[str, st
     pages: dict[str, list[Page]] = {}
     left_out: dict[str, str] = {}
     if data.faith is not None:
-        pages["Faithfulness"] = figures_faithfulness.pages(
+        pages["Faithfulness"] = figures.faithfulness.pages(
             data.faith, data.curves, data.aopc, data.order, data.loss_label)
     else:
         left_out["Faithfulness"] = data.missing["faithfulness"]
     if a is not None:
-        pages["Sink heads"] = figures_sinks.pages(a["sinks"])
-        pages["Convexity"] = figures_convexity.pages(data.ds, a["convexity"], a["sinks"])
+        pages["Sink heads"] = figures.sinks.pages(a["sinks"])
+        pages["Convexity"] = figures.convexity.pages(data.ds, a["convexity"], a["sinks"])
         anti = a["anti_alignment"]
         if np.isfinite(anti["mean_cos"].values).any():
-            pages["Anti-alignment"] = figures_anti_alignment.pages(anti, data.ds, a["sinks"])
+            pages["Anti-alignment"] = figures.anti_alignment.pages(anti, data.ds, a["sinks"])
         else:
             left_out["Anti-alignment"] = (
                 f"not testable: {data.ds.sizes['sequence']} sequence(s); sequences are the "
                 "replicates and the per-head tests need at least 3 (extract more texts)")
-        pages["Decomposition"] = figures_decomposition.pages(a["decomposition"])
+        pages["Decomposition"] = figures.decomposition.pages(a["decomposition"])
     else:
         for name in ("Sink heads", "Convexity", "Anti-alignment", "Decomposition"):
             left_out[name] = why_analysis
     if data.drift is not None:
-        pages["Semantic drift"] = figures_drift.pages(data.faith, data.drift)
+        pages["Semantic drift"] = figures.drift.pages(data.faith, data.drift)
     else:
         left_out["Semantic drift"] = data.missing["drift"]
     lacking = [n for n in EXAMPLE_NEEDS if data.ds is None or n not in data.ds]
@@ -67,8 +66,8 @@ def section_pages(data: ReportData) -> tuple[dict[str, list[Page]], dict[str, st
         left_out["Example sequence"] = f"the store lacks {', '.join(lacking)}"
     else:
         sinks = a["sinks"] if a else None
-        pages["Example sequence"] = (figures_example.pages(data.ds, sinks)
-                                     + figures_sink_strip.pages(data.ds, sinks))
+        pages["Example sequence"] = (figures.example.pages(data.ds, sinks)
+                                     + figures.sink_strip.pages(data.ds, sinks))
     return pages, left_out
 
 

@@ -7,8 +7,8 @@ from matplotlib.ticker import MaxNLocator
 
 from attngeom.store.format import schema as S
 
-from ._style import Page, figure, heatmap, legend_below, symmetric_limit, top_layers
-from .summary import fmt
+from ..style import Page, figure, heatmap, legend_below, symmetric_limit, top_layers
+from ..summary import fmt
 
 SECTION = "Anti-alignment"
 MAX_SEQUENCES = 64             # sequences read from the store for the token-level distribution

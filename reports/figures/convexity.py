@@ -8,8 +8,8 @@ from matplotlib.ticker import MaxNLocator
 from attngeom.store.format import schema as S
 from attngeom.common.vocab import SINK
 
-from ._style import Page, figure, legend_below, top_layers
-from .summary import ci, fmt
+from ..style import Page, figure, legend_below, top_layers
+from ..summary import ci, fmt
 
 SECTION = "Convexity"
 MAX_POINTS = 20000            # (query, head) points drawn per panel

@@ -9,8 +9,8 @@ from attngeom.analysis.decomposition import GROUP, PART
 from attngeom.store.format import schema as S
 from attngeom.common.vocab import MIDDLE, SINK, TAIL
 
-from ._style import PART_COLORS, PART_LABELS, Page, figure, note
-from .summary import fmt
+from ..style import PART_COLORS, PART_LABELS, Page, figure, note
+from ..summary import fmt
 
 SECTION = "Decomposition"
 GROUP_COLORS = {SINK: "#c44e52", TAIL: "#4c72b0", MIDDLE: "#8c8c8c"}

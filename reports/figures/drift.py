@@ -7,8 +7,8 @@ from matplotlib.ticker import MaxNLocator
 
 from attngeom.store.format import schema as S
 
-from ._style import Page, figure
-from .summary import fmt
+from ..style import Page, figure
+from ..summary import fmt
 
 SECTION = "Semantic drift"
 

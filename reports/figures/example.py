@@ -19,9 +19,9 @@ from matplotlib.patches import Rectangle
 from attngeom.store.format import schema as S
 from attngeom.common.vocab import MIDDLE, SINK, TAIL
 
-from ._style import PLAIN, Page, colormap, figure
-from .summary import fmt
-from .tokens import clean_token
+from ..style import PLAIN, Page, colormap, figure
+from ..summary import fmt
+from ..tokens import clean_token
 
 SECTION = "Example sequence"
 DENSE_MAX_QUERY = 95          # dense stores: the query is the last token, at most position 95

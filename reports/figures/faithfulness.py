@@ -8,8 +8,8 @@ from attngeom.analysis import equivalence as eq
 from attngeom.common import metrics as M
 from attngeom.store.format import schema as S
 
-from ._style import Page, figure, metric_color, table
-from .summary import ci, fmt
+from ..style import Page, figure, metric_color, table
+from ..summary import ci, fmt
 
 SECTION = "Faithfulness"
 VERDICTS = {eq.HOLDS: "holds", eq.EQUIVALENT: "equivalent ±δ", eq.REVERSED: "reversed",

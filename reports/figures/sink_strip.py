@@ -14,9 +14,9 @@ from matplotlib import colors
 from attngeom.store.format import schema as S
 from attngeom.common.vocab import SINK
 
-from ._style import PLAIN, Page, colormap, figure
-from .figures_example import SECTION, pick_example, token_labels
-from .summary import fmt
+from ..style import PLAIN, Page, colormap, figure
+from .example import SECTION, pick_example, token_labels
+from ..summary import fmt
 
 PER_ROW, MAX_TOKENS = 16, 64
 

@@ -7,8 +7,8 @@ import numpy as np
 from attngeom.store.format import schema as S
 from attngeom.common.vocab import EPSILON
 
-from ._style import Page, figure, heatmap, legend_below
-from .summary import fmt
+from ..style import Page, figure, heatmap, legend_below
+from ..summary import fmt
 
 SECTION = "Sink heads"
 

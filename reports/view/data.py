@@ -30,7 +30,7 @@ import xarray as xr
 from attngeom.store.format import schema as S
 from attngeom.common.options.ranges import parse_ranges
 
-from .tokens import clean_token
+from ..tokens import clean_token
 
 LEARNED_SINK = "learned_sink_alpha"        # (sequence, layer, head, query), models with one
 F16_MAX = 65504.0                          # float16's largest; float32 beyond it

@@ -4,7 +4,7 @@
 opened store, a cut of one, a measurement held in memory) or a store's path, and returns a
 :class:`View`: ``.save(path)`` writes the page, ``_repr_html_`` renders the same HTML inline.
 The page needs no network and no server: script and style are inlined from
-``reports/view_assets/`` (plain JS and CSS written for it), the numbers embedded as described in :mod:`.view_data`.
+``reports/view/assets/`` (plain JS and CSS written for it), the numbers embedded as described in :mod:`.data`.
 
 What it shows: a layer x head map of the sink rate and of what the sink contributes (this
 sequence, or pooled over the view's sequences); for the chosen sequence, layer and head (or all
@@ -32,9 +32,9 @@ from attngeom.store.format import schema as S
 from attngeom.common.options.ranges import runs_text
 from attngeom.common.vocab import VIEW_MAX_BYTES as MAX_BYTES
 
-from . import view_data as V
+from . import data as V
 
-ASSETS = Path(__file__).with_name("view_assets")
+ASSETS = Path(__file__).with_name("assets")
 SCRIPTS = ("view_data.js", "view_ui.js")    # one function body, in this order
 NOTE = ("Numbers are the store's, embedded as float16: about 3 significant digits (fewer below "
         "6e-5). α is the attention weight α_ij^h, c = α‖ṽ‖cos(o^h, ṽ)/‖o^h‖ the contribution "

@@ -117,7 +117,7 @@ def test_learned_sinks_compact_store(tmp_path):
     import attngeom.store
     from attngeom.analysis import sinks
     from attngeom.extract.run import ExtractConfig, extract
-    from attngeom.reports.figures_sinks import learned_sink_pages
+    from attngeom.reports.figures.sinks import learned_sink_pages
     from attngeom.store.ops.info import summary
     from attngeom.store.io.validate import validate
 
@@ -141,7 +141,7 @@ def test_learned_sinks_compact_store(tmp_path):
     count = int((~np.isnan(lsa[:, 0, 0])).sum())                              # float64 means
     np.testing.assert_allclose(s["learned_sink_rate_mean"].values, want,
                                **tol.total(count, np.nanmax(want), tol.F64, vs=tol.F64))
-    from attngeom.reports._style import style
+    from attngeom.reports.style import style
 
     with style():
         assert len(learned_sink_pages(s)) == 1

@@ -203,7 +203,7 @@ def test_results_only_store_reports_faithfulness_and_says_why_the_rest_is_missin
 
 def test_sink_strips_are_the_store_values(compact_store):
     """α_i0 (mean over heads) and Σ_h C_i0^h per query, against plain numpy on the store."""
-    from attngeom.reports.figures_sink_strip import sink_strips
+    from attngeom.reports.figures.sink_strip import sink_strips
 
     ds = open_store(compact_store)
     alpha, contrib = sink_strips(ds, 1, 0)
@@ -218,7 +218,7 @@ def test_sink_strips_are_the_store_values(compact_store):
 
 
 def test_faithfulness_is_not_suggested_for_an_encoder(tmp_path):
-    from attngeom.reports.load import read_faithfulness
+    from attngeom.reports.documents.load import read_faithfulness
 
     enc = {"config": {"model": {"causal": False, "spec": "minilm-l6"}}}
     ds, stats, why = read_faithfulness(tmp_path, enc, "faithfulness")

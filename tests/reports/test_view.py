@@ -18,7 +18,7 @@ import pytest
 
 import view_reference as R
 from attngeom.cli import main
-from attngeom.reports import view_data as V
+from attngeom.reports.view import data as V
 from attngeom.reports.view import view
 
 

@@ -1,4 +1,4 @@
-// attngeom browser view, part 1: the data (reports/view.py wraps both parts in one function
+// attngeom browser view, part 1: the data (reports/view/page.py wraps both parts in one function
 // of the view's root element). No libraries, no network: the data are in the page
 // (script.ag-meta: JSON; script.ag-blob: one base64 deflated blob per sequence of
 // byte-shuffled float16 arrays, decoded when first shown).
