@@ -21,7 +21,7 @@ from attngeom.store.format.chunks import ChunkEncoder
 from attngeom.store.format.parts import check_part, parse_shard, part_record
 from attngeom.store.format.manifest import portable, spec_label
 from attngeom.store.format.packing import stored_arrays, stored_attrs
-from attngeom.common.vocab import FLOAT32
+from attngeom.common.vocab import FLOAT32, MAX_SHARD_SEQUENCES, SHARD_BYTES
 from attngeom.store.format.shards import build_shard
 from attngeom.store.io.writer import StoreWriter
 from attngeom.common.options.stages import ExtractConfig, identity
@@ -37,9 +37,9 @@ from .loading.budget import (check_budget, check_context, context_length, direct
 
 
 def default_shard_size(cfg: ExtractConfig, n_layers: int, n_heads: int) -> int:
-    """Sequences per shard so that a shard holds about 256 MiB before compression."""
+    """Sequences per shard so that a shard holds about ``SHARD_BYTES`` before compression."""
     per_seq = sequence_bytes(cfg.mode, cfg.max_length, cfg.sink_k, cfg.tail_w, n_layers, n_heads)
-    return int(max(1, min(256, (256 << 20) // per_seq)))
+    return int(max(1, min(MAX_SHARD_SEQUENCES, SHARD_BYTES // per_seq)))
 
 
 BUDGET_SAMPLE = 256            # texts tokenized to size the store before it is started

@@ -11,6 +11,10 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from attngeom.common.vocab import FLOAT32, PACKED
+from attngeom.store.format import schema as S
+from attngeom.store.format.packing import PACKED_VARIABLES
+
 # config fields transformers models use for their position limit, most common first
 CONTEXT_FIELDS = ("max_position_embeddings", "n_positions", "max_sequence_length", "n_ctx",
                   "seq_length")
@@ -37,29 +41,49 @@ def check_context(max_length: int, limit: int | None, beyond: bool, what: str = 
 
 
 # ------------------------------------------------------------------ disk and memory
+FLOAT32_BYTES = 4
+
+
+def _sizes(T: int, sink_k: int, tail_w: int, n_layers: int, n_heads: int) -> dict[str, int]:
+    return {S.LAYER: n_layers, S.HEAD: n_heads, S.POSITION: T, S.QUERY: T, S.KEY: T,
+            S.SINK: min(sink_k, T), S.LAG: tail_w}
+
+
 def sequence_bytes(mode: str, T: int, sink_k: int, tail_w: int, n_layers: int,
                    n_heads: int) -> int:
-    """Float32 bytes one sequence's measurements take before compression (every cell)."""
-    keys = T if mode == "dense" else sink_k + tail_w
-    return 4 * n_layers * n_heads * T * (3 * keys + 12)
+    """Float32 bytes one sequence's measurements take before compression: every cell of
+    every float variable a shard of the layout holds (:func:`attngeom.store.format.schema.
+    variables_for`)."""
+    sizes = _sizes(T, sink_k, tail_w, n_layers, n_heads)
+    return FLOAT32_BYTES * sum(S.cells(n, mode, sizes) for n in S.variables_for(mode))
 
 
 def stored_bytes(mode: str, T: int, sink_k: int, tail_w: int, n_layers: int, n_heads: int,
                  causal: bool, packed: bool) -> float:
     """Bytes one sequence's finite values take in the store (gzip stores NaN padding for
-    almost nothing; finite float32 values compress little): the estimate of the store."""
-    pairs = (T * (T + 1) / 2 if causal else T * T) if mode == "dense" else (sink_k + tail_w) * T
-    value = 2 if packed else 4
-    return n_layers * n_heads * (3 * pairs * value + 12 * T * 4)
+    almost nothing; finite float32 values compress little): the estimate of the store.
+
+    A (query, key) variable of a causal model is finite on its T(T+1)/2 allowed cells; packed
+    variables take 2 bytes a value (:data:`attngeom.store.format.packing.PACKED_VARIABLES`).
+    """
+    precision = PACKED if packed else FLOAT32
+    sizes = _sizes(T, sink_k, tail_w, n_layers, n_heads)
+    total = 0.0
+    for name in S.variables_for(mode):
+        n = S.cells(name, mode, sizes, precision)
+        if causal and S.dims_for(name, mode)[-2:] == (S.QUERY, S.KEY):
+            n *= (T + 1) / (2 * T)
+        total += n * (2 if packed and name in PACKED_VARIABLES else FLOAT32_BYTES)
+    return total
 
 
 def batch_bytes(mode: str, T: int, longest: int, sink_k: int, tail_w: int, n_layers: int,
                 n_heads: int, batch: int) -> float:
     """Working memory of one batch: its measurements, padded to ``T`` positions, held until
     written (twice: measured and encoded), and one layer's attention workspace over the
-    ``longest`` text (scores, weights and their products)."""
+    ``longest`` text (scores, weights and their products: four float32 (head, T, T) arrays)."""
     held = 2 * sequence_bytes(mode, T, sink_k, tail_w, n_layers, n_heads)
-    return batch * (held + 4 * 4 * n_heads * longest * longest)
+    return batch * (held + 4 * FLOAT32_BYTES * n_heads * longest * longest)
 
 
 def available_memory() -> float | None:

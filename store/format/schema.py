@@ -146,6 +146,15 @@ def dims_for(name: str, mode: str, precision: str = FLOAT32) -> tuple[str, ...]:
     return SINK_PAIR if mode == COMPACT and dims == PAIR else dims
 
 
+def cells(name: str, mode: str, sizes: dict[str, int], precision: str = FLOAT32) -> int:
+    """Cells one sequence holds of variable ``name`` (``sizes``: each dim's size but
+    ``sequence``'s)."""
+    n = 1
+    for dim in dims_for(name, mode, precision):
+        n *= 1 if dim == SEQUENCE else int(sizes[dim])
+    return n
+
+
 def variables_for(mode: str, learned_sinks: bool = False) -> list[str]:
     """Names of the float variables a shard of this layout stores (derived ones excluded);
     ``learned_sinks``: the model has learned sink logits (``learned_sink_alpha`` stored)."""

@@ -84,7 +84,8 @@ class ExtractConfig:
                                           "tokens included) instead of padding them; --limit "
                                           "counts the texts kept", type=int, at_least=1,
                                     record="data", omit_default=True)
-    shard_size: int | None = option(None, "sequences per shard file (default: about 256 MiB)",
+    shard_size: int | None = option(None, "sequences per shard file (default: about "
+                                     f"{V.SHARD_BYTES >> 20} MiB)",
                                     type=int, at_least=1, record="options", auto=True)
     store_text: bool = option(True, "leave token strings out", flag="--no-text", kind="negated",
                               record="options")
