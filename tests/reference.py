@@ -121,8 +121,10 @@ def naive_capture(model: torch.nn.Module, inputs: dict) -> list[LayerCapture]:
     return caps
 
 
-def valid_mask(lengths: np.ndarray, T: int, causal: bool, window: int | None) -> np.ndarray:
-    """(B, T_query, T_key) bool: query and key inside the sequence, causal and window respected."""
+def valid_mask(tokens: np.ndarray, causal: bool, window: int | None) -> np.ndarray:
+    """(B, T_query, T_key) bool: query and key real tokens (``tokens`` (B, T), any padding),
+    causal and window respected."""
+    T = tokens.shape[1]
     i = np.arange(T)[:, None]
     j = np.arange(T)[None, :]
     ok = np.ones((T, T), bool)
@@ -132,8 +134,7 @@ def valid_mask(lengths: np.ndarray, T: int, causal: bool, window: int | None) ->
         ok &= (i - j) < window
         if not causal:
             ok &= (j - i) < window
-    inside = np.arange(T)[None, :] < lengths[:, None]  # (B, T)
-    return ok[None] & inside[:, :, None] & inside[:, None, :]
+    return ok[None] & tokens[:, :, None] & tokens[:, None, :]
 
 
 def projected_values(cap: LayerCapture, n_heads: int) -> np.ndarray:
@@ -157,10 +158,10 @@ def _cos(a: np.ndarray, b: np.ndarray) -> np.ndarray:
         return (a * b).sum(-1) / (np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1))
 
 
-def _layer(cap: LayerCapture, lengths: np.ndarray, sink_k: int) -> dict[str, np.ndarray]:
+def _layer(cap: LayerCapture, tokens: np.ndarray, sink_k: int) -> dict[str, np.ndarray]:
     B, H, T, _ = cap.alpha.shape
-    valid = valid_mask(lengths, T, cap.causal, cap.window)[:, None]       # (B, 1, T, T)
-    q_in = (np.arange(T)[None, :] < lengths[:, None])[:, None]            # (B, 1, T)
+    valid = valid_mask(tokens, cap.causal, cap.window)[:, None]           # (B, 1, T, T)
+    q_in = tokens[:, None]                                                # (B, 1, T)
     a = np.where(valid, cap.alpha, 0.0)                                   # (B, H, T, T)
     vt = projected_values(cap, H)                                         # (B, H, T, d)
     o_h = np.einsum("bhij,bhjd->bhid", a, vt)                             # (B, H, T, d)
@@ -191,21 +192,19 @@ def _layer(cap: LayerCapture, lengths: np.ndarray, sink_k: int) -> dict[str, np.
     return out
 
 
-def sequence_lengths(inputs: dict, T: int) -> np.ndarray:
-    """Valid length per sequence from a right-padded ``attention_mask`` (all T without one)."""
+def token_mask(inputs: dict, T: int) -> np.ndarray:
+    """(B, T) bool: the real tokens, from ``attention_mask`` (left, right or no padding); every
+    position without one."""
     mask = inputs.get("attention_mask")
     if mask is None:
         batch = next(v for v in inputs.values() if torch.is_tensor(v)).shape[0]
-        return np.full(batch, T)
-    mask = mask.cpu().numpy()
-    lengths = mask.sum(1)
-    if not all(mask[b, :n].all() for b, n in enumerate(lengths)):
-        raise ValueError("the naive reference expects right padding (ones then zeros)")
-    return lengths
+        return np.ones((batch, T), bool)
+    return mask.cpu().numpy().astype(bool)
 
 
 def naive_measure(model: torch.nn.Module, inputs: dict, sink_k: int = 1) -> dict[str, np.ndarray]:
-    """Every MISSION.md quantity, float64, batch first, NaN outside sequence/causal/window.
+    """Every MISSION.md quantity, float64, batch first, NaN outside the real tokens (any
+    padding), the causal mask and the window.
 
     Shapes: alpha, cosine, cosine_layer, contribution, contribution_layer (B, L, H, Tq, Tk);
     value_norm, sink_value_cosine (B, L, H, Tk); output_norm, residual_norm,
@@ -214,9 +213,8 @@ def naive_measure(model: torch.nn.Module, inputs: dict, sink_k: int = 1) -> dict
     where the query sees only sink keys). The output bias b_O is left out of o_i.
     """
     caps = naive_capture(model, inputs)
-    T = caps[0].alpha.shape[-1]
-    lengths = sequence_lengths(inputs, T)
-    per_layer = [_layer(c, lengths, sink_k) for c in caps]
+    tokens = token_mask(inputs, caps[0].alpha.shape[-1])
+    per_layer = [_layer(c, tokens, sink_k) for c in caps]
     return {name: np.stack([p[name] for p in per_layer], axis=1) for name in NAMES}
 
 

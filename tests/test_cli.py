@@ -127,7 +127,7 @@ def test_smollm2_end_to_end(tmp_path):
     caps = ref.naive_capture(load("smollm2-135m").model, inputs)
     assert len(caps) == ds.sizes["layer"] == 30 and ds.sizes["head"] == 9
     for layer in (0, len(caps) - 1):      # 30 float32 layers: a measured spread, not a bound
-        r = ref._layer(caps[layer], ref.sequence_lengths(inputs, 32), sink_k=1)
+        r = ref._layer(caps[layer], ref.token_mask(inputs, 32), sink_k=1)
         got = ds.isel(layer=layer)
         for q in (1, 7, 31):
             tol.assert_close(got["alpha"].values[:, :, q, 0], r["alpha"][:, :, q, 0],

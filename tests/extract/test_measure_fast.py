@@ -1,6 +1,6 @@
 """The fast compact path (fused kernel + log-sum-exp, masks once per forward, block-banded
-tail, Gram matrices cached per model) against independent computations: a float64
-model-space reference for any padding (left, right, none), plain indexing for the band
+tail, Gram matrices cached per model) against independent computations: the float64
+model-space reference (tests/reference.py) for any padding (left, right, none), plain indexing for the band
 products, and a fresh Gram after an in-place weight change.
 """
 
@@ -19,52 +19,6 @@ from attngeom.extract.measurement.capture import Measurer, capture
 from attngeom.extract.measurement.geometry import band, band_values, cached_projection
 from attngeom.extract.measurement.hooks import attention_handler
 from attngeom.extract.measurement.layer import Options
-
-
-def _cos(a, b):
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return (a * b).sum(-1) / (np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1))
-
-
-def reference_masked(model, inputs: dict, sink_k: int) -> dict[str, np.ndarray]:
-    """Float64 model-space values like ``reference.naive_measure`` for any token mask.
-
-    Valid (query, key): both real tokens, causal and window as the module says (written here
-    from ``attention_mask``, not from attngeom).
-    """
-    caps = ref.naive_capture(model, inputs)
-    tok = inputs["attention_mask"].numpy().astype(bool)                    # (B, T)
-    layers = []
-    for cap in caps:
-        B, H, T, _ = cap.alpha.shape
-        i, j = np.arange(T)[:, None], np.arange(T)[None, :]
-        ok = (j <= i) if cap.causal else np.ones((T, T), bool)
-        if cap.window is not None:
-            ok = ok & (i - j < cap.window) & ((j - i < cap.window) | cap.causal)
-        valid = (ok[None] & tok[:, :, None] & tok[:, None, :])[:, None]    # (B, 1, T, T)
-        q_in = tok[:, None]                                                # (B, 1, T)
-        a = np.where(valid, cap.alpha, 0.0)
-        vt = ref.projected_values(cap, H)                                  # (B, H, T, d)
-        o_h = np.einsum("bhij,bhjd->bhid", a, vt)
-        o = o_h.sum(1)
-        r_h = o_h - np.einsum("bhij,bhjd->bhid", a[..., :sink_k], vt[:, :, :sink_k])
-        vj, oi_h, oi = vt[:, :, None], o_h[:, :, :, None], o[:, None, :, None]
-        with np.errstate(invalid="ignore", divide="ignore"):
-            contrib = a * (oi_h * vj).sum(-1) / (o_h ** 2).sum(-1)[..., None]
-            contrib_layer = a * (oi * vj).sum(-1) / (o ** 2).sum(-1)[:, None, :, None]
-            head_share = (o[:, None] * o_h).sum(-1) / (o ** 2).sum(-1)[:, None]
-        pair = {"alpha": cap.alpha, "cosine": _cos(oi_h, vj), "cosine_layer": _cos(oi, vj),
-                "contribution": contrib, "contribution_layer": contrib_layer}
-        token = {"value_norm": np.linalg.norm(vt, axis=-1),
-                 "sink_value_cosine": _cos(vt[:, :, :1], vt),
-                 "output_norm": np.linalg.norm(o_h, axis=-1),
-                 "residual_norm": np.linalg.norm(r_h, axis=-1),
-                 "sink_residual_cosine": _cos(vt[:, :, :1], r_h), "head_share": head_share}
-        out = {n: np.where(valid, x, np.nan) for n, x in pair.items()}
-        out.update({n: np.where(q_in, x, np.nan) for n, x in token.items()})
-        out["layer_output_norm"] = np.where(tok, np.linalg.norm(o, axis=-1), np.nan)
-        layers.append(out)
-    return {n: np.stack([p[n] for p in layers], axis=1) for n in layers[0]}
 
 
 def _inputs(arch: str, model, padding: str) -> dict:
@@ -122,7 +76,7 @@ def _check_compact(got: dict, r: dict, sink_k: int, tail_w: int, defined, dims) 
 def test_compact_any_padding_equals_reference(arch, padding, sink_k, tail_w):
     model = tm.build(arch, seed=0)
     inputs = _inputs(arch, model, padding)
-    r = reference_masked(model, inputs, sink_k)
+    r = ref.naive_measure(model, inputs, sink_k)
     assert np.isnan(r["output_norm"]).any() == (padding != "none")
     defined = _defined(inputs, r["alpha"].shape[1])
     assert defined.all() == (padding != "left")
