@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-F32, F64 = np.float32, np.float64
+F16, F32, F64 = np.float16, np.float32, np.float64
 
 
 def unit(dtype=F32) -> float:
@@ -119,6 +119,18 @@ def relative(n: float, dtype=F32, vs=None) -> Tol:
     """A product or quotient of ``n`` rounded operations (exp, log, sqrt count one each, as
     correctly rounded within u; libm's are within 1 ulp = 2u, so count them twice)."""
     return Tol(rtol=_gammas(n, dtype, vs))
+
+
+def rounded(dtype=F32) -> Tol:
+    """One rounding to ``dtype`` (a value stored or sent in it): u relative, and half the
+    smallest subnormal absolute (float16's, below 6e-5, step by 6e-8)."""
+    return Tol(rtol=unit(dtype), atol=float(np.finfo(dtype).smallest_subnormal) / 2)
+
+
+def digits(n: int) -> Tol:
+    """A number printed with ``n`` significant decimal digits: half a unit of the last one,
+    at most 0.5 x 10^(1 - n) relative."""
+    return Tol(rtol=0.5 * 10.0 ** (1 - n))
 
 
 def sums_to_one(n: float, depth: float = 0, term=0.0, size=1.0, dtype=F32) -> Tol:

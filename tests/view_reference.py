@@ -14,8 +14,10 @@ from pathlib import Path
 import numpy as np
 import xarray as xr
 
-F16_EPS = 2.0 ** -11          # float16's relative rounding
-ABS = 1e-6                    # below float16's normal range (6e-5), absolute steps of 6e-8
+import tolerance as tol
+
+# a value the view shows: float16, then 3 significant digits
+SHOWN = tol.rounded(tol.F16) + tol.digits(3)
 
 
 def plain(store: Path) -> xr.Dataset:
@@ -109,7 +111,7 @@ def shown_close(shown: str, want) -> bool:
         return shown == "masked"
     digits = re.sub(r"e.*$", "", shown.lstrip("-")).replace(".", "").lstrip("0")
     assert len(digits) <= 3, f"{shown}: more digits than float16 keeps"
-    return abs(float(shown) - want) <= 6e-3 * abs(want) + ABS
+    return abs(float(shown) - want) <= SHOWN.limit(want)
 
 
 def page_parts(html: str) -> tuple[dict, list[str]]:
