@@ -88,7 +88,7 @@ SMOKE = Plan("cpu", SHAPE_SMOKE, ((16, 2), (32, 1), (64, 1), (96, 1)), 32, 64, (
 
 
 def is_oom(exc: BaseException) -> bool:
-    from attngeom.extract.run import is_out_of_memory
+    from attngeom.extract.measurement.batches import is_out_of_memory
 
     return isinstance(exc, MemoryError) or is_out_of_memory(exc)
 

@@ -40,7 +40,7 @@ def gpu_state() -> dict:
     """Versions and the GPU's clocks now (nvidia-smi), or why they are unavailable."""
     import torch
 
-    from attngeom.extract.run import versions
+    from attngeom.extract.provenance import versions
 
     info = {**versions(), "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version()}
     query = "name,driver_version,clocks.sm,clocks.mem,clocks.max.sm,temperature.gpu,power.draw"

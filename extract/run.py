@@ -8,30 +8,29 @@ command skips recorded shards whose file and checksum are intact.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import xarray as xr
 from tqdm.auto import tqdm
 
-from attngeom import __version__
+from attngeom.common.options.stages import ExtractConfig, identity
+from attngeom.common.vocab import FLOAT32, MAX_SHARD_SEQUENCES, SHARD_BYTES
 from attngeom.store.format import schema as S
 from attngeom.store.format.chunks import ChunkEncoder
-from attngeom.store.format.parts import check_part, parse_shard, part_record
 from attngeom.store.format.manifest import portable, spec_label
-from attngeom.store.format.packing import stored_arrays, stored_attrs
-from attngeom.common.vocab import FLOAT32, MAX_SHARD_SEQUENCES, SHARD_BYTES
+from attngeom.store.format.packing import stored_attrs
+from attngeom.store.format.parts import check_part, parse_shard, part_record
 from attngeom.store.format.shards import build_shard
 from attngeom.store.io.writer import StoreWriter
-from attngeom.common.options.stages import ExtractConfig, identity
 
-from .measurement.capture import capture
-from .loading.data import (TextSet, Tokenized, batches, load_texts, pad_token_id, texts_sha256,
-                           tokenize_texts)
+from .loading.data import TextSet, Tokenized, load_texts, texts_sha256, tokenize_texts
+from .loading.images import image_tokens, is_image_spec, load_images
 from .loading.probes import ProbeSet, is_probe, probe_set
-from .loading.images import ImageSet, image_tokens, is_image_spec, load_images, measure_images
+from .measurement.batches import BatchSize, Rows, measure_rows
 from .measurement.layer import Options
+from .provenance import versions
 from .loading.budget import (check_budget, check_context, context_length, directory_bytes,
                              sequence_bytes)
 
@@ -50,7 +49,7 @@ def check_run(loaded, cfg: ExtractConfig, texts, n: int, out: Path, beyond_conte
     """ValueError before anything is written: ``--max-length`` past the model's context, or a
     store or batch that will not fit (:mod:`attngeom.extract.loading.budget`)."""
     info, items = loaded.info, texts.texts
-    if isinstance(texts, ImageSet):
+    if texts.kind == "image":
         lengths = [cfg.max_length]
     else:
         ids = items.ids[:BUDGET_SAMPLE] if isinstance(items, Tokenized) else tokenize_texts(
@@ -93,17 +92,6 @@ def long_enough(texts: TextSet, tok, cfg: ExtractConfig) -> TextSet:
     return TextSet(kept, texts.spec, texts_sha256(kept), texts.skipped_empty)
 
 
-def versions() -> dict:
-    import h5py
-    import torch
-    import transformers
-    import xarray
-
-    return {"attngeom": __version__, "torch": torch.__version__,
-            "transformers": transformers.__version__, "xarray": xarray.__version__,
-            "h5py": h5py.__version__, "numpy": np.__version__}
-
-
 def extract(model: str, data: str, out: str | Path, cfg: ExtractConfig | None = None,
             trust_remote_code: bool = False, progress: bool = True,
             shard: str | tuple[int, int] | None = None, texts=None,
@@ -132,12 +120,12 @@ def extract(model: str, data: str, out: str | Path, cfg: ExtractConfig | None = 
                   tower=cfg.tower)
     if is_probe(data):                    # token ids drawn from this tokenizer's vocabulary
         texts = probe_set(data, loaded.tokenizer, bos=cfg.bos == "yes")
-    elif cfg.min_length and not isinstance(texts, ImageSet):
+    elif cfg.min_length and texts.kind == "text":
         texts = long_enough(texts, loaded.tokenizer, cfg)
-    if (loaded.info.get("inputs") == "image") != isinstance(texts, ImageSet):
+    if loaded.info.get("inputs", "text") != texts.kind:
         raise ValueError(f"--model {model} takes {loaded.info.get('inputs', 'text')} but --data "
-                         f"{data} holds {'images' if isinstance(texts, ImageSet) else 'texts'}")
-    if isinstance(texts, ImageSet):       # one sequence per image, of the model's token count
+                         f"{data} holds {texts.kind}s")
+    if texts.kind == "image":       # one sequence per image, of the model's token count
         cfg = replace(cfg, max_length=image_tokens(loaded, texts.texts))
     n = len(texts.texts)
     check_run(loaded, cfg, texts, n if shard is None else -(-n // shard[1]), out,
@@ -173,82 +161,31 @@ def extract(model: str, data: str, out: str | Path, cfg: ExtractConfig | None = 
     return writer.finish()
 
 
-def extract_shard(loaded, texts: list[str], start: int, cfg: ExtractConfig, opts: Options,
-                  bar=None, current: "BatchSize | None" = None,
-                  sink=None) -> tuple[xr.Dataset, dict]:
-    """Measure one block of texts; return the shard Dataset of everything but the measured
-    variables, and those already compressed (for
+def extract_shard(loaded, items, start: int, cfg: ExtractConfig, opts: Options, bar=None,
+                  current: BatchSize | None = None) -> tuple[xr.Dataset, dict]:
+    """Measure one shard's inputs (:func:`~.measurement.batches.measure_rows`); return the shard
+    Dataset of everything but the measured variables, and those already compressed (for
     :meth:`attngeom.store.io.writer.StoreWriter.add_shard`). Each batch is handed to the chunk
-    encoder as it is measured; no second copy of the measured arrays is made.
-
-    ``texts`` may be a :class:`Tokenized` already, and for a vision model a pixel tensor.
-    ``sink``: where the batches go instead of the chunk encoder (``add``, ``finish``,
-    ``close``; :mod:`attngeom.extract.measurement.inmemory` gathers numpy arrays, which the Dataset
-    then holds)."""
+    encoder as it is measured; no second copy of the measured arrays is made."""
     current = current or BatchSize(cfg.batch_size)
-    tok = loaded.tokenizer
-    T = cfg.max_length
-    stored = set(S.variables_for(cfg.mode, loaded.info.get("learned_sinks", False)))
-    images = loaded.info.get("inputs") == "image"
-    if images:
-        measured = measure_images(loaded, texts, cfg.batch_size, opts, cfg.store_text, bar)
-    else:
-        tokenized = texts if isinstance(texts, Tokenized) else tokenize_texts(
-            tok, texts, cfg.max_length, cfg.bos)
-        lengths = np.array([len(ids) for ids in tokenized.ids])
-        measured = measure_batches(loaded.model, tokenized, cfg, opts, pad_token_id(tok), bar,
-                                   current=current)
-    encoder = sink or ChunkEncoder(min(current.size, len(texts)), *encode_workers(cfg.device),
-                                   dims={name: S.dims_for(name, cfg.mode, cfg.precision)
-                                         for name in stored},
-                                   attrs={name: stored_attrs(name, cfg.precision)
-                                          for name in stored})
-    finite, row, seqs = np.ones(len(texts), dtype=np.int32), 0, []
-    try:
-        for arrays in measured:
-            if images:
-                arrays, info = arrays
-                seqs.append(info)
-            batch = {k: _pad_tokens(k, v, T, cfg.mode) for k, v in arrays.items()
-                     if k in stored}
-            rows = len(batch["value_norm"])
-            batch_lengths = seqs[-1].lengths if images else lengths[row:row + rows]
-            finite[row:row + rows] = finite_flags(batch, batch_lengths)
-            # packed (int16, head-free once) and compressed while the next batch is measured
-            encoder.add(stored_arrays(batch, cfg.mode, cfg.precision))
-            row += rows
-        encoded = encoder.finish()
-    finally:
-        encoder.close()
-    if images:
-        lengths = np.concatenate([s.lengths for s in seqs])
-        token_ids = np.concatenate([s.token_ids for s in seqs]).astype(np.int32)
-        special = np.concatenate([s.special for s in seqs])
-        tokens = sum((s.tokens for s in seqs), []) if cfg.store_text else None
-        truncated = np.zeros(len(texts), dtype=np.int32)
-    else:
-        _, token_ids, special, tokens = _token_facts(tok, tokenized, T, cfg.store_text)
-        truncated = np.array(tokenized.truncated, dtype=np.int32)
-    extra = {"truncated": truncated, "finite": finite,
-             "text_index": np.arange(start, start + len(texts))}
-    ds = build_shard(encoded, np.arange(start, start + len(texts)), token_ids, lengths, extra,
-                     tokens, T, cfg.mode)
-    ds["special"] = ((S.SEQUENCE, S.POSITION), special,
+    stored = S.variables_for(cfg.mode, loaded.info.get("learned_sinks", False))
+    encoder = ChunkEncoder(min(current.size, len(items)), *encode_workers(cfg.device),
+                           dims={n: S.dims_for(n, cfg.mode, cfg.precision) for n in stored},
+                           attrs={n: stored_attrs(n, cfg.precision) for n in stored})
+    rows = measure_rows(loaded, items, cfg, opts, encoder, bar, current)
+    return shard_dataset(rows, start, cfg), rows.arrays
+
+
+def shard_dataset(rows: Rows, start: int, cfg: ExtractConfig) -> xr.Dataset:
+    """The shard Dataset of measured rows (sequences ``start``, ``start + 1``, ...)."""
+    facts, n = rows.facts, len(rows.finite)
+    index = np.arange(start, start + n)
+    extra = {"truncated": facts.truncated, "finite": rows.finite, "text_index": index}
+    ds = build_shard(rows.arrays, index, facts.token_ids, facts.lengths, extra, facts.tokens,
+                     cfg.max_length, cfg.mode)
+    ds["special"] = ((S.SEQUENCE, S.POSITION), facts.special,
                      {"description": S.DESCRIPTIONS["special"]})
-    return ds, encoded
-
-
-def _token_facts(tok, tokenized: Tokenized, T: int, store_text: bool):
-    """lengths (S,), token_ids (S, T) (-1 beyond length), special (S, T), token strings."""
-    lengths = np.array([len(ids) for ids in tokenized.ids])
-    token_ids = np.full((len(tokenized), T), -1, dtype=np.int32)
-    special = np.zeros((len(tokenized), T), dtype=np.int8)
-    special_ids = set(getattr(tok, "all_special_ids", []) or [])
-    for i, ids in enumerate(tokenized.ids):
-        token_ids[i, : len(ids)] = ids
-        special[i, : len(ids)] = [t in special_ids for t in ids]
-    tokens = [tok.convert_ids_to_tokens(ids) for ids in tokenized.ids] if store_text else None
-    return lengths, token_ids, special, tokens
+    return ds
 
 
 def encode_workers(device: str) -> tuple[int, int]:
@@ -266,91 +203,3 @@ def encode_workers(device: str) -> tuple[int, int]:
     if not str(device).startswith("cpu"):
         return max(1, min(4, cores - 1)), after
     return max(0, min(4, cores - torch.get_num_threads())), after
-
-
-def is_out_of_memory(exc: BaseException) -> bool:
-    """torch.cuda.OutOfMemoryError, or a RuntimeError saying 'out of memory' (other backends)."""
-    import torch
-
-    return isinstance(exc, torch.cuda.OutOfMemoryError) or (
-        isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower())
-
-
-@dataclass
-class BatchSize:
-    """The batch size in use: the configured one, halved on out-of-memory and kept smaller for
-    the rest of the run (the config itself is never changed)."""
-
-    size: int
-
-
-def measure_batches(model, tokenized, cfg: ExtractConfig, opts: Options, pad_id: int,
-                    bar=None, log=tqdm.write, current: BatchSize | None = None):
-    """Measure ``tokenized`` in data order; on out-of-memory halve the batch and retry.
-
-    The smaller batch size is kept in ``current`` (default: a new one at ``cfg.batch_size``) for
-    the rest of the run; out of memory at batch size 1 raises MemoryError with the fix.
-    """
-    current = current or BatchSize(cfg.batch_size)
-    start, n = 0, len(tokenized)
-    while start < n:
-        size = current.size
-        rows = Tokenized(tokenized.ids[start:start + size],
-                         tokenized.truncated[start:start + size])
-        batch = next(batches(rows, size, pad_id=pad_id))
-        try:
-            arrays = capture(model, batch, opts)
-        except RuntimeError as exc:
-            current.size = halved_batch(exc, size, cfg.device, log, "continuing",
-                                      "--max-length, --dtype bfloat16")
-            continue
-        if bar is not None:
-            bar.update(len(rows))
-        start += len(rows)
-        yield arrays
-
-
-def halved_batch(exc: RuntimeError, size: int, device: str, log, doing: str,
-                 fix: str) -> int:
-    """The batch size to retry with after ``exc`` (re-raised unless it is out of memory).
-
-    Frees cached memory and logs; at batch size 1 raises MemoryError naming ``fix``.
-    """
-    if not is_out_of_memory(exc):
-        raise exc
-    free_memory()
-    if size == 1:
-        raise MemoryError(f"out of memory on {device} at batch size 1; use a smaller {fix} "
-                          "or a larger device") from None
-    log(f"attngeom: out of memory on {device} at batch size {size}; {doing} with batch size "
-        f"{size // 2}")
-    return size // 2
-
-
-def free_memory() -> None:
-    import gc
-
-    import torch
-
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
-
-
-def _pad_tokens(name: str, x: np.ndarray, T: int, mode: str) -> np.ndarray:
-    """Pad a batch's token axes (query/key) to the store length with NaN."""
-    dims = S.dims_for(name, mode)
-    widths = [(0, T - x.shape[i]) if d in (S.QUERY, S.KEY) else (0, 0)
-              for i, d in enumerate(dims)]
-    return np.pad(x, widths, constant_values=np.nan)
-
-
-def finite_flags(arrays: dict[str, np.ndarray], lengths: np.ndarray) -> np.ndarray:
-    """1 per sequence when every norm within its length is finite."""
-    flags = np.ones(len(lengths), dtype=np.int32)
-    for name in ("value_norm", "output_norm", "layer_output_norm"):
-        x = arrays[name]
-        for i, n in enumerate(lengths):
-            if not np.isfinite(x[i, ..., :n]).all():
-                flags[i] = 0
-    return flags

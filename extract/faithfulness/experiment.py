@@ -30,7 +30,7 @@ from attngeom.common.vocab import MAGNITUDE, RANKS, SIGNED
 from ..loading.data import Tokenized, batches, load_texts, pad_token_id
 from .interventions import DriftProbe, Intervener, Removal, forward_logits
 from .resume import HiddenAt, decoder_stack, logits_from, lowest_layer
-from ..run import BatchSize
+from ..measurement.batches import BatchSize
 from .scoring import (Prepared, items_sha256, prepare_answers, prepare_choices, prepare_texts,
                       span_logprobs)
 from .selection import Workspace
@@ -204,7 +204,7 @@ def compute_retrying(model, prepared: Prepared, cfg: FaithConfig, removals: list
     rest of the run; at batch size 1 it raises MemoryError. Batch size does not shape the
     numbers (it is not part of the options hash).
     """
-    from ..run import halved_batch
+    from ..measurement.batches import halved_batch
 
     current = current or BatchSize(cfg.batch_size)
     while True:
@@ -226,7 +226,7 @@ def faithfulness(model: str, data: str, out: str | Path, cfg: FaithConfig | None
 
     from ..loading.budget import check_context, context_length
     from ..loading.models import load
-    from ..run import versions
+    from ..provenance import versions
     from .output import unit_arrays
 
     cfg = cfg or FaithConfig()

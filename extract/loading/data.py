@@ -62,6 +62,8 @@ class TextSet:
     sha256: str
     skipped_empty: int
 
+    kind = "text"                # what a model of this data takes (its ``inputs``)
+
     def __len__(self) -> int:
         return len(self.texts)
 
@@ -78,6 +80,17 @@ class Tokenized:
 
     def __getitem__(self, rows: slice) -> "Tokenized":
         return Tokenized(self.ids[rows], self.truncated[rows])
+
+
+@dataclass
+class Sequences:
+    """Per-sequence facts of measured inputs: what a shard stores besides the measurements."""
+
+    token_ids: np.ndarray          # (S, T) int: token ids (-1 beyond length); an image's id
+    lengths: np.ndarray            # (S,) tokens per sequence
+    special: np.ndarray            # (S, T) int8: special tokens (images: those before patches)
+    tokens: list[list[str]] | None # token strings (None: not stored)
+    truncated: np.ndarray          # (S,) 1 where a text was cut (images: never)
 
 
 def texts_sha256(texts: Sequence[str]) -> str:

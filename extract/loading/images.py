@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .data import iter_records
+from .data import Sequences, iter_records
 
 if TYPE_CHECKING:                                   # torch is imported when a model runs
     from ..measurement.layer import Options
@@ -46,6 +46,8 @@ class ImageSet:
     spec: str
     sha256: str
     skipped_empty: int = 0
+
+    kind = "image"               # what a model of this data takes (its ``inputs``)
 
     def __len__(self) -> int:
         return len(self.texts)
@@ -196,17 +198,6 @@ def image_tokens(loaded, items: list) -> int:
     finally:
         handle.remove()
     return seen[0]
-
-
-@dataclass
-class Sequences:
-    """Per-sequence facts of a shard of images (as the text path has them from tokens)."""
-
-    token_ids: np.ndarray          # (S, T) int, the image's id at every position
-    lengths: np.ndarray            # (S,) tokens per image
-    special: np.ndarray            # (S, T) int8, 1 for the tokens before the patches
-    tokens: list[list[str]] | None
-    truncated: np.ndarray          # (S,) 0: images are never cut
 
 
 def measure_images(loaded, items: list, batch_size: int, opts: "Options",

@@ -88,6 +88,8 @@ class ProbeSet:
     tokenizer_sha256: str
     skipped_empty: int = 0
 
+    kind = "text"                # what a model of this data takes (its ``inputs``)
+
     def __len__(self) -> int:
         return len(self.texts)
 

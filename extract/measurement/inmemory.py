@@ -1,8 +1,9 @@
 """Measure a model object in memory: ``attngeom.measure(model, inputs)`` -> ``xarray.Dataset``.
 
-The measurement is the one ``attngeom extract`` makes (:func:`attngeom.extract.run.extract_shard`:
-the same tokenization, batches, padding and NaN conventions), gathered into numpy arrays
-instead of compressed shard chunks. The Dataset has the variables, dims and ``attrs`` of an
+The measurement is the one ``attngeom extract`` makes (the measurement loop,
+:func:`attngeom.extract.measurement.batches.measure_rows`: the same tokenization, batches,
+padding and NaN conventions), its rows gathered into numpy arrays (:class:`Collector`) instead
+of compressed shard chunks. The Dataset has the variables, dims and ``attrs`` of an
 opened store (:func:`attngeom.store.io.reader.store_attrs` of the manifest a store of these
 inputs gets, so the same config and ``config_hash``), the contributions derived as on read
 (:func:`attngeom.store.io.reader.add_derived`); ``attngeom.store.write(ds, path)`` saves it as a
@@ -103,7 +104,8 @@ def _measure(model, inputs, cfg: ExtractConfig, tokenizer, max_length, data, pro
     from .archs import discover
     from .layer import Options
     from ..loading.models import Loaded
-    from ..run import default_shard_size, extract_shard, store_config
+    from ..run import default_shard_size, shard_dataset, store_config
+    from .batches import measure_rows
 
     arch = discover(model)                  # refuses an unsupported model in one line
     items, source, width = _inputs(model, arch.inputs, inputs, tokenizer, max_length,
@@ -123,7 +125,8 @@ def _measure(model, inputs, cfg: ExtractConfig, tokenizer, max_length, data, pro
     opts = Options(cfg.mode, cfg.sink_k, cfg.tail_w, derived=False)   # derived as on read
     bar = tqdm(total=len(items), unit="seq", desc="measure", disable=not progress)
     try:
-        ds, _ = extract_shard(loaded, items, 0, cfg, opts, bar, sink=Collector(len(items)))
+        ds = shard_dataset(measure_rows(loaded, items, cfg, opts, Collector(len(items)), bar),
+                           0, cfg)
     finally:
         bar.close()
     if tokenizer is None and arch.inputs == "text":
@@ -150,7 +153,7 @@ def model_info(model, tokenizer) -> dict:
 
 
 def _manifest(model, config: dict, ds: xr.Dataset, source: Source) -> dict:
-    from ..run import versions
+    from ..provenance import versions
 
     try:
         model_config = json.loads(model.config.to_json_string())
@@ -168,7 +171,7 @@ def _manifest(model, config: dict, ds: xr.Dataset, source: Source) -> dict:
 
 # ----------------------------------------------------------------------------- inputs
 def _inputs(model, kind: str, inputs, tokenizer, max_length: int | None, limit: int):
-    """(what extract_shard measures, the data's :class:`Source`, positions)."""
+    """(what measure_rows measures, the data's :class:`Source`, positions)."""
     if isinstance(inputs, str) or (isinstance(inputs, Sequence) and not isinstance(
             inputs, Mapping)):
         texts = [inputs] if isinstance(inputs, str) else list(inputs)
@@ -312,8 +315,8 @@ def _config_special(model, token_ids: np.ndarray) -> np.ndarray:
 
 
 class Collector:
-    """Measured batches gathered into (S, ...) float32 arrays, filled as they come (the
-    in-memory stand-in for the shard's chunk encoder: ``add``, ``finish``, ``close``)."""
+    """Measured rows gathered into (S, ...) float32 arrays, filled as they come (the in-memory
+    :class:`~.batches.Collect`, where extract's is a shard file's chunk encoder)."""
 
     def __init__(self, rows: int):
         self.rows, self.filled, self.arrays = rows, 0, {}

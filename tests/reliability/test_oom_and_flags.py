@@ -1,6 +1,6 @@
 """Out-of-memory batch halving, non-finite sequences, truncation and empty-text counts.
 
-The forward pass (``attngeom.extract.run.capture``) is replaced by one that raises CUDA's
+The forward pass (``attngeom.extract.measurement.batches.capture``) is replaced by one that raises CUDA's
 out-of-memory error for batches above a size, or writes inf into one sequence's activations.
 """
 
@@ -13,7 +13,7 @@ import h5py
 import numpy as np
 import pytest
 
-from attngeom.extract import run as run_module
+from attngeom.extract.measurement import batches as run_module
 from attngeom.extract.run import ExtractConfig, extract
 from store_helpers import write_texts
 
