@@ -13,6 +13,7 @@ import pytest
 from attngeom.cli import build_parser, main
 from attngeom.store.options import stages as O
 from attngeom.store.options.ranges import check_syntax, parse_ranges
+from attngeom.common.options.constraints import AtLeast, Interval, Items
 
 
 def parse(*argv: str) -> argparse.Namespace:
@@ -186,7 +187,9 @@ def test_every_numeric_option_declares_its_range_and_its_help_shows_it():
             if m["kind"] != "numbers" and (m["kind"] or kind not in (int, float)):
                 continue
             numeric += 1
-            assert m["at_least"] is not None or m["within"] is not None, (cls.__name__, f.name)
+            c = m["constraint"]
+            c = c.each if isinstance(c, Items) else c
+            assert isinstance(c, (AtLeast, Interval)), (cls.__name__, f.name)
     assert numeric >= 20                     # the walk above found the numeric options
     sub = build_parser(["analyze"])._subparsers._group_actions[0].choices["analyze"]
     helps = {a.dest: a.help for a in sub._actions}

@@ -14,6 +14,7 @@ import dataclasses
 from dataclasses import field, fields
 from typing import Any, Callable, Sequence
 
+from .constraints import AtLeast, Constraint, Interval, Items, OneOf
 from .ranges import SYNTAX, check_syntax
 
 LISTS = ("names", "numbers")        # comma-separated on the command line, tuples in Python
@@ -54,21 +55,26 @@ def option(default: Any, help: str, *, flag: str | None = None, aliases: Sequenc
     """
     if kind not in KINDS:
         raise ValueError(f"unknown option kind {kind!r}")
-    if within is not None and (len(within) != 3 or within[2] not in ("()", "(]", "[)", "[]")):
-        raise ValueError(f"within={within!r}: give (lo, hi, ends), ends one of (), (], [), []")
     meta = dict(help=help, flag=flag, aliases=tuple(aliases), kind=kind, type=type,
-                choices=choices if choices is None or callable(choices) else tuple(choices),
-                at_least=at_least,
-                within=within, record=record, auto=auto, provenance=provenance,
-                positional=positional, required=required, metavar=metavar, cli=cli,
-                omit_default=omit_default)
+                constraint=_constraint(kind, choices, at_least, within), record=record,
+                auto=auto, provenance=provenance, positional=positional, required=required,
+                metavar=metavar, cli=cli, omit_default=omit_default)
     return field(default=default, metadata=meta)
 
 
+def _constraint(kind, choices, at_least, within) -> Constraint:
+    """The :mod:`.constraints` object of an option's declared choices and bounds."""
+    each = (OneOf(choices) if choices is not None else AtLeast(at_least)
+            if at_least is not None else Interval(*within) if within is not None
+            else Constraint())
+    return Items(each, numbers=kind == "numbers") if kind in LISTS else each
+
+
 def _choices(m: dict) -> tuple | None:
-    """The declared choices (called when declared as a function)."""
-    c = m["choices"]
-    return tuple(c()) if callable(c) else c
+    """The declared choices (called when declared as a function), or None."""
+    c = m["constraint"]
+    c = c.each if isinstance(c, Items) else c
+    return c.choices if isinstance(c, OneOf) else None
 
 
 def flag_of(f: dataclasses.Field) -> str:
@@ -131,8 +137,8 @@ def _argparse_kwargs(f: dataclasses.Field, default: Any) -> dict:
     shown = []
     if default is not None and kind not in ("flag", "negated") and not m["required"]:
         shown.append(f"default {_show(default)}")
-    if _valid_range(m):
-        shown.append(_valid_range(m))
+    if str(m["constraint"]):
+        shown.append(str(m["constraint"]))
     if shown:
         help_text += f" ({'; '.join(shown)})"
     kw: dict = dict(help=help_text)
@@ -150,13 +156,13 @@ def _argparse_kwargs(f: dataclasses.Field, default: Any) -> dict:
     if kind == "names":
         kw["type"] = _names
     elif kind == "numbers":
-        kw["type"] = _checked(_numbers, lambda values: _list_problem(values, m))
+        kw["type"] = _checked(_numbers, m["constraint"].problem)
     elif kind == "ranges":
         kw["type"] = _ranges(flag_of(f))
     else:
         kw["type"] = m["type"] or (type(default) if default is not None else str)
-        if m["at_least"] is not None or m["within"] is not None:
-            kw["type"] = _checked(kw["type"], lambda value: _bounds_problem(value, m))
+        if isinstance(m["constraint"], (AtLeast, Interval)):
+            kw["type"] = _checked(kw["type"], m["constraint"].problem)
         if _choices(m):
             kw["choices"] = list(_choices(m))
     return kw
@@ -191,59 +197,12 @@ def check_fields(obj: Any) -> None:
         value, m = getattr(obj, f.name), f.metadata
         if value is None:
             continue
-        what = flag_of(f)
-        problem = None
-        if m["kind"] in LISTS:
-            problem = _list_problem(tuple(value), m)
-        elif m["kind"] == "ranges":
-            _check_ranges(what, value)
-        elif _choices(m) and value not in _choices(m):
-            problem = f"must be one of {', '.join(map(str, _choices(m)))}, not '{value}'"
-        else:
-            problem = _bounds_problem(value, m)
+        if m["kind"] == "ranges":
+            _check_ranges(flag_of(f), value)
+            continue
+        problem = m["constraint"].problem(tuple(value) if m["kind"] in LISTS else value)
         if problem:
-            raise ValueError(f"{what} {problem}")
-
-
-def _list_problem(values: tuple, m: dict) -> str | None:
-    """What is wrong with the items of a ``names``/``numbers`` option, or None."""
-    if m["kind"] == "names":
-        bad = [v for v in values if _choices(m) and v not in _choices(m)]
-        if bad or not values or len(set(values)) != len(values):
-            return (f"{','.join(map(str, values))}: give distinct values from "
-                    f"{', '.join(_choices(m) or ())}")
-        return None
-    if not values or len(set(values)) != len(values) or any(
-            not _is_number(v) or not _inside(v, m["within"]) for v in values):
-        return (f"'{_show(values)}': give distinct numbers in {_interval(m['within'])}, "
-                f"e.g. 0.1,0.2,0.5")
-    return None
-
-
-def _bounds_problem(value: Any, m: dict) -> str | None:
-    """What is wrong with a number outside its declared ``at_least``/``within``, or None:
-    ``must be at least 1, not 0``, ``2.0 must be in (0, 1)``."""
-    low = m["at_least"]
-    if low is not None and not (isinstance(value, int) and not isinstance(value, bool)):
-        return f"must be an integer of at least {low}, not {value!r}"
-    if low is not None and value < low:
-        return f"must be at least {low}, not {value}"
-    if m["within"] is not None and not (_is_number(value) and _inside(value, m["within"])):
-        return f"{value} must be in {_interval(m['within'])}"
-    return None
-
-
-def _valid_range(m: dict) -> str | None:
-    """The declared range as the help text shows it: ``at least 1``, ``in (0, 1)``."""
-    if m["at_least"] is not None:
-        return f"at least {m['at_least']}"
-    if m["within"] is not None:
-        return f"{'each ' if m['kind'] == 'numbers' else ''}in {_interval(m['within'])}"
-    return None
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+            raise ValueError(f"{flag_of(f)} {problem}")
 
 
 def _check_ranges(what: str, value: Any) -> None:
@@ -251,19 +210,6 @@ def _check_ranges(what: str, value: Any) -> None:
         check_syntax(value, what)
     elif not all(isinstance(v, int) and v >= 0 for v in value) or not value:
         raise ValueError(f"{what} {value}: give non-negative integers or {SYNTAX}")
-
-
-def _inside(value: float, within: tuple[float, float, str] | None) -> bool:
-    if within is None:
-        return True
-    lo, hi, ends = within
-    return (lo <= value if ends[0] == "[" else lo < value) and \
-        (value <= hi if ends[1] == "]" else value < hi)
-
-
-def _interval(within: tuple[float, float, str] | None) -> str:
-    lo, hi, ends = within or (float("-inf"), float("inf"), "()")
-    return f"{ends[0]}{lo:g}, {hi:g}{ends[1]}"
 
 
 # ----------------------------------------------------------------------------- identity
