@@ -7,16 +7,9 @@ from attngeom.common.options.stages import FaithCommand, FaithConfig, add_argume
 
 def check_data(cfg: FaithConfig, data: str) -> None:
     """Parse the texts or task items once before torch loads: bad files fail fast."""
-    from attngeom.extract.loading import tasks
-    from attngeom.extract.loading.data import load_texts
+    from attngeom.extract.loading.tasks import load
 
-    if cfg.task == "lm":
-        found = len(load_texts(data, text_field=cfg.text_field, limit=cfg.limit))
-    else:
-        loader = {"gsm8k-answer": tasks.gsm8k_items, "mmlu": tasks.mmlu_items,
-                  "winogrande": tasks.winogrande_items, "boolq": tasks.boolq_items}[cfg.task]
-        found = len(loader(data, limit=cfg.limit))
-    if not found:
+    if not load(cfg.task, data, cfg)[0]:
         raise ValueError(f"--data {data} holds no {cfg.task} text or item; "
                          "give a file with some")
 

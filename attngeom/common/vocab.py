@@ -9,6 +9,8 @@ line all import the same names. Variable and dimension names of a store are in
 
 from __future__ import annotations
 
+from . import tasks as _tasks
+
 # ------------------------------------------------------------------ store layouts
 DENSE, COMPACT = "dense", "compact"
 LAYOUTS = (DENSE, COMPACT)               # --mode of extract: every (query, key) pair, or sink+tail
@@ -29,7 +31,7 @@ REMOVAL_MODES = (COMPREHENSIVENESS, SUFFICIENCY)   # remove the top / the bottom
 SIGNED, MAGNITUDE = "signed", "magnitude"
 RANKS = (SIGNED, MAGNITUDE)                        # rank by score, or by |score|
 GRANULARITIES = ("head", "query", "token")         # keys ranked per (head, query), per query, per key
-TASKS = ("lm", "gsm8k-answer", "mmlu", "winogrande", "boolq")
+TASKS = _tasks.names()                             # the task table: attngeom/common/tasks.py
 
 BOS_AUTO = "auto"
 BOS_CHOICES = (BOS_AUTO, "yes", "no")    # --bos of extract (Gu et al.'s probes: no BOS)

@@ -25,14 +25,14 @@ from attngeom.store.io.result_files import open_partial, record_result, result_p
 from attngeom.common.options.stages import FaithConfig
 from attngeom.common.options.ranges import parse_ranges
 from attngeom.common import metrics as M
+from attngeom.common import tasks as T
 from attngeom.common.vocab import MAGNITUDE, RANKS, SIGNED
 
-from ..loading.data import Tokenized, batches, load_texts, pad_token_id
+from ..loading.data import Tokenized, batches, pad_token_id
 from .interventions import DriftProbe, Intervener, Removal, forward_logits
 from .resume import HiddenAt, decoder_stack, logits_from, lowest_layer
 from ..measurement.batches import BatchSize
-from .scoring import (Prepared, items_sha256, prepare_answers, prepare_choices, prepare_texts,
-                      span_logprobs)
+from .scoring import PREPARE, Prepared, items_sha256, span_logprobs
 from .selection import Workspace
 
 
@@ -72,42 +72,24 @@ def plan_notes(plan: dict, granularity: str) -> list[str]:
 
 
 # ------------------------------------------------------------------------------------ tasks
-def default_dev(data: str) -> str | None:
-    """``mmlu_dev.jsonl`` next to an ``mmlu_test.jsonl`` file, if present."""
-    path = Path(data)
-    dev = path.with_name(path.name.replace("test", "dev"))
-    return str(dev) if "test" in path.name and dev != path and dev.is_file() else None
-
-
 def load_task(cfg: FaithConfig, data: str, tok) -> tuple[Prepared, dict]:
-    """Prepared rows/spans and the data's provenance."""
-    from ..loading import tasks
+    """Prepared rows/spans and the data's provenance (the task table:
+    :mod:`attngeom.common.tasks`; its loaders: :data:`..loading.tasks.LOADERS`)."""
+    from ..loading.tasks import load
 
-    info = {"spec": str(data), "task": cfg.task, "limit": cfg.limit}
-    if cfg.task == "lm":
-        texts = load_texts(data, text_field=cfg.text_field, limit=cfg.limit)
-        if not texts.texts:
-            raise ValueError(f"data '{data}' has no non-empty texts")
-        info.update(sha256=texts.sha256, text_field=cfg.text_field, n_units=len(texts))
-        return prepare_texts(tok, texts.texts, cfg.max_length), info
-    if cfg.task == "gsm8k-answer":
-        items = tasks.gsm8k_items(data, limit=cfg.limit)
-        prepared = prepare_answers(tok, items, cfg.max_length) if items else None
-    elif cfg.task == "mmlu":
-        dev = cfg.dev if cfg.dev is not None else default_dev(data)
-        items = tasks.mmlu_items(data, dev=dev, k_shot=cfg.k_shot if dev else 0, limit=cfg.limit)
-        info.update(dev=dev, k_shot=cfg.k_shot if dev else 0)
-        prepared = prepare_choices(tok, items, cfg.max_length) if items else None
-    else:
-        loader = tasks.winogrande_items if cfg.task == "winogrande" else tasks.boolq_items
-        items = loader(data, limit=cfg.limit)
-        prepared = prepare_choices(tok, items, cfg.max_length) if items else None
-    if not items:
-        raise ValueError(f"data '{data}' has no {cfg.task} items")
-    info.update(sha256=items_sha256(items), n_units=len(items))
+    task = T.get(cfg.task)
+    units, recorded = load(cfg.task, data, cfg)
+    if not units:
+        raise ValueError(f"data '{data}' has no non-empty texts" if task.data == T.TEXTS
+                         else f"data '{data}' has no {cfg.task} items")
+    info = {"spec": str(data), "task": cfg.task, "limit": cfg.limit, **recorded,
+            "n_units": len(units)}
+    if "sha256" not in info:                        # texts record theirs
+        info["sha256"] = items_sha256(units)
+    prepared = PREPARE[task.data](tok, units, cfg.max_length)
     if prepared.kind == "choice":
-        prepared.unit["item_id"] = np.array([it.id for it in items], dtype=object)
-        prepared.unit["group"] = np.array([it.group for it in items], dtype=object)
+        prepared.unit["item_id"] = np.array([it.id for it in units], dtype=object)
+        prepared.unit["group"] = np.array([it.group for it in units], dtype=object)
     return prepared, info
 
 

@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from attngeom.common import tasks
+
 from ..loading.data import texts_sha256, tokenize_texts
 
 LOGIT_CHUNK = 1024          # logit positions per log-softmax (memory bound: chunk x vocabulary)
@@ -166,6 +168,11 @@ def prepare_choices(tok, items, max_length: int) -> Prepared:
     n_opts = np.array([len(it.contexts) for it in items], dtype=np.int64)
     return _spans(rows, entries, "choice", len(items), n_options, answer,
                   unit={"truncated": np.array(trunc, int), "n_options": n_opts})
+
+
+# what a task's data holds (attngeom/common/tasks.py) -> how it is prepared for scoring
+PREPARE = {tasks.TEXTS: prepare_texts, tasks.ANSWER: prepare_answers,
+           tasks.CHOICE: prepare_choices}
 
 
 def items_sha256(items) -> str:

@@ -266,3 +266,46 @@ def gsm8k_items(path_or_spec: str, limit: int | None = None) -> list[AnswerItem]
         answer = str(_field(rec, ["answer"], path_or_spec, where, "GSM8K")).strip()
         items.append(AnswerItem(question=question, answer=answer, id=str(rec.get("id", where))))
     return items
+
+
+# ----------------------------------------------------------------------------------- the table
+def default_dev(data: str) -> str | None:
+    """``mmlu_dev.jsonl`` next to an ``mmlu_test.jsonl`` file, if present."""
+    from pathlib import Path
+
+    path = Path(data)
+    dev = path.with_name(path.name.replace("test", "dev"))
+    return str(dev) if "test" in path.name and dev != path and dev.is_file() else None
+
+
+def _texts(data: str, options) -> tuple[list, dict]:
+    from .data import load_texts
+
+    texts = load_texts(data, text_field=options.text_field, limit=options.limit)
+    return texts.texts, {"sha256": texts.sha256, "text_field": options.text_field}
+
+
+def _mmlu(data: str, options) -> tuple[list, dict]:
+    dev = options.dev if options.dev is not None else default_dev(data)
+    k_shot = options.k_shot if dev else 0
+    return (mmlu_items(data, dev=dev, k_shot=k_shot, limit=options.limit),
+            {"dev": dev, "k_shot": k_shot})
+
+
+def _plain(loader):
+    return lambda data, options: (loader(data, limit=options.limit), {})
+
+
+# task name (attngeom/common/tasks.py) -> loader(data, options) -> (units, what to record);
+# options: anything with limit, text_field, dev and k_shot (a FaithConfig)
+LOADERS = {"lm": _texts, "gsm8k-answer": _plain(gsm8k_items), "mmlu": _mmlu,
+           "winogrande": _plain(winogrande_items), "boolq": _plain(boolq_items)}
+
+
+def load(task: str, data: str, options) -> tuple[list, dict]:
+    """The texts or items of ``task`` in ``data`` and what to record about them (a text set's
+    sha256 and field; MMLU's exemplar file and shots). No torch."""
+    from attngeom.common import tasks
+
+    tasks.get(task)                                 # a one-line error for an unknown task
+    return LOADERS[task](data, options)

@@ -201,3 +201,15 @@ def test_shared_winogrande_boolq_gsm8k():
     gsm = gsm8k_items(str(SHARED / "gsm8k_test.jsonl"), limit=50)
     assert len(gsm) == 50 and gsm[0].final_answer == "18"
     assert all(g.final_answer is not None for g in gsm)
+
+
+def test_every_task_of_the_table_has_a_loader_and_a_preparation():
+    from attngeom.common import tasks
+    from attngeom.common.vocab import TASKS
+    from attngeom.extract.faithfulness.scoring import PREPARE
+    from attngeom.extract.loading.tasks import LOADERS
+
+    assert TASKS == tasks.names() and set(LOADERS) == set(TASKS)
+    assert {tasks.get(t).data for t in TASKS} == set(PREPARE)
+    with pytest.raises(ValueError, match="unknown task 'nope'; use one of lm, "):
+        tasks.get("nope")
