@@ -2,9 +2,10 @@
 
 An entry (:class:`Metric`) holds the metric's name, its labels, whether its scores are
 non-negative (then ranking by |score| is ranking by score), which metric it provably ranks keys
-like at a granularity (then its results are copied, not recomputed), the unit of its float32
-rounding error, and the names of its two score kernels, ``"module:function"``, which
-extract/faithfulness/ implements and resolves from the entry (torch stays out of the store):
+like at a granularity (then its results are copied, not recomputed) and the unit of its float32
+rounding error. Its two score kernels live in extract/faithfulness/ (torch stays out of the
+store): a built-in metric's are found by its name in the table of
+:mod:`attngeom.extract.faithfulness.kernels`; a plugin names its own as ``"module:function"``:
 
 - ``fast``: float32 scores of a whole layer and their error bound,
   ``kernel(layer: FastLayer, unit: float) -> (scores, ErrorBound)``
@@ -31,7 +32,6 @@ import sys
 from dataclasses import dataclass
 
 HEAD, LAYER = "head", "layer"     # scope: a score needs its head's output / every head's output
-_SCORES = "attngeom.extract.faithfulness"
 
 
 @dataclass(frozen=True)
@@ -48,9 +48,10 @@ class Metric:
     ranks_like: tuple[tuple[str, str, str], ...] = ()   # (granularity, metric, why)
     error_unit: float = 32.0        # float32 rounding error, in units of the kernel's model
     scope: str = HEAD
-    fast: str = ""                  # "module:function" of the float32 kernel
-    exact: str = ""                 # "module:function" of the float64 kernel
+    fast: str = ""                  # a plugin's "module:function" of the float32 kernel
+    exact: str = ""                 # a plugin's "module:function" of the float64 kernel
     color: str = "#333333"          # figures
+    builtin: bool = False           # kernels found by name (extract/faithfulness/kernels.py)
 
     @property
     def label(self) -> str:
@@ -71,7 +72,7 @@ _REGISTRY: dict[str, Metric] = {}
 
 def register(metric: Metric, replace: bool = False) -> Metric:
     """Add ``metric`` to the registry (``replace``: overwrite an entry of the same name)."""
-    if not metric.fast or not metric.exact:
+    if not metric.builtin and (not metric.fast or not metric.exact):
         raise ValueError(f"metric '{metric.name}' names no kernels: give fast= and exact= as "
                          "'module:function'")
     if metric.scope not in (HEAD, LAYER):
@@ -153,9 +154,8 @@ def failed_plugins() -> dict[str, str]:
 
 
 def _builtin(name, symbol, words, short, abbrev, paper, color, **kw) -> Metric:
-    fast, exact = f"{_SCORES}.removal_scores:fast_{name}", f"{_SCORES}.exact_scores:exact_{name}"
-    return register(Metric(name, symbol, words, short, abbrev, paper, fast=fast, exact=exact,
-                           color=color, **kw))
+    return register(Metric(name, symbol, words, short, abbrev, paper, color=color, builtin=True,
+                           **kw))
 
 
 # In the paper's expected order of faithfulness (attention < value-weighted < output-normalized

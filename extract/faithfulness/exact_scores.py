@@ -13,8 +13,6 @@ the tests and whatever the batch.
 
 from __future__ import annotations
 
-import importlib
-from functools import cache
 from typing import Callable
 
 import torch
@@ -32,17 +30,6 @@ def finite(x: Tensor) -> Tensor:
     """0/0 (a zero head output) scores 0; +-inf clipped to the largest finite float."""
     big = torch.finfo(x.dtype).max
     return torch.nan_to_num(x, nan=0.0, posinf=big, neginf=-big)
-
-
-@cache
-def resolve_kernel(path: str) -> Callable:
-    """The function a metric entry names as ``"module:function"``."""
-    module, _, name = path.partition(":")
-    try:
-        return getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError) as exc:
-        raise ValueError(f"metric kernel '{path}' cannot be loaded ({exc}); check the "
-                         "metric's registration (attngeom/common/metrics.py)") from exc
 
 
 def rowmm(a: Tensor, b: Tensor) -> Tensor:
@@ -164,8 +151,9 @@ def metric_scores(metric: str, alpha: Tensor, vf: Tensor, z: Tensor, proj: Proje
     alpha : (B, H, T, Tk) clean attention; vf : (B, H, Tk, dh) values per query head;
     z : (B, H, T, dh) clean head outputs before W_O (``alpha @ vf``).
     """
-    entry = metrics.get(metric)
-    kernel = resolve_kernel(entry.exact)
+    from .kernels import kernels
+
+    entry, kernel = metrics.get(metric), kernels(metric).exact
     if entry.scope == metrics.LAYER:
         B, H, T, dh = z.shape
         o = rowmm(z.transpose(1, 2).reshape(B, T, H * dh), proj.weight)   # (B, T, d)
@@ -207,8 +195,9 @@ class ExactScores:
     def __init__(self, metric: str, query: Tensor, key: Tensor, value: Tensor, allowed: Tensor,
                  scale: float, softcap: float | None, proj: Projection,
                  sinks: Tensor | None = None):
-        self.entry = metrics.get(metric)
-        self.kernel = resolve_kernel(self.entry.exact)
+        from .kernels import kernels
+
+        self.entry, self.kernel = metrics.get(metric), kernels(metric).exact
         self.layer_scope = self.entry.scope == metrics.LAYER
         self.metric, self.q, self.k, self.v, self.allowed = metric, query, key, value, allowed
         self.scale, self.softcap, self.proj = scale, softcap, proj

@@ -15,7 +15,7 @@ import torch
 from attngeom.common import metrics
 
 from .dense import grouped, weighted_values
-from .exact_scores import finite, resolve_kernel
+from .exact_scores import finite
 from ..measurement.geometry import Projection, repeat_kv, vecdot
 from .selection import ErrorBound
 
@@ -95,9 +95,10 @@ def fast_scores(metric: str, alpha: Tensor, value: Tensor, proj: Projection, lam
     up to sqrt(Tk) where attention is diffuse, and with it the rows recomputed in float64. The
     signed scores' error is relative to |score| except near 0 (a key almost orthogonal to o).
     """
-    entry = metrics.get(metric)
-    unit = entry.error_unit * torch.finfo(alpha.dtype).eps / 2
-    return resolve_kernel(entry.fast)(FastLayer(alpha, value, proj, lam, out, blocks), unit)
+    from .kernels import kernels
+
+    unit = metrics.get(metric).error_unit * torch.finfo(alpha.dtype).eps / 2
+    return kernels(metric).fast(FastLayer(alpha, value, proj, lam, out, blocks), unit)
 
 
 def fast_attention(x: FastLayer, unit: float) -> tuple[Tensor, ErrorBound]:

@@ -131,3 +131,15 @@ def test_a_metric_not_registered_is_refused_by_the_command(tmp_path, capsys):
                    "--metrics", "attention,value_norm"])
     err = capsys.readouterr().err
     assert rc == 2 and "value_norm" in err and len(err.strip().splitlines()) == 1
+
+
+def test_built_in_kernels_are_found_by_name_and_plugins_by_their_strings(registered):
+    from attngeom.extract.faithfulness import kernels as K
+    from attngeom.extract.faithfulness import removal_scores as R
+
+    assert set(K.BUILTIN) == {m for m in M.names() if M.get(m).builtin}
+    assert K.kernels("contribution").fast is R.fast_contribution       # grep finds the caller
+    assert all(M.get(m).fast == M.get(m).exact == "" for m in K.BUILTIN)
+    assert K.kernels("value_norm").fast is user_metric.fast_value_norm
+    with pytest.raises(ValueError, match="names no kernels"):
+        M.register(M.Metric("bare", "b", "bare", "bare", "b", "bare"))
