@@ -121,6 +121,72 @@ def relative(n: float, dtype=F32, vs=None) -> Tol:
     return Tol(rtol=_gammas(n, dtype, vs))
 
 
+def mean_of(x, axis=None, dtype=F64, vs=F64) -> Tol:
+    """The mean of the values ``x`` (NaN left out) along ``axis``: gamma(n) x mean |x|."""
+    n = int(np.isfinite(x).sum(axis).max())
+    return total(n + 1, np.nanmean(np.abs(x), axis), dtype, vs)
+
+
+def sd_of(x, axis=None, dtype=F64, vs=F64) -> Tol:
+    """The sample SD of ``x`` (NaN left out) along ``axis``, from the sums of x and x^2 or in
+    two passes: the variance within gamma(n + 4) x n / (n - 1) mean(x^2), the SD within that
+    over 2 SD."""
+    n, ms = np.isfinite(x).sum(axis), np.nanmean(np.asarray(x) ** 2, axis)
+    var = total(int(n.max()) + 5, n / (n - 1) * ms, dtype, vs).atol
+    return Tol(atol=var / (2 * np.nanstd(x, axis, ddof=1)))
+
+
+def t_interval(x, half: float, dtype=F64, vs=F64) -> Tol:
+    """The ends mean -/+ half of a t interval of the values ``x`` (half = t x SD / sqrt(n)):
+    the mean's and the SD's bounds, and a few roundings of t (a quantile) and the products."""
+    x = np.asarray(x, dtype=float)
+    return mean_of(x, None, dtype, vs) + sd_of(x, None, dtype, vs) * (half / x.std(ddof=1)) \
+        + relative(8, dtype, vs)
+
+
+def p_value(t: float, df: float, rel_t: float) -> Tol:
+    """A p-value P(T > t) of Student's t with ``df`` degrees of freedom, t within ``rel_t``
+    relative: it moves by the density at t times |t| rel_t (absolute)."""
+    from scipy import stats
+
+    return Tol(atol=float(stats.t.pdf(t, df) * abs(t) * rel_t))
+
+
+def t_test(x, t: float, dtype=F64, vs=F64) -> Tol:
+    """The p-value of a one-sample t statistic ``t`` of the values ``x``: t = mean / (SD /
+    sqrt(n)) within gamma(2n + 8) x (mean |x| / |mean|, the mean's cancellation, + mean(x^2)
+    / SD^2, the SD's), relative."""
+    x = np.asarray(x, dtype=float)
+    n, mean, sd = len(x), x.mean(), x.std(ddof=1)
+    cond = np.abs(x).mean() / abs(mean) + (x ** 2).mean() / sd ** 2
+    return p_value(t, n - 1, _gammas(2 * n + 8, dtype, vs) * cond)
+
+
+def smoother(n: int, size: float, iterations: int = 1, dtype=F64, vs=F64) -> Tol:
+    """LOWESS at a point: a local weighted linear fit over at most ``n`` points, sum_i l_i y_i
+    with sum |l_i| <= 3 inside the data; each robustness iteration refits: gamma(2n + 10) x 3
+    x ``size`` (max |y|) per fit."""
+    return Tol(atol=(iterations + 1) * 3 * _gammas(2 * n + 10, dtype, vs) * size)
+
+
+def covariance_share(parts) -> Tol:
+    """A share cov(p_i, y) / var(y), y = sum_i p_i, of the n rows of ``parts`` (streamed moment
+    sums or two passes): each covariance within gamma(2n + 8) rms(p_i) rms(y), over var(y)."""
+    parts = np.asarray(parts, dtype=float)
+    y = parts.sum(1)
+    rms_y = np.sqrt((y ** 2).mean())
+    rms = np.sqrt((parts ** 2).mean(0)).max() + rms_y
+    return dot(2 * len(y) + 8, rms * rms_y / y.var(), F64, vs=F64)
+
+
+def conditioned(n: float, cond=1.0, dtype=F32, vs=None) -> Tol:
+    """A result of condition number ``cond`` computed with n roundings: gamma(n) x cond,
+    relative (Higham 1.6: forward error <= condition x backward error). For a least-squares
+    fit cond is about kappa(X)^2; for a p-value P(T > t), (1 + |t|) |t| (its log's slope in
+    log t) times t's own."""
+    return Tol(rtol=_gammas(n, dtype, vs) * np.asarray(cond, dtype=float))
+
+
 def rounded(dtype=F32) -> Tol:
     """One rounding to ``dtype`` (a value stored or sent in it): u relative, and half the
     smallest subnormal absolute (float16's, below 6e-5, step by 6e-8)."""
@@ -207,6 +273,11 @@ SMOLLM2_LAYERS = Tol(rtol=1e-3, atol=1e-4, what="SMOLLM2_LAYERS")
 # float32): (being measured)
 FAITHFULNESS_PPL = Tol(rtol=1e-5, what="FAITHFULNESS_PPL")
 
+# The analysis of two stores of the same texts that differ by float32 rounding (dense against
+# compact kernels: sink rates, curvature fits and p-values, mean cosines, LMG shares):
+# (being measured)
+LAYOUTS_ANALYSIS = Tol(rtol=1e-3, atol=1e-5, what="LAYOUTS_ANALYSIS")
+
 # The float64 analysis (statsmodels' and scipy's fits, bootstrap percentiles of the vertex
 # -beta1 / (2 beta2) with beta2 near 0) of one and the same store: (being measured)
 # Bound: times the variable's largest |value|.
@@ -216,6 +287,18 @@ ANALYSIS_FLOAT64 = Tol(atol=1e-9, what="ANALYSIS_FLOAT64")
 # estimate and SE are within 2e-5 relative of MixedLM run to gtol=1e-12 (measured in
 # tests/analysis/test_analysis_mixed.py); (being measured)
 MIXEDLM_OPTIMIZER = Tol(rtol=1e-4, what="MIXEDLM_OPTIMIZER")
+
+# MixedLM run to gtol=1e-12 still stops within its gradient tolerance of the REML optimum (the
+# closed form of tests/analysis/test_analysis_mixed.py): 7e-10 relative on the se measured with
+# statsmodels 0.14.0 / scipy 1.11.1 on an AMD EPYC (being measured); at the variance ratio's
+# boundary it stops at a ratio of ~1e-9 instead of 0
+MIXEDLM_TIGHT = Tol(rtol=1e-8, what="MIXEDLM_TIGHT")
+MIXEDLM_TIGHT_BOUNDARY = Tol(rtol=1e-6, what="MIXEDLM_TIGHT_BOUNDARY")
+
+# statsmodels' NormalIndPower.solve_power finds the effect size by a root finder that stops
+# within its tolerance: 3e-6 relative at most from the closed form (n = 20, m = 1; 1.4e-6 at
+# n = 64, m = 30), measured on an AMD EPYC (being measured)
+POWER_SOLVER = Tol(rtol=1e-4, what="POWER_SOLVER")
 
 # LOWESS (statsmodels' algorithm, analysis/lowess.py) fits every point within delta = 0.01 x
 # range(x) of the last fitted one by interpolation: (being measured)

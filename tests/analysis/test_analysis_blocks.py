@@ -10,6 +10,7 @@ import warnings
 import numpy as np
 import pytest
 
+import tolerance as tol
 from attngeom.analysis import blocks as B
 from attngeom.analysis import sinks
 from synthetic_stores import geometric_store, to_compact
@@ -45,9 +46,10 @@ def test_non_finite_sequences_excluded_with_warning(geo):
     ds["finite"] = ds["finite"].copy(data=np.r_[0, np.ones(ds.sizes["sequence"] - 1)])
     with pytest.warns(RuntimeWarning, match="1 sequences had non-finite"):
         out = sinks(ds)
-    # sequence 0 left out: the same result as the store without it
-    np.testing.assert_allclose(out["sink_rate_mean"].values,
-                               sinks(geo.isel(sequence=slice(1, None)))["sink_rate_mean"].values)
+    # sequence 0 left out: the same result as the store without it (other blocks)
+    rest = geo.isel(sequence=slice(1, None))
+    tol.assert_close(out["sink_rate_mean"].values, sinks(rest)["sink_rate_mean"].values,
+                     tol.mean_of(rest["alpha"].values[..., 2:, 0], (0, 3)), "sink_rate_mean")
 
 
 def test_blocks_cover_sequences_in_chunk_multiples(geo):
@@ -69,5 +71,6 @@ def test_block_size_does_not_change_results(geo):
     ds = geo.chunk({"sequence": 3})
     for store in (ds, to_compact(ds)):
         small, big = (decomposition(store, block_elements=e) for e in (1, 10**9))
-        for name in ("cov_share", "n_pairs", "total_alpha_mean"):
-            np.testing.assert_allclose(small[name].values, big[name].values, rtol=1e-10)
+        for name in ("cov_share", "n_pairs", "total_alpha_mean"):     # the same data, summed
+            tol.assert_close(small[name].values, big[name].values,    # in other blocks
+                             tol.ANALYSIS_FLOAT64 * np.nanmax(np.abs(big[name].values)), name)

@@ -10,7 +10,9 @@ import pytest
 import xarray as xr
 
 import tiny_models as tm
+import tolerance as tol
 from attngeom import cli
+from store_helpers import model_dims
 
 
 @pytest.fixture(scope="module")
@@ -42,18 +44,25 @@ def test_both_layouts_give_the_same_statistics(analysed):
         with xr.open_dataset(analysed["dense"] / name) as d, \
                 xr.open_dataset(analysed["compact"] / name) as c:
             assert d.attrs["mode"] == "dense" and c.attrs["mode"] == "compact"
-            for var in variables:
-                np.testing.assert_allclose(c[var].values.astype(float),
-                                           d[var].values.astype(float), rtol=1e-3, atol=1e-5)
+            for var in variables:           # two stores that differ by float32 rounding
+                tol.assert_close(c[var].values.astype(float), d[var].values.astype(float),
+                                 tol.LAYOUTS_ANALYSIS, var)
+    from attngeom.store import open_store
+
+    store = open_store(analysed["dense"].parent / "dense")
+    c_abs = np.nanmax(np.abs(store["contribution"]).sum("key").values)      # sum_j |c_ij|
+    n = tol.attention_terms(T=store.sizes["key"], layer=1, **model_dims(tm.make_config("llama")))
     with xr.open_dataset(analysed["dense"] / "decomposition.nc") as d, \
             xr.open_dataset(analysed["compact"] / "decomposition.nc") as c:
         groups = dict(group=["sink", "tail"])
-        np.testing.assert_allclose(c["lmg_share"].sel(groups), d["lmg_share"].sel(groups),
-                                   atol=1e-4)
+        tol.assert_close(c["lmg_share"].sel(groups).values, d["lmg_share"].sel(groups).values,
+                         tol.LAYOUTS_ANALYSIS, "lmg_share")
         assert np.isfinite(d["lmg_share"].sel(group="middle")).all()
-        # sum_j c_ij = 1: the groups' mean contribution totals add up to one
-        np.testing.assert_allclose(c["total_contribution_mean"].sum("group"), 1.0, atol=1e-4)
-        np.testing.assert_allclose(d["total_contribution_mean"].sum("group"), 1.0, atol=1e-4)
+        # sum_j c_ij = 1 (float32 terms, each within gamma(N) 2 alpha ||v~|| / ||o||, summed
+        # over T keys): the groups' mean contribution totals add up to one
+        one = tol.sums_to_one(store.sizes["key"] + 3, depth=n, size=2 * c_abs)
+        for x in (c, d):
+            np.testing.assert_allclose(x["total_contribution_mean"].sum("group"), 1.0, **one)
 
 
 def test_distributed_scheduler_gives_identical_results(analysed, tmp_path, monkeypatch):
@@ -85,10 +94,7 @@ def test_distributed_scheduler_gives_identical_results(analysed, tmp_path, monke
             assert set(a.data_vars) == set(b.data_vars)
             for var in a.data_vars:
                 x, y = a[var].values, b[var].values
-                if x.dtype.kind in "fc":
-                    np.testing.assert_allclose(y, x, rtol=1e-12, atol=0, err_msg=var)
-                else:
-                    assert (x == y).all(), var
+                np.testing.assert_array_equal(y, x, err_msg=var)   # the same computation
     pd.testing.assert_frame_equal(pd.read_csv(local / "summary.csv"),
                                   pd.read_csv(out / "summary.csv"))
 
@@ -129,5 +135,8 @@ def test_mixed_model_matches_statsmodels_mixedlm(analysed, monkeypatch):
             warnings.simplefilter("ignore")
             res = sm.MixedLM(values[ok], np.ones((ok.sum(), 1)), groups=sequence[ok]).fit(
                 reml=True, gtol=1e-12, maxiter=500)
-        np.testing.assert_allclose(out["mixed_mean_cos"], res.fe_params[0], rtol=1e-9)
-        np.testing.assert_allclose(out["mixed_se"], res.bse_fe[0], rtol=1e-6)
+        # unbalanced (texts of several lengths): our MixedLM from the ANOVA start stops within
+        # its default gradient tolerance
+        tol.assert_close(np.array([out["mixed_mean_cos"], out["mixed_se"]]),
+                         np.array([res.fe_params[0], res.bse_fe[0]]), tol.MIXEDLM_OPTIMIZER,
+                         "mixed")

@@ -109,7 +109,7 @@ def test_the_store_estimates_count_every_variable_the_schema_stores(tiny, tmp_pa
                  "--quiet"]) == 0
     finite, every, n = _finite_bytes(out)
     est = budget.stored_bytes(mode, T, 1, 3, L, H, True, False)
-    assert est * n == pytest.approx(finite, rel=0.1)
+    assert est * n == pytest.approx(finite, rel=0.1)     # an estimate (not a rounding bound)
     assert budget.sequence_bytes(mode, T, 1, 3, L, H) * n == every
 
 
