@@ -21,7 +21,7 @@ from attngeom.store.format import schema as S
 from attngeom.store.format.chunks import ChunkEncoder
 from attngeom.store.format.manifest import portable, spec_label
 from attngeom.store.format.packing import stored_attrs
-from attngeom.store.format.parts import check_part, parse_shard, part_record
+from attngeom.store.format.parts import check_part, parse_part, part_record
 from attngeom.store.format.shards import build_shard
 from attngeom.store.io.writer import StoreWriter
 
@@ -94,13 +94,13 @@ def long_enough(texts: TextSet, tok, cfg: ExtractConfig) -> TextSet:
 
 def extract(model: str, data: str, out: str | Path, cfg: ExtractConfig | None = None,
             trust_remote_code: bool = False, progress: bool = True,
-            shard: str | tuple[int, int] | None = None, texts=None,
-            beyond_context: bool = False) -> dict:
+            part: str | tuple[int, int] | None = None, texts=None,
+            beyond_context: bool = False, shard: str | tuple[int, int] | None = None) -> dict:
     """Extract ``data`` through ``model`` into the store ``out``; return the manifest.
 
-    ``shard="I/N"`` extracts only part I (0-based) of N: a contiguous block of whole shard
-    files (see :mod:`attngeom.store.format.parts`); merging the N part stores with
-    ``attngeom store merge`` gives exactly the single-process store. ``beyond_context``:
+    ``part="I/N"`` (``shard=``: its earlier name) extracts only part I (0-based) of N: a
+    contiguous block of whole shard files (see :mod:`attngeom.store.format.parts`); merging the
+    N part stores with ``attngeom store merge`` gives exactly the single-process store. ``beyond_context``:
     allow ``max_length`` past the model's configured context (refused otherwise, before the
     store is created, as a store or batch too large for the disk or memory is).
     """
@@ -108,7 +108,8 @@ def extract(model: str, data: str, out: str | Path, cfg: ExtractConfig | None = 
 
     cfg = cfg or ExtractConfig()
     cfg.check()
-    shard = parse_shard(shard) if shard is not None else None   # "I/N" or (I, N): checked
+    which = part if part is not None else shard        # shard=: the earlier name of part=
+    which = parse_part(which) if which is not None else None   # "I/N" or (I, N): checked
     out = Path(out)
     if texts is None and not is_probe(data):   # the command line passes the texts it checked
         texts = (load_images(data, cfg.image_field, cfg.limit) if is_image_spec(
@@ -128,14 +129,14 @@ def extract(model: str, data: str, out: str | Path, cfg: ExtractConfig | None = 
     if texts.kind == "image":       # one sequence per image, of the model's token count
         cfg = replace(cfg, max_length=image_tokens(loaded, texts.texts))
     n = len(texts.texts)
-    check_run(loaded, cfg, texts, n if shard is None else -(-n // shard[1]), out,
+    check_run(loaded, cfg, texts, n if which is None else -(-n // which[1]), out,
               beyond_context)
     shard_size = cfg.shard_size or default_shard_size(cfg, loaded.info["n_layers"],
                                                       loaded.info["n_heads"])
     config = store_config(loaded.info, texts, cfg, shard_size)
     extra = {"versions": versions(), "counts": {"skipped_empty": texts.skipped_empty},
              "sources": {"model": str(model), "data": str(data)}}
-    part = part_record(shard, len(texts.texts), shard_size) if shard is not None else None
+    part = part_record(which, len(texts.texts), shard_size) if which is not None else None
     if part is not None:
         extra["part"] = part
     writer = StoreWriter.create(out, config, len(texts.texts), extra, log=tqdm.write)
@@ -145,7 +146,7 @@ def extract(model: str, data: str, out: str | Path, cfg: ExtractConfig | None = 
     opts = Options(cfg.mode, cfg.sink_k, cfg.tail_w, derived=False)   # store derives on read
     chosen = range(*part["shards"]) if part is not None else None
     if chosen is not None and not chosen:
-        tqdm.write(f"attngeom: --shard {part['index']}/{part['count']} gets no shard file (the "
+        tqdm.write(f"attngeom: --part {part['index']}/{part['count']} gets no shard file (the "
                    f"data makes {-(-n // shard_size)}); pass a smaller --shard-size")
     total = n if part is None else part["sequences"][1] - part["sequences"][0]
     bar = tqdm(total=total, unit="seq", desc="extract", disable=not progress)

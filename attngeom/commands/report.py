@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import argparse
 
-from attngeom.common.options.stages import (REPORT_ANALYSIS, AnalysisOptions, ReportCommand,
-                                    add_arguments, from_args)
+from attngeom.common.options.commands import ReportCommand
+from attngeom.common.options.stages import (REPORT_ANALYSIS, AnalysisOptions, add_arguments,
+                                            from_args)
 
 
 def add_parser(p: argparse.ArgumentParser) -> None:
@@ -28,6 +29,6 @@ def run(args: argparse.Namespace) -> int:
     cmd, options = from_args(args, ReportCommand), from_args(args, AnalysisOptions)
     options.check()
     path = build_report(cmd.store, cmd.out, cmd.analysis, faithfulness=cmd.faithfulness,
-                        progress=not cmd.no_progress, options=options)
+                        progress=not cmd.quiet, options=options)
     print(f"attngeom: wrote {path}")
     return 0

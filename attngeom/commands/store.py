@@ -5,52 +5,14 @@ from __future__ import annotations
 
 import sys
 
+from attngeom.common.options.commands import STORE_ACTIONS
+from attngeom.common.options.spec import add_arguments
+
 
 def add_parser(p) -> None:
     sub = p.add_subparsers(dest="store_command", metavar="ACTION", required=True)
-    info = sub.add_parser("info", help="a readable summary of a store (provenance, content "
-                                       "hash, layout, faithfulness results)")
-    info.add_argument("store", help="store directory")
-    val = sub.add_parser("validate", help="check schema, checksums and completeness")
-    val.add_argument("store", help="store directory")
-
-    merge = sub.add_parser(
-        "merge", help="join stores of the same model and options (e.g. the parts of "
-                      "extract --shard I/N) into one")
-    merge.add_argument("stores", nargs="+", metavar="STORE",
-                       help="input stores (parts of one sharded run, or stores of other data)")
-    merge.add_argument("--out", required=True, help="new store directory")
-    merge.add_argument("--copy", action="store_true",
-                       help="copy shard files instead of hard-linking them")
-    merge.add_argument("--no-text", action="store_true", help="leave token strings out")
-
-    cut = sub.add_parser("subset", help="a smaller store: some layers, heads, sequences, "
-                                        "variables")
-    cut.add_argument("store", help="store directory")
-    cut.add_argument("--out", required=True, help="new store directory")
-    cut.add_argument("--layers", help="layer numbers, e.g. 0:4,7 (half-open ranges)")
-    cut.add_argument("--heads", help="head numbers, e.g. 0:8")
-    cut.add_argument("--sequences", help="sequence indices, e.g. 0:100 (renumbered 0..n-1)")
-    cut.add_argument("--variables", help="comma-separated names, e.g. alpha,value_norm "
-                                         "(what contribution needs to derive is kept too)")
-    cut.add_argument("--no-text", action="store_true", help="leave token strings out")
-
-    exp = sub.add_parser("export", help="Zarr (cloud storage), Parquet long tables (R, "
-                                        "pandas) or a Hugging Face dataset repository")
-    exp.add_argument("store", help="store directory")
-    exp.add_argument("--format", required=True, choices=["zarr", "parquet", "hf"],
-                     help="zarr, parquet, or hf (Parquet shards + dataset card for the Hub)")
-    exp.add_argument("--out", required=True, help="new directory (.zarr, tables, dataset)")
-    exp.add_argument("--tables", help="parquet and hf: comma-separated subset of per_query, "
-                                      "per_key, pairs, sequences, tokens (default all)")
-    exp.add_argument("--license", help="hf only: the dataset card's license identifier, e.g. "
-                                       "mit, cc-by-4.0 (default unknown)")
-    exp.add_argument("--no-text", action="store_true", help="leave token strings out")
-
-    imp = sub.add_parser("import", help="rebuild a store from a --format hf export (a Hub "
-                                        "dataset as `hf download` leaves it)")
-    imp.add_argument("export", help="the export's folder (with manifest.source.json)")
-    imp.add_argument("--out", required=True, help="new store directory")
+    for name, (help_text, options) in STORE_ACTIONS.items():
+        add_arguments(sub.add_parser(name, help=help_text, description=help_text), options)
 
 
 def run(args) -> int:

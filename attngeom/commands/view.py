@@ -9,33 +9,12 @@ from __future__ import annotations
 
 import argparse
 
-from attngeom.common.options.ranges import SYNTAX
-from attngeom.common.vocab import VIEW_MAX_BYTES
-
-
-def _bytes(text: str) -> int:
-    units = {"kb": 10**3, "mb": 10**6, "gb": 10**9}
-    t = text.strip().lower()
-    mult = next((v for u, v in units.items() if t.endswith(u)), 1)
-    try:
-        value = int(float(t[:-2] if mult > 1 else t) * mult)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"'{text}' is not a size (e.g. 25000000 or 25MB)")
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"'{text}' must be positive")
-    return value
+from attngeom.common.options.commands import ViewCommand
+from attngeom.common.options.spec import add_arguments
 
 
 def add_parser(p: argparse.ArgumentParser) -> None:
-    p.add_argument("store", help="store directory")
-    p.add_argument("--out", required=True, help="the HTML file to write (e.g. view.html)")
-    p.add_argument("--sequences", help=f"sequences to embed (default all): {SYNTAX}")
-    p.add_argument("--layers", help="layers to embed (default all), e.g. 0:4,7")
-    p.add_argument("--heads", help="heads to embed (default all), e.g. 0:8")
-    p.add_argument("--sequence", type=int, default=None,
-                   help="the sequence shown first (default the first embedded)")
-    p.add_argument("--max-bytes", type=_bytes, default=VIEW_MAX_BYTES,
-                   help=f"refuse a page larger than this (default {VIEW_MAX_BYTES // 10**6}MB)")
+    add_arguments(p, ViewCommand)
 
 
 def run(args: argparse.Namespace) -> int:

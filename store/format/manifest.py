@@ -128,7 +128,7 @@ def read_complete(store: str | Path) -> dict:
 
 def coverage_problems(manifest: dict, partial: bool = False) -> list[str]:
     """Where the shards' sequence ranges disagree with the manifest's sequences (its part's,
-    for a part of ``extract --shard I/N``): overlaps, ranges past the end and, unless
+    for a part of ``extract --part I/N``): overlaps, ranges past the end and, unless
     ``partial`` (a store still being written), gaps."""
     start, stop = (manifest.get("part") or {}).get("sequences", [0, manifest["n_sequences"]])
     problems, expected = [], start

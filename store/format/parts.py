@@ -1,7 +1,7 @@
-"""Parts of a store: ``extract --shard I/N`` gives each process a contiguous block of shard files.
+"""Parts of a store: ``extract --part I/N`` gives each process a contiguous block of shard files.
 
 A store's sequences are cut into shard files of ``shard_size`` sequences in data order
-(``shard-00000.nc`` holds sequences ``[0, shard_size)``, ...). ``--shard I/N`` (0-based
+(``shard-00000.nc`` holds sequences ``[0, shard_size)``, ...). ``--part I/N`` (0-based
 ``I``) gives process ``I`` the contiguous block of whole shard files
 ``[I * S // N, (I + 1) * S // N)`` of the ``S`` shards, so the N part stores hold exactly
 the single-process store's shard files (same boundaries, global sequence indices, same
@@ -15,21 +15,21 @@ import re
 
 from attngeom.common.errors import StoreError
 
-SHARD_HELP = "use --shard I/N with 0 <= I < N, e.g. --shard 0/4 ... --shard 3/4"
+PART_HELP = "use --part I/N with 0 <= I < N, e.g. --part 0/4 ... --part 3/4"
 
 
-def parse_shard(spec: str | tuple[int, int]) -> tuple[int, int]:
+def parse_part(spec: str | tuple[int, int]) -> tuple[int, int]:
     """``"I/N"`` (or ``(I, N)``) -> ``(I, N)``; ValueError with a one-line fix otherwise."""
     if isinstance(spec, tuple):
         index, count = spec
     else:
         m = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", str(spec))
         if not m:
-            raise ValueError(f"--shard '{spec}' is not I/N; {SHARD_HELP}")
+            raise ValueError(f"--part '{spec}' is not I/N; {PART_HELP}")
         index, count = int(m.group(1)), int(m.group(2))
     if not (isinstance(index, int) and isinstance(count, int)) or count < 1 \
             or not 0 <= index < count:
-        raise ValueError(f"--shard {index}/{count} is out of range; {SHARD_HELP}")
+        raise ValueError(f"--part {index}/{count} is out of range; {PART_HELP}")
     return index, count
 
 
@@ -40,7 +40,7 @@ def shard_block(n_shards: int, index: int, count: int) -> range:
 
 def part_record(shard: tuple[int, int], n_sequences: int, shard_size: int) -> dict:
     """The manifest's ``part`` entry: which shard files and sequences this part holds
-    (``shard``: ``(I, N)`` from :func:`parse_shard`)."""
+    (``shard``: ``(I, N)`` from :func:`parse_part`)."""
     index, count = shard
     n_shards = -(-n_sequences // shard_size)
     block = shard_block(n_shards, index, count)
@@ -55,6 +55,6 @@ def check_part(store, manifest: dict, part: dict | None) -> None:
     if have == part:
         return
     def name(p):
-        return "the whole data" if p is None else f"--shard {p['index']}/{p['count']}"
+        return "the whole data" if p is None else f"--part {p['index']}/{p['count']}"
     raise StoreError(f"{store} was started with {name(have)}, not {name(part)}; "
-                     "use another --out or the original --shard")
+                     "use another --out or the original --part")

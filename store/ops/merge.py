@@ -3,7 +3,7 @@
 merge
     Stores of the same model and options (everything in ``config`` but ``data`` and
     ``options.shard_size``; a different setting is refused, naming it). Stores with equal
-    ``config_hash`` (the parts of ``extract --shard I/N``, or copies) are one dataset: their
+    ``config_hash`` (the parts of ``extract --part I/N``, or copies) are one dataset: their
     shard files are hard-linked (copied across filesystems) under their own sequence ranges,
     duplicates of a shard kept once, and together they must cover every sequence; the
     result is the single-process store (same config, ``config_hash`` and shard files).
@@ -94,7 +94,7 @@ def _missing_parts(group: dict) -> str:
     if not parts:
         return "; add the store that holds them"
     have = {p["index"] for p in parts}
-    missing = [f"--shard {i}/{parts[0]['count']}" for i in range(parts[0]["count"])
+    missing = [f"--part {i}/{parts[0]['count']}" for i in range(parts[0]["count"])
                if i not in have]
     return f"; add the part store(s) made with {', '.join(missing)}" if missing else ""
 

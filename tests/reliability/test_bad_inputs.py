@@ -138,7 +138,9 @@ CASES = {
     "unknown device": (lambda b, m, t, o: E(b, m, t, o, "--device", "tpu0"),
                        ["--device 'tpu0'"]),
     "out is a file": (lambda b, m, t, o: E(b, m, t, b["notafolder"]), ["is a file"]),
-    "bad --shard": (lambda b, m, t, o: E(b, m, t, o, "--shard", "4/4"), ["--shard 4/4"]),
+    "bad --part": (lambda b, m, t, o: E(b, m, t, o, "--part", "4/4"), ["--part 4/4"]),
+    "bad --shard (the earlier name of --part)": (
+        lambda b, m, t, o: E(b, m, t, o, "--shard", "4/4"), ["--part 4/4"]),
     "sink window as long as the texts": (
         lambda b, m, t, o: E(b, m, t, o, "--sink-k", "64", "--max-length", "32"),
         ["--sink-k 64", "not shorter than --max-length 32", "--sink-k below 32"]),

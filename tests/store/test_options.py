@@ -11,6 +11,7 @@ import dataclasses
 import pytest
 
 from attngeom.cli import build_parser, main
+from attngeom.common.options import commands as C
 from attngeom.store.options import stages as O
 from attngeom.store.options.ranges import check_syntax, parse_ranges
 from attngeom.common.options.constraints import AtLeast, Interval, Items
@@ -21,9 +22,9 @@ def parse(*argv: str) -> argparse.Namespace:
 
 
 def test_every_declared_option_is_on_its_command_with_its_default():
-    for command, classes in (("extract", (O.ExtractCommand, O.ExtractConfig)),
-                             ("faithfulness", (O.FaithCommand, O.FaithConfig)),
-                             ("analyze", (O.AnalyzeCommand, O.AnalysisOptions))):
+    for command, classes in (("extract", (C.ExtractCommand, O.ExtractConfig)),
+                             ("faithfulness", (C.FaithCommand, O.FaithConfig)),
+                             ("analyze", (C.AnalyzeCommand, O.AnalysisOptions))):
         sub = build_parser([command])._subparsers._group_actions[0].choices[command]
         by_dest = {a.dest: a for a in sub._actions}
         for cls in classes:
@@ -37,9 +38,9 @@ def test_every_declared_option_is_on_its_command_with_its_default():
 def test_a_command_line_becomes_the_config_the_api_takes():
     args = parse("extract", "--model", "m", "--data", "d", "--out", "o", "--no-text",
                  "--sink-k", "2", "--shard-size", "3", "--shard", "1/2")
-    cfg, cmd = O.from_args(args, O.ExtractConfig), O.from_args(args, O.ExtractCommand)
+    cfg, cmd = O.from_args(args, O.ExtractConfig), O.from_args(args, C.ExtractCommand)
     assert cfg == O.ExtractConfig(store_text=False, sink_k=2, shard_size=3)
-    assert (cmd.model, cmd.data, cmd.out, cmd.shard) == ("m", "d", "o", "1/2")
+    assert (cmd.model, cmd.data, cmd.out, cmd.part) == ("m", "d", "o", "1/2")   # --shard: alias
     args = parse("faithfulness", "--model", "m", "--data", "d", "--out", "o", "--rank",
                  "magnitude", "--fractions", "0.5,0.1", "--metrics", "attention,contribution",
                  "--no-drift", "--layers", "0:2,5")
@@ -59,7 +60,7 @@ def test_run_takes_smaller_defaults_and_shares_options_between_stages():
     assert faith.max_length == 64 and faith.fractions == (0.1, 0.25, 0.5)
     assert faith.metrics == ("attention", "value_weighted", "value_weighted_normalized",
                              "contribution")
-    assert O.from_args(args, O.RunOptions).faith_limit == 3
+    assert O.from_args(args, C.RunOptions).faith_limit == 3
 
 
 @pytest.mark.parametrize("cfg, words", [
@@ -75,7 +76,7 @@ def test_run_takes_smaller_defaults_and_shares_options_between_stages():
     (O.FaithConfig(name="a b"), ["--name 'a b'"]),
     (O.FaithConfig(layers="x"), ["--layers 'x'"]),
     (O.FaithConfig(layers=(1, -2)), ["--layers"]),
-    (O.AnalysisOptions(n_boot=-1), ["--bootstrap must be at least 0, not -1"]),
+    (O.AnalysisOptions(n_boot=-1), ["--n-boot must be at least 0, not -1"]),
     (O.AnalysisOptions(level=1.0), ["--level 1.0 must be in (0, 1)"]),
     (O.AnalysisOptions(sink_k=0), ["--sink-k must be at least 1"]),
     (O.AnalysisOptions(epsilon=2), ["--epsilon 2 must be in (0, 1)"]),
@@ -96,9 +97,9 @@ def test_valid_configs_pass_their_check():
     for cfg in (O.ExtractConfig(), O.ExtractConfig(sink_k=7, max_length=8), O.FaithConfig(),
                 O.FaithConfig(layers="3:", fractions=(0.0, 1.0)), O.AnalysisOptions(layers="1:")):
         cfg.check()
-    O.RunOptions(faith_limit=4).check(O.ExtractConfig(limit=4))
+    C.RunOptions(faith_limit=4).check(O.ExtractConfig(limit=4))
     with pytest.raises(ValueError, match="--faith-limit must be between 0 and --limit"):
-        O.RunOptions(faith_limit=5).check(O.ExtractConfig(limit=4))
+        C.RunOptions(faith_limit=5).check(O.ExtractConfig(limit=4))
 
 
 def test_identity_is_what_the_store_records():
@@ -174,8 +175,7 @@ def test_values_on_the_closed_ends_of_a_range_are_accepted():
     O.ExtractConfig(max_length=2, batch_size=1, limit=1, shard_size=1).check()
 
 
-STAGE_CLASSES = (O.ExtractConfig, O.ExtractCommand, O.FaithConfig, O.FaithCommand,
-                 O.AnalysisOptions, O.AnalyzeCommand, O.ReportCommand, O.RunOptions)
+STAGE_CLASSES = (O.ExtractConfig, O.FaithConfig, O.AnalysisOptions, *C.DECLARED)
 
 
 def test_every_numeric_option_declares_its_range_and_its_help_shows_it():
@@ -195,3 +195,33 @@ def test_every_numeric_option_declares_its_range_and_its_help_shows_it():
     helps = {a.dest: a.help for a in sub._actions}
     assert helps["epsilon"].endswith("(default 0.3; in (0, 1))")
     assert helps["n_boot"].endswith("(default 200; at least 0)")
+
+
+def _actions(parser: argparse.ArgumentParser):
+    """Every argument of a parser and of its sub-parsers (store and models actions)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                yield from _actions(sub)
+        elif not isinstance(action, argparse._HelpAction):
+            yield action
+
+
+def test_every_command_s_options_come_from_the_declarations():
+    from attngeom.cli import COMMANDS
+
+    declared = {f.name for cls in (O.ExtractConfig, O.FaithConfig, O.AnalysisOptions,
+                                   *C.DECLARED) for f in dataclasses.fields(cls)}
+    for name in COMMANDS:
+        sub = build_parser([name])._subparsers._group_actions[0].choices[name]
+        found = {a.dest for a in _actions(sub)}
+        assert found and found <= declared, (name, sorted(found - declared))
+
+
+def test_one_name_per_idea_with_the_old_spellings_as_aliases():
+    for command, old, new in (("analyze", "--no-progress", "--quiet"),
+                              ("analyze", "--bootstrap", "--n-boot"),
+                              ("extract", "--shard", "--part")):
+        sub = build_parser([command])._subparsers._group_actions[0].choices[command]
+        action = next(a for a in sub._actions if new in a.option_strings)
+        assert old in action.option_strings and old in action.help, (command, old)

@@ -20,7 +20,7 @@ from attngeom.cli import main
 from attngeom.extract.run import ExtractConfig, extract
 from attngeom.store import open_store
 from attngeom.analysis.scheduler import parse_scheduler, scheduler
-from attngeom.store.format.parts import parse_shard, shard_block
+from attngeom.store.format.parts import parse_part, shard_block
 from attngeom.store.format.manifest import config_hash, read_manifest
 from attngeom.store.errors import StoreError
 from attngeom.store.ops.merge import merge
@@ -93,7 +93,7 @@ def test_merge_refuses_an_unfinished_input(ws, tmp_path):
 
 
 def test_merge_refuses_a_missing_part_and_other_options(ws, tmp_path):
-    with pytest.raises(StoreError, match=r"sequences \[0, 2\).*--shard 0/2"):
+    with pytest.raises(StoreError, match=r"sequences \[0, 2\).*--part 0/2"):
         merge([ws["parts"][1]], tmp_path / "a")
     other = extract(str(ws["model"]), str(ws["data"]), tmp_path / "w2", config(tail_w=2),
                     progress=False)
@@ -103,7 +103,7 @@ def test_merge_refuses_a_missing_part_and_other_options(ws, tmp_path):
 
 
 def test_resuming_a_part_as_another_part_is_refused(ws):
-    with pytest.raises(StoreError, match="--shard 0/2, not --shard 1/2"):
+    with pytest.raises(StoreError, match="--part 0/2, not --part 1/2"):
         extract(str(ws["model"]), str(ws["data"]), ws["parts"][0], config(), progress=False,
                 shard="1/2")
 
@@ -161,7 +161,7 @@ def test_content_hash_ignores_folders_and_changes_with_every_option(ws, tmp_path
 def test_cli_shard_and_merge(ws, tmp_path, capsys):
     assert main(["extract", "--model", str(ws["model"]), "--data", str(ws["data"]),
                  "--out", str(tmp_path / "p"), "--shard", "4/3", "--quiet"]) == 2
-    assert "--shard 4/3 is out of range" in capsys.readouterr().err
+    assert "--part 4/3 is out of range" in capsys.readouterr().err          # --shard: alias
     rc = main(["store", "merge", *map(str, ws["parts"]), "--out", str(tmp_path / "m"), "--copy"])
     assert rc == 0 and "merged       from 2 store(s)" in capsys.readouterr().out
     name = "shards/shard-00000.nc"
@@ -169,13 +169,13 @@ def test_cli_shard_and_merge(ws, tmp_path, capsys):
     assert validate(tmp_path / "m") == []
     assert main(["store", "merge", str(ws["parts"][1]), "--out", str(tmp_path / "x")]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.count("\n") == 0 and "made with --shard 0/2" in err
+    assert err.count("\n") == 0 and "made with --part 0/2" in err
 
 
 @pytest.mark.parametrize("spec", ["0/0", "3/3", "-1/2", "1", "a/b", "1/2/3"])
 def test_bad_shard_specs(spec):
-    with pytest.raises(ValueError, match="--shard"):
-        parse_shard(spec)
+    with pytest.raises(ValueError, match="--part"):
+        parse_part(spec)
 
 
 @pytest.mark.parametrize("spec", ["local:0", "local:x", "cluster", "tcp://host", "tcp:/h:1"])

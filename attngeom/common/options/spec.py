@@ -28,7 +28,7 @@ def option(default: Any, help: str, *, flag: str | None = None, aliases: Sequenc
            within: tuple[float, float, str] | None = None, record: str | None = None,
            auto: bool = False, provenance: bool = False, positional: bool = False,
            required: bool = False, metavar: str | None = None, cli: bool = True,
-           omit_default: bool = False) -> Any:
+           omit_default: bool = False, nargs: str | None = None) -> Any:
     """A dataclass field declaring one option.
 
     Parameters
@@ -51,14 +51,15 @@ def option(default: Any, help: str, *, flag: str | None = None, aliases: Sequenc
         omit_default : recorded only when not the default (an option added later: stores
         made before it keep their identity, and absent reads as the default).
     provenance : copied into analysis results as ``analysis_<name>``.
-    positional, required, metavar, cli : argparse details; ``cli=False``: Python API only.
+    positional, required, metavar, nargs, cli : argparse details; ``cli=False``: Python API
+        only.
     """
     if kind not in KINDS:
         raise ValueError(f"unknown option kind {kind!r}")
     meta = dict(help=help, flag=flag, aliases=tuple(aliases), kind=kind, type=type,
                 constraint=_constraint(kind, choices, at_least, within), record=record,
                 auto=auto, provenance=provenance, positional=positional, required=required,
-                metavar=metavar, cli=cli, omit_default=omit_default)
+                metavar=metavar, cli=cli, omit_default=omit_default, nargs=nargs)
     return field(default=default, metadata=meta)
 
 
@@ -149,6 +150,8 @@ def _argparse_kwargs(f: dataclasses.Field, default: Any) -> dict:
     if kind == "negated":
         return dict(kw, action="store_false")
     kw["default"] = default
+    if m["nargs"]:
+        kw["nargs"] = m["nargs"]
     if m["required"] and not m["positional"]:
         kw["required"] = True
     if m["metavar"] or (m["flag"] and not m["positional"]):

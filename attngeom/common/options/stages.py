@@ -3,9 +3,8 @@
 A stage's options are a dataclass whose fields carry their command-line form (:func:`option`):
 :class:`ExtractConfig` (``attngeom extract``), :class:`FaithConfig` (``attngeom faithfulness``)
 and :class:`AnalysisOptions` (``attngeom analyze``; ``report`` when it runs the analyses) are
-the Python API's configs too; :class:`ExtractCommand`, :class:`FaithCommand`,
-:class:`AnalyzeCommand`, :class:`ReportCommand` and :class:`RunOptions` hold what only the
-command line takes (model, data, output, progress). From the declarations:
+the Python API's configs too; what only a command takes (model, data, output, progress) is
+declared in :mod:`.commands`. From the declarations:
 
 - :func:`add_arguments` makes a command's argparse arguments (flag, type, choices, default
   shown in the help), :func:`from_args` the dataclass from the parsed arguments;
@@ -28,10 +27,9 @@ from .. import vocab as V
 from .spec import (add_arguments, check_fields, flag_of, from_args, identity, mismatches,
                          option, provenance)
 
-__all__ = ["ExtractConfig", "ExtractCommand", "FaithConfig", "FaithCommand", "AnalysisOptions",
-           "AnalyzeCommand", "ReportCommand", "RunOptions", "RUN_STAGES", "REPORT_ANALYSIS",
-           "option", "add_arguments", "from_args", "check_fields", "check_sink_window",
-           "identity", "mismatches", "provenance", "flag_of"]
+__all__ = ["ExtractConfig", "FaithConfig", "AnalysisOptions", "REPORT_ANALYSIS", "option",
+           "add_arguments", "from_args", "check_fields", "check_sink_window", "identity",
+           "mismatches", "provenance", "flag_of"]
 
 
 def check_sink_window(sink_k: int, max_length: int) -> None:
@@ -44,19 +42,8 @@ def check_sink_window(sink_k: int, max_length: int) -> None:
 
 
 # ----------------------------------------------------------------------------- common
-MODEL_HELP = "hub id, model directory, .gguf file, or smollm2-135m/gemma3-270m/minilm-l6"
-DATA_HELP = ("a .jsonl/.parquet/.txt file, hf:NAME[:CONFIG]:SPLIT, builtin, or a probe: "
-             "probe:random:T:N[:SEED] / probe:repeated:T:N[:SEED]")
-TRUST_HELP = "allow model code from the hub (off by default)"
 DTYPE_HELP = "float32, bfloat16 or float16 (GPU)"
-BEYOND_HELP = ("allow --max-length beyond the model's configured context (length-extrapolation "
-               "research: positions past it are ones the model never saw)")
 
-
-def threads_option(default: str):
-    """``--threads N``: torch's and BLAS's CPU threads, a run setting (not in the config)."""
-    return option(None, f"CPU threads of torch and BLAS (default: {default})", type=int,
-                  at_least=1)
 
 
 # ----------------------------------------------------------------------------- extract
@@ -108,22 +95,6 @@ class ExtractConfig:
         """ValueError naming the first bad option (one line, with the fix)."""
         check_fields(self)
         check_sink_window(self.sink_k, self.max_length)
-
-
-@dataclass
-class ExtractCommand:
-    """What ``attngeom extract`` takes besides :class:`ExtractConfig`."""
-
-    model: str = option(None, MODEL_HELP, type=str, required=True)
-    data: str = option(None, DATA_HELP, type=str, required=True)
-    out: str = option(None, "store directory (created, or resumed)", type=str, required=True)
-    shard: str | None = option(
-        None, "extract only part I (0-based) of N, a contiguous block of shard files; join the "
-              "N part stores with `attngeom store merge`", type=str, metavar="I/N")
-    threads: int | None = threads_option("torch's, one per core")
-    beyond_context: bool = option(False, BEYOND_HELP, kind="flag")
-    trust_remote_code: bool = option(False, TRUST_HELP, kind="flag")
-    quiet: bool = option(False, "no progress bar", kind="flag")
 
 
 # ----------------------------------------------------------------------------- faithfulness
@@ -190,23 +161,6 @@ class FaithConfig:
         return identity(self)
 
 
-@dataclass
-class FaithCommand:
-    """What ``attngeom faithfulness`` takes besides :class:`FaithConfig`."""
-
-    model: str = option(None, MODEL_HELP, type=str, required=True)
-    data: str = option(None, "texts (lm) or task records (.jsonl, hf:...)", type=str,
-                       required=True)
-    out: str = option(None, "store directory: <name>.nc is written there (created if absent)",
-                      type=str, required=True)
-    force: bool = option(False, "start over: replace an existing result or interrupted run",
-                         kind="flag")
-    threads: int | None = threads_option("torch's, one per core")
-    beyond_context: bool = option(False, BEYOND_HELP, kind="flag")
-    trust_remote_code: bool = option(False, TRUST_HELP, kind="flag")
-    quiet: bool = option(False, "no progress bar", kind="flag")
-
-
 # ----------------------------------------------------------------------------- analysis
 @dataclass
 class AnalysisOptions:
@@ -223,7 +177,8 @@ class AnalysisOptions:
     epsilon: float = option(V.EPSILON, "sink-head threshold on the mean sink rate (Gu et al.)",
                             within=(0, 1, "()"), provenance=True)
     n_boot: int = option(V.N_BOOT, "sequence-cluster bootstrap resamples for the vertex CI "
-                                   "(0: off)", flag="--bootstrap", at_least=0, provenance=True)
+                                   "(0: off; --bootstrap: the same, its earlier name)",
+                         aliases=("--bootstrap",), at_least=0, provenance=True)
     seed: int = option(V.SEED, "seed of the bootstrap and subsamples", at_least=0,
                        provenance=True)             # numpy's SeedSequence takes no negatives
     level: float = option(V.LEVEL, "test/FDR level", within=(0, 1, "()"), provenance=True)
@@ -237,66 +192,7 @@ class AnalysisOptions:
         check_fields(self)
 
 
-@dataclass
-class AnalyzeCommand:
-    """What ``attngeom analyze`` takes besides :class:`AnalysisOptions`."""
-
-    store: str = option(None, "store directory or file written by `attngeom extract`", type=str,
-                        positional=True)
-    out: str = option(None, "output directory for the .nc files and CSV", type=str,
-                      required=True)
-    no_progress: bool = option(False, "hide the progress bar", kind="flag")
-    scheduler: str | None = option(
-        None, "dask.distributed cluster: local:N (N worker processes) or tcp://HOST:PORT (a "
-              "running `dask scheduler`); default: in-process", type=str)
-
-
-@dataclass
-class ReportCommand:
-    """What ``attngeom report`` takes; the analysis options apply when the analyses run."""
-
-    store: str = option(None, "store directory written by `attngeom extract`", type=str,
-                        positional=True)
-    out: str | None = option(None, "the PDF to write (default STORE/report.pdf)", type=str)
-    analysis: str | None = option(None, "analysis results folder (default STORE/analysis; run "
-                                        "when missing)", type=str)
-    faithfulness: str = option(V.FAITHFULNESS_NAME, "which recorded faithfulness result to "
-                                                    "show", metavar="NAME")
-    no_progress: bool = option(False, "hide the progress bar", kind="flag")
-
-
 # analysis options `report` takes
 REPORT_ANALYSIS = ("epsilon", "n_boot", "seed", "level", "order_resamples")
 
 
-# ----------------------------------------------------------------------------- run
-@dataclass
-class RunOptions:
-    """What ``attngeom run`` takes besides its stages' options (:data:`RUN_STAGES`)."""
-
-    out: str = option("runs/demo", "output folder")
-    model: str = option("smollm2-135m", "hub id, model directory, .gguf file or built-in name")
-    data: str = option("builtin", "texts: .jsonl/.parquet/.txt, hf:..., builtin")
-    faith_limit: int = option(8, "texts for the faithfulness experiment (0 skips it)",
-                              at_least=0)
-    threads: int | None = threads_option("$OMP_NUM_THREADS, else 1; on a shared machine more "
-                                         "threads wait on each other and run slower")
-    trust_remote_code: bool = option(False, TRUST_HELP, kind="flag")
-    quiet: bool = option(False, "no progress bars", kind="flag")
-
-    def check(self, extract: ExtractConfig) -> None:
-        """ValueError naming the first bad option; ``extract``: the run's extraction config."""
-        check_fields(self)
-        if extract.limit is not None and self.faith_limit > extract.limit:
-            raise ValueError(f"--faith-limit must be between 0 and --limit ({extract.limit})")
-
-
-# stage, the options `run` exposes, and its smaller defaults (the five-minute demo)
-RUN_STAGES: tuple[tuple[type, tuple[str, ...], dict], ...] = (
-    (ExtractConfig, ("limit", "max_length", "mode", "text_field", "batch_size", "device",
-                     "dtype"), {"limit": 48, "max_length": 128}),
-    (FaithConfig, ("metrics", "ranks", "fractions"),
-     {"metrics": M.PAPER_ORDER, "fractions": V.RUN_FRACTIONS}),
-    (AnalysisOptions, ("n_boot", "seed"), {}),
-)
-RUN_FAITH_BLOCK = 4                 # texts per faithfulness checkpoint in `run`
