@@ -58,7 +58,10 @@ def model_dims(model) -> dict[str, int]:
     tol.attention_terms."""
     c = getattr(model, "config", model)
     c = c.get_text_config() if hasattr(c, "get_text_config") else c
-    first = lambda *names: next((getattr(c, n) for n in names if getattr(c, n, None)), None)  # noqa: E731
+
+    def first(*names):
+        return next((getattr(c, n) for n in names if getattr(c, n, None)), None)
+
     d = first("hidden_size", "n_embd", "d_model", "dim")
     heads = first("num_attention_heads", "n_head", "n_heads", "num_heads")
     head = [getattr(c, n, None) for n in ("head_dim", "d_kv", "v_head_dim", "qk_head_dim")]
@@ -78,6 +81,24 @@ def module_output_size(alpha: np.ndarray, v: np.ndarray, w_o: np.ndarray,
     z = np.abs(alpha) @ np.repeat(np.abs(v), H // v.shape[1], axis=1)      # (B, H, T, dv)
     z = z.transpose(0, 2, 1, 3).reshape(B, T, -1)
     return z @ np.abs(w_o) + (0.0 if b_o is None else np.abs(b_o))
+
+
+def forward_bound(model, T: int, logits) -> tol.Tol:
+    """Two float32 forwards of ``model`` (T tokens) to its logits by other kernels: every
+    layer's chain (tol.attention_terms) and the head's d terms, sized by the largest |logit|."""
+    dims = model_dims(model)
+    layers = getattr(model.config.get_text_config(), "num_hidden_layers", 2)
+    n = tol.attention_terms(T=T, layer=layers, **dims) + dims["d"]
+    return tol.dot(n, float(np.abs(np.asarray(logits, dtype=float)).max()), vs=tol.F32)
+
+
+def compact_identity(ds, n_queries: int) -> tol.Tol:
+    """A compact store's contributions over keys (sink + tail + 1 - sink - tail: rounding only,
+    sized by the largest sum of |terms|) averaged over ``n_queries`` queries, in float32."""
+    k, w = ds.sizes["sink"], ds.sizes["lag"]
+    size = (np.abs(ds["contribution"]).sum("sink") + np.abs(ds["tail_contribution"]).sum("lag")
+            + np.abs(ds["middle_contribution"])).max()
+    return tol.sums_to_one(k + w + 2 + n_queries, depth=k + w + 2, size=float(size))
 
 
 def score_size(alpha: np.ndarray, v: np.ndarray, w_o: np.ndarray) -> np.ndarray:

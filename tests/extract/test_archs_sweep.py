@@ -27,7 +27,8 @@ import reference as ref
 import tiny_archs as ta
 import tolerance as tol
 from store_helpers import (PER_TOKEN, assert_same, compact_bounds, expected_compact,
-                           measurement_bounds, model_dims, module_output_size)
+                           forward_bound, measurement_bounds, model_dims,
+                           module_output_size)
 from attngeom.extract.measurement.archs import Unsupported, discover
 from attngeom.extract.measurement.capture import capture
 from attngeom.extract.measurement.layer import Options
@@ -176,11 +177,8 @@ def test_faithfulness_runs_on_every_decoder(name):
         want = model(**inputs, use_cache=False).logits[real]
     clean = forward_logits(model, inputs, Intervener(model))[real]
     scale = float(want.abs().max())
-    # the logits after the whole float32 forward: every layer's chain and the head's d
-    dims = model_dims(model)
-    n = tol.attention_terms(T=inputs["input_ids"].shape[1], layer=2, **dims) + dims["d"]
     np.testing.assert_allclose(clean.double().numpy(), want.double().numpy(), err_msg=name,
-                               **tol.dot(n, scale, vs=tol.F32))
+                               **forward_bound(model, inputs["input_ids"].shape[1], want))
     removed = forward_logits(model, inputs, Intervener(
         model, Removal("contribution", "comprehensiveness", 0.5)))[real]
     # the removal moves them by far more than rounding (not a tolerance)

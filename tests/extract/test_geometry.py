@@ -18,7 +18,7 @@ import reference as ref
 import tiny_models as tm
 import tolerance as tol
 from store_helpers import (PER_TOKEN, assert_same, compact_bounds, expected_compact,
-                           measurement_bounds, model_dims)
+                           forward_bound, measurement_bounds, model_dims)
 from attngeom.extract.measurement.capture import Measurer, capture
 from attngeom.extract.measurement.hooks import attention_handler
 from attngeom.extract.measurement.layer import Options
@@ -126,8 +126,5 @@ def test_measurement_leaves_forward_unchanged(arch, mode):
             plain = _forward(model, inputs)
         finally:
             model.set_attn_implementation(previous)
-        # the logits after the whole float32 forward: every layer's chain and the head's d
-        dims = model_dims(model)
-        n = tol.attention_terms(T=measured.shape[1], layer=len(handler.results), **dims)
-        np.testing.assert_allclose(measured[real], plain[real], err_msg=impl, **tol.dot(
-            n + dims["d"], size=np.abs(plain[real]).max(), vs=tol.F32))
+        np.testing.assert_allclose(measured[real], plain[real], err_msg=impl,
+                                   **forward_bound(model, measured.shape[1], plain[real]))

@@ -18,7 +18,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import tolerance as tol
 from attngeom import cli
+from store_helpers import compact_identity
 from attngeom.store.format import schema as S
 
 README = Path(__file__).resolve().parents[2] / "README.md"
@@ -84,16 +86,20 @@ def test_python_api_example_runs_on_a_real_store(compact_store):
     with contextlib.redirect_stdout(out):
         exec(compile(code, "README.md", "exec"), {})              # noqa: S102 (our README)
     text = out.getvalue()
-    total = float(re.search(r"sum over keys: (\S+)", text).group(1))
-    assert abs(total - 1) < 1e-5                                   # Σ_j c_ij = 1 exactly
     from attngeom.store import open_store
+
+    store = open_store(compact_store)
+    one = compact_identity(store, store.sizes["query"])             # Σ_j c_ij = 1 exactly
+    total = float(re.search(r"sum over keys: (\S+)", text).group(1))
+    assert total == one.approx(1.0)
 
     alpha0 = open_store(compact_store)["alpha"].isel(sink=0).values   # (S, L, H, Q)
     rate = np.nanmean(alpha0[..., 1:], axis=(0, 3))
     assert f"{int((rate > 0.3).sum())} sink heads of {rate.size}" in text
     assert "pooled_vertex" in text
     parts = float(re.search(r"sink \+ tail \+ middle: (\S+)", text).group(1))
-    assert abs(parts - 1) < 1e-5                                   # the accessor's groups too
+    n = int(store["middle_contribution"].notnull().sum())         # the mean over every query
+    assert parts == (one + tol.total(n, 1.0)).approx(1.0)        # the accessor's groups too
     block = float(re.search(r"sink rate of a block: (\S+)", text).group(1))
     assert 0 < block < 1
 
@@ -114,7 +120,8 @@ def test_notebook_example_measures_a_model_in_memory(tiny, tmp_path, monkeypatch
         exec(compile(code.replace(hub_id, str(tiny["model"])), "README.md", "exec"),
              scope)                                                # noqa: S102 (our README)
     text, ds = out.getvalue(), scope["ds"]
-    assert abs(float(re.search(r"sum over keys: (\S+)", text).group(1)) - 1) < 1e-5
+    assert float(re.search(r"sum over keys: (\S+)", text).group(1)) == compact_identity(
+        ds, ds.sizes["query"]).approx(1.0)
     rate = np.nanmean(ds["alpha"].isel(sink=0).values[..., 1:], axis=(0, 3))   # (L, H)
     assert f"{int((rate > 0.3).sum())} sink heads" in text
     assert "<script>" in (tmp_path / "view.html").read_text(encoding="utf-8")
