@@ -41,7 +41,7 @@ def check_model(model: str, dtype: str, device: str) -> None:
 def use_threads(n: int | None) -> None:
     """``--threads``: set torch's and BLAS's thread count (None: leave torch's default)."""
     if n is not None:
-        from .main_job import limit_threads
+        from attngeom.pipeline import limit_threads
 
         limit_threads(n)
 
