@@ -42,7 +42,7 @@ DELTA_PPL_SHARE = 0.05    # ΔPPL margin: this share of the run's mean clean per
 DELTA_ACCURACY = 0.02     # accuracy-loss margin (AOPC of clean_correct - correct): 2 points
 POWER = 0.80
 WILCOXON_ARE = 3 / np.pi  # asymptotic relative efficiency of the signed-rank vs the t test
-LOG_RATIO = "log_ppl_ratio"
+LOG_RATIO = faith.LOG_RATIO
 
 HOLDS = "holds"
 EQUIVALENT = "does not hold: equivalent within ±δ"
@@ -59,16 +59,7 @@ LAYER_COLUMNS = ("layer", "mode", "rank", "lower", "higher", "n", "aopc_lower", 
 
 
 # ------------------------------------------------------------------------------- outcome
-def log_ppl_ratio(ds: xr.Dataset) -> xr.DataArray:
-    """log(ppl / clean_ppl) per (metric, rank, mode, fraction, unit); > 0: the removal hurt."""
-    for name in ("ppl", "clean_ppl"):
-        if name not in ds:
-            raise ValueError(f"faithfulness data has no '{name}': the log PPL ratio needs a "
-                             "language-modelling run (--task lm or gsm8k-answer)")
-    out = np.log(ds["ppl"].astype(float) / ds["clean_ppl"].astype(float))
-    out.name = LOG_RATIO
-    out.attrs["description"] = "log(PPL under the removal / clean PPL), nats"
-    return out
+log_ppl_ratio = faith.log_ppl_ratio
 
 
 def with_log_ppl_ratio(ds: xr.Dataset) -> xr.Dataset:

@@ -22,18 +22,20 @@ rankings are provably identical (``same_ranking_as``, e.g. value_weighted and
 value_weighted_normalized at head granularity) are reported, not tested.
 
 These functions compute; :mod:`.faithfulness_stats` runs them once per result and stores the
-tables that every output (the command's printout, the PDF, the CSVs) reads.
+tables that every output (the command's printout, the PDF, ``compare``, the studies' CSVs)
+reads. The loss is the file's ``loss_variable`` or, for language modelling, the log perplexity
+ratio ``log_ppl_ratio`` = log(PPL / clean PPL) in nats (:func:`log_ppl_ratio`; the second
+study's primary outcome): :func:`outcomes` lists those a result has.
 
 Output names (stable): :func:`aopc` -> DataArray ``aopc`` (metric, rank, mode, unit);
-:func:`aopc_summary` -> ``aopc_mean aopc_sem n_units`` over (metric, rank, mode);
-:func:`aopc_table` -> DataFrame of mean AOPC, metrics by (mode, rank) columns;
-:func:`loss_curves` -> ``loss_mean loss_sem`` over (metric, rank, mode, fraction);
-:func:`order_table` -> DataFrame columns ``mode rank lower higher n aopc_lower aopc_higher
-mean_improvement ci_low ci_high statistic p_value p_holm holds note``; :func:`drift_summary` ->
-``cosine_low_before_mean cosine_low_after_mean cosine_low_change_mean cosine_low_p_value
-cosine_low_p_holm cosine_all_before_mean cosine_all_after_mean output_norm_low_before_mean
-output_norm_low_after_mean n_units`` over (layer), attrs ``loss_variable loss_mean
-loss_p_value``.
+:func:`aopc_summary` -> DataFrame :data:`AOPC_COLUMNS`, one row per (metric, rank, mode);
+:func:`loss_curves` -> DataFrame :data:`CURVE_COLUMNS`, one row per (metric, rank, mode,
+fraction); both give the mean, its standard error and the t interval at the level over units
+(:func:`t_interval`); :func:`order_table` -> DataFrame columns :data:`TABLE_COLUMNS`;
+:func:`drift_summary` -> ``cosine_low_before_mean cosine_low_after_mean cosine_low_change_mean
+cosine_low_p_value cosine_low_p_holm cosine_all_before_mean cosine_all_after_mean
+output_norm_low_before_mean output_norm_low_after_mean n_units`` over (layer), attrs
+``loss_variable loss_mean loss_p_value``.
 """
 
 from __future__ import annotations
@@ -56,6 +58,10 @@ ORDER = PAPER_ORDER                  # the order tested step by step
 TABLE_COLUMNS = ("mode", "rank", "lower", "higher", "n", "aopc_lower", "aopc_higher",
                  "mean_improvement", "ci_low", "ci_high", "statistic", "p_value", "p_holm",
                  "holds", "note")
+CELL = ("variable", "metric", "rank", "mode")
+AOPC_COLUMNS = CELL + ("n_units", "aopc_mean", "aopc_sem", "ci_low", "ci_high")
+CURVE_COLUMNS = CELL + ("fraction", "n_units", "loss_mean", "loss_sem", "ci_low", "ci_high")
+LOG_RATIO = "log_ppl_ratio"
 
 
 def unit_dim(ds: xr.Dataset) -> str:
@@ -65,10 +71,31 @@ def unit_dim(ds: xr.Dataset) -> str:
     return dim
 
 
+def log_ppl_ratio(ds: xr.Dataset) -> xr.DataArray:
+    """log(ppl / clean_ppl) per (metric, rank, mode, fraction, unit); > 0: the removal hurt."""
+    for name in ("ppl", "clean_ppl"):
+        if name not in ds:
+            raise ValueError(f"faithfulness data has no '{name}': the log PPL ratio needs a "
+                             "language-modelling run (--task lm or gsm8k-answer)")
+    out = np.log(ds["ppl"].astype(float) / ds["clean_ppl"].astype(float))
+    out.name = LOG_RATIO
+    out.attrs["description"] = "log(PPL under the removal / clean PPL), nats"
+    return out
+
+
+def outcomes(ds: xr.Dataset) -> tuple[str, ...]:
+    """The losses a result's statistics use: its loss variable, then for language modelling
+    the log PPL ratio."""
+    first = ds.attrs.get("loss_variable") or ("delta_ppl" if "delta_ppl" in ds
+                                              else "accuracy_loss")
+    return (first, LOG_RATIO) if first == "delta_ppl" and "ppl" in ds else (first,)
+
+
 def loss(ds: xr.Dataset, variable: str | None = None) -> xr.DataArray:
     """The per-unit loss (metric, rank, mode, fraction, unit), larger = more damage."""
-    name = variable or ds.attrs.get("loss_variable") or (
-        "delta_ppl" if "delta_ppl" in ds else "accuracy_loss")
+    name = variable or outcomes(ds)[0]
+    if name == LOG_RATIO and name not in ds:
+        return log_ppl_ratio(ds)
     if name not in ds:
         raise ValueError(f"faithfulness data has no variable '{name}'")
     return ds[name].astype(float)
@@ -82,34 +109,41 @@ def aopc(ds: xr.Dataset, variable: str | None = None) -> xr.DataArray:
     return out
 
 
-def aopc_summary(ds: xr.Dataset, variable: str | None = None) -> xr.Dataset:
-    """Mean, standard error and count of the per-unit AOPC over (metric, rank, mode)."""
-    a = aopc(ds, variable)
-    dim = unit_dim(ds)
-    n = a.notnull().sum(dim)
-    return xr.Dataset({"aopc_mean": a.mean(dim), "aopc_sem": a.std(dim, ddof=1) / np.sqrt(n),
-                       "n_units": n})
-
-
-def aopc_table(ds: xr.Dataset, variable: str | None = None) -> pd.DataFrame:
-    """Mean per-unit AOPC, one row per metric, the rankings side by side within each mode.
-
-    Columns are (mode, rank) pairs, e.g. ``("comprehensiveness", "signed")`` next to
-    ``("comprehensiveness", "magnitude")``; metrics keep the paper's order.
-    """
-    mean = aopc_summary(ds, variable)["aopc_mean"]
-    table = mean.to_dataframe()["aopc_mean"].unstack(["mode", "rank"])
-    modes, ranks = list(mean["mode"].values), list(mean["rank"].values)
-    table = table[[(m, r) for m in modes for r in ranks]]
-    return table.loc[list(mean["metric"].values)]
-
-
-def loss_curves(ds: xr.Dataset, variable: str | None = None) -> xr.Dataset:
-    """Mean and standard error of the loss per (metric, rank, mode, fraction)."""
-    x = loss(ds, variable)
-    dim = unit_dim(ds)
+def t_interval(x: xr.DataArray, dim: str, level: float) -> xr.Dataset:
+    """Mean, standard error, t interval at ``level`` and count of ``x`` over ``dim`` (NaN left
+    out; the interval is NaN below two values): ``mean sem ci_low ci_high n``."""
     n = x.notnull().sum(dim)
-    return xr.Dataset({"loss_mean": x.mean(dim), "loss_sem": x.std(dim, ddof=1) / np.sqrt(n)})
+    mean = x.mean(dim)
+    with np.errstate(invalid="ignore", divide="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        sem = x.std(dim, ddof=1) / np.sqrt(n)
+    t = xr.apply_ufunc(lambda k: stats.t.ppf(1 - level / 2, np.maximum(k - 1, 1)), n)
+    return xr.Dataset({"mean": mean, "sem": sem, "ci_low": mean - t * sem,
+                       "ci_high": mean + t * sem, "n": n})
+
+
+def _long(summary: xr.Dataset, names: dict[str, str], variable: str, columns) -> pd.DataFrame:
+    table = summary.rename(names).to_dataframe().reset_index()
+    table.insert(0, "variable", variable)
+    table["n_units"] = table["n_units"].astype(int)
+    return table[list(columns)]
+
+
+def aopc_summary(ds: xr.Dataset, variable: str | None = None, level: float = LEVEL
+                 ) -> pd.DataFrame:
+    """The per-unit AOPC's mean, s.e., t interval and count per (metric, rank, mode), long."""
+    s = t_interval(aopc(ds, variable), unit_dim(ds), level)
+    return _long(s, {"mean": "aopc_mean", "sem": "aopc_sem", "n": "n_units"},
+                 loss(ds, variable).name, AOPC_COLUMNS)
+
+
+def loss_curves(ds: xr.Dataset, variable: str | None = None, level: float = LEVEL
+                ) -> pd.DataFrame:
+    """The loss's mean, s.e., t interval and count per (metric, rank, mode, fraction), long."""
+    x = loss(ds, variable)
+    s = t_interval(x, unit_dim(ds), level)
+    return _long(s, {"mean": "loss_mean", "sem": "loss_sem", "n": "n_units"}, x.name,
+                 CURVE_COLUMNS)
 
 
 def _source(ds: xr.Dataset, metric: str, rank: str) -> str:

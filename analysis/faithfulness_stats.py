@@ -1,21 +1,23 @@
 """A faithfulness result's statistics, computed once and stored: every output reads them.
 
-For a result ``<name>.nc`` the statistics are the AOPC table (per outcome: mean, s.e. and the
-t interval at the level), the loss curves (mean and t band per fraction), the order test with
-each step's MDE, TOST and verdict (:func:`attngeom.analysis.equivalence.equivalence_table`),
-for the file's loss (ΔPPL or accuracy loss) and, for language modelling, the log PPL ratio,
-and the semantic-drift summary. They are written to ``<analysis>/<name>_stats.nc`` by
-``attngeom faithfulness`` (into ``<store>/analysis``), ``attngeom analyze`` and ``attngeom
-report``, with the settings they used (:class:`StatsSettings`) and the sha256 of the result
-file they came from. :func:`ensure` reads them when both match and recomputes them otherwise:
-never a stale table. Settings other than the defaults are stored beside the default file
-(``<name>_stats.level-0.1.nc``), so the command's printout, the PDF, ``summary.csv`` and the
-figures show the numbers of one stored table.
+For a result ``<name>.nc`` the statistics are, for each of its losses (the file's loss, ΔPPL
+or accuracy loss, and for language modelling the log PPL ratio in nats,
+:func:`attngeom.analysis.faithfulness.outcomes`): the AOPC table and the loss curves (mean,
+s.e. and the t interval at the level over units), the order test with each step's MDE, TOST
+and verdict (:func:`attngeom.analysis.equivalence.equivalence_table`); and the semantic-drift
+summary. They are written to ``<analysis>/<name>_stats.nc`` by ``attngeom faithfulness`` (into
+``<store>/analysis``), ``attngeom analyze`` and ``attngeom report``, with the settings they
+used (:class:`StatsSettings`) and the sha256 of the result file they came from. :func:`ensure`
+reads them when both match and recomputes them otherwise: never a stale table. Settings other
+than the defaults are stored beside the default file (``<name>_stats.level-0.1.nc``), so the
+command's printout, the PDF, ``compare``, ``summary.csv`` and the figures show the numbers of
+one stored table (:mod:`attngeom.reports.faithfulness_tables` formats them for the printout
+and the PDF alike).
 
-Output names (stable): tables ``aopc`` (columns :data:`AOPC_COLUMNS`), ``order``
-(``analysis.faithfulness.TABLE_COLUMNS`` then ``analysis.equivalence.EXTRA_COLUMNS``), the
-Dataset ``curves`` (``curve_mean curve_low curve_high curve_n`` over metric, rank, mode,
-fraction; attribute ``curve_variable``) and ``drift`` (``analysis.faithfulness.drift_summary``).
+Output names (stable), tables with a ``variable`` column: ``aopc``
+(``analysis.faithfulness.AOPC_COLUMNS``), ``curves`` (``analysis.faithfulness.CURVE_COLUMNS``),
+``order`` (``analysis.faithfulness.TABLE_COLUMNS`` then ``analysis.equivalence.EXTRA_COLUMNS``),
+and the Dataset ``drift`` (``analysis.faithfulness.drift_summary``).
 """
 
 from __future__ import annotations
@@ -28,7 +30,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import xarray as xr
-from scipy import stats as sps
 
 from attngeom import __version__
 from attngeom.store import read_manifest
@@ -41,9 +42,10 @@ from . import ANALYSIS_DIR
 from . import equivalence as eq
 from . import faithfulness as faith
 
-AOPC_COLUMNS = ("variable", "metric", "rank", "mode", "aopc_mean", "aopc_sem", "ci_low",
-                "ci_high", "n_units")
-ORDER_PREFIX, AOPC_PREFIX, DRIFT_PREFIX = "order_", "aopc_", "drift_"
+ORDER_PREFIX, AOPC_PREFIX, CURVE_PREFIX, DRIFT_PREFIX = "order_", "aopc_", "curve_", "drift_"
+TABLES = {"order": (ORDER_PREFIX, "order_step"), "aopc": (AOPC_PREFIX, "aopc_row"),
+          "curves": (CURVE_PREFIX, "curve_row")}              # table -> (prefix, row dim)
+FORMAT = 2               # of the stored file: 2 = curves of every loss as a table
 
 
 @dataclass(frozen=True)
@@ -79,9 +81,14 @@ class FaithStats:
 
     aopc: pd.DataFrame
     order: pd.DataFrame
-    curves: xr.Dataset
+    curves: pd.DataFrame
     drift: xr.Dataset | None
     attrs: dict
+
+    @property
+    def variables(self) -> list[str]:
+        """The losses the tables hold, the result's own first."""
+        return list(dict.fromkeys(self.aopc["variable"]))
 
     def for_variable(self, table: pd.DataFrame, variable: str | None = None) -> pd.DataFrame:
         """Rows of ``table`` for ``variable`` (default: the result's loss variable)."""
@@ -93,61 +100,30 @@ class FaithStats:
 
 # ----------------------------------------------------------------------------- compute
 def outcomes(ds: xr.Dataset, settings: StatsSettings) -> list[tuple[str, float]]:
-    """(per-unit loss variable, TOST margin) the order test is run on."""
-    loss = ds.attrs.get("loss_variable", "delta_ppl")
-    if loss == "delta_ppl":
-        return [(loss, eq.delta_ppl_margin(ds, settings.delta_ppl_share)),
-                (eq.LOG_RATIO, settings.delta_log)]
-    return [(loss, settings.delta_accuracy)]
-
-
-def _aopc(ds: xr.Dataset, variable: str, level: float) -> pd.DataFrame:
-    s = faith.aopc_summary(ds, variable)
-    n = s["n_units"]
-    half = xr.apply_ufunc(lambda k: sps.t.ppf(1 - level / 2, np.maximum(k - 1, 1)), n) \
-        * s["aopc_sem"]
-    s["ci_low"], s["ci_high"] = s["aopc_mean"] - half, s["aopc_mean"] + half
-    t = s.to_dataframe().reset_index()
-    t.insert(0, "variable", variable)
-    return t[list(AOPC_COLUMNS)]
-
-
-def _curves(ds: xr.Dataset, level: float) -> xr.Dataset:
-    """Mean and t band over units of the loss (ΔPPL) or of accuracy, per fraction."""
-    lm = ds.attrs.get("loss_variable", "delta_ppl") == "delta_ppl"
-    name = "delta_ppl" if lm else "correct"
-    x = ds[name].astype(float)
-    dim = faith.unit_dim(ds)
-    n = x.notnull().sum(dim)
-    sd = x.std(dim, ddof=1) if x.sizes[dim] > 1 else xr.zeros_like(x.mean(dim))
-    half = xr.apply_ufunc(lambda k: sps.t.ppf(1 - level / 2, np.maximum(k - 1, 1)), n) \
-        * sd / np.sqrt(np.maximum(n, 1))
-    mean = x.mean(dim)
-    out = xr.Dataset({"curve_mean": mean, "curve_low": mean - half, "curve_high": mean + half,
-                      "curve_n": n})
-    out.attrs["curve_variable"] = name
-    return out
+    """(per-unit loss variable, TOST margin) the statistics are computed on."""
+    margins = {"delta_ppl": lambda: eq.delta_ppl_margin(ds, settings.delta_ppl_share),
+               eq.LOG_RATIO: lambda: settings.delta_log}
+    return [(v, margins.get(v, lambda: settings.delta_accuracy)()) for v in faith.outcomes(ds)]
 
 
 def compute(ds: xr.Dataset, settings: StatsSettings = StatsSettings(), *,
             source_sha256: str = "", name: str = "faithfulness") -> FaithStats:
     """Every statistic of the faithfulness result ``ds`` with ``settings``."""
-    lm = "ppl" in ds
-    data = eq.with_log_ppl_ratio(ds) if lm else ds
-    aopc, order = [], []
+    tables: dict[str, list] = {"aopc": [], "curves": [], "order": []}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for variable, delta in outcomes(ds, settings):
-            aopc.append(_aopc(data, variable, settings.level))
-            order.append(eq.equivalence_table(
-                data, delta, variable=variable, level=settings.level, power=settings.power,
+            tables["aopc"].append(faith.aopc_summary(ds, variable, settings.level))
+            tables["curves"].append(faith.loss_curves(ds, variable, settings.level))
+            tables["order"].append(eq.equivalence_table(
+                ds, delta, variable=variable, level=settings.level, power=settings.power,
                 n_resamples=settings.n_resamples, seed=settings.seed))
     drift = faith.drift_summary(ds, settings.level) if "drift_cosine_low_before" in ds else None
     attrs = {**dataclasses.asdict(settings), "source": name, "source_sha256": source_sha256,
-             "loss_variable": ds.attrs.get("loss_variable", "delta_ppl"),
-             "order": order[0].attrs.get("order", ""), "attngeom_version": __version__}
-    return FaithStats(pd.concat(aopc, ignore_index=True), pd.concat(order, ignore_index=True),
-                      _curves(ds, settings.level), drift, attrs)
+             "loss_variable": faith.outcomes(ds)[0],
+             "order": tables["order"][0].attrs.get("order", ""), "attngeom_version": __version__}
+    joined = {k: pd.concat(v, ignore_index=True) for k, v in tables.items()}
+    return FaithStats(joined["aopc"], joined["order"], joined["curves"], drift, attrs)
 
 
 # ----------------------------------------------------------------------------- the file
@@ -162,17 +138,17 @@ def _table_vars(table: pd.DataFrame, prefix: str, dim: str) -> dict:
 
 
 def to_dataset(s: FaithStats) -> xr.Dataset:
-    """The statistics as one netCDF-ready Dataset (tables along ``order_step``/``aopc_row``)."""
-    parts = [xr.Dataset(_table_vars(s.order, ORDER_PREFIX, "order_step")),
-             xr.Dataset(_table_vars(s.aopc, AOPC_PREFIX, "aopc_row")), s.curves.drop_attrs()]
+    """The statistics as one netCDF-ready Dataset (each table along its row dimension)."""
+    parts = [xr.Dataset(_table_vars(getattr(s, table), prefix, dim))
+             for table, (prefix, dim) in TABLES.items()]
     if s.drift is not None:
         parts.append(s.drift.drop_attrs().rename(
             {k: DRIFT_PREFIX + k for k in s.drift.data_vars}))
     out = xr.merge(parts, combine_attrs="drop")
     drift_attrs = {} if s.drift is None else {DRIFT_PREFIX + k: v for k, v in
                                               s.drift.attrs.items()}
-    out.attrs = {**s.attrs, **drift_attrs, "curve_variable": s.curves.attrs["curve_variable"],
-                 "order_columns": ",".join(s.order.columns),
+    columns = {f"{table}_columns": ",".join(getattr(s, table).columns) for table in TABLES}
+    out.attrs = {**s.attrs, **drift_attrs, **columns, "stats_format": FORMAT,
                  "attngeom_format": "attngeom-faithfulness-stats"}
     return out
 
@@ -183,24 +159,22 @@ def _table(ds: xr.Dataset, prefix: str, columns) -> pd.DataFrame:
 
 def from_dataset(ds: xr.Dataset) -> FaithStats:
     """Inverse of :func:`to_dataset`."""
-    attrs = {k: v for k, v in ds.attrs.items()
-             if not k.startswith(DRIFT_PREFIX) and k not in ("order_columns", "curve_variable")}
+    attrs = {k: v for k, v in ds.attrs.items() if not k.startswith(DRIFT_PREFIX)
+             and not k.endswith("_columns") and k != "stats_format"}
     for key in ("n_resamples", "seed"):
         attrs[key] = int(attrs[key])
-    order = _table(ds, ORDER_PREFIX, str(ds.attrs["order_columns"]).split(","))
+    tables = {table: _table(ds, prefix, str(ds.attrs[f"{table}_columns"]).split(","))
+              for table, (prefix, _) in TABLES.items()}
     for column in ("holds", "equivalent", "reversed"):
-        order[column] = order[column].astype(bool)
-    order["n"] = order["n"].astype(int)
-    aopc = _table(ds, AOPC_PREFIX, AOPC_COLUMNS)
-    curves = ds[["curve_mean", "curve_low", "curve_high", "curve_n"]]
-    curves.attrs["curve_variable"] = ds.attrs["curve_variable"]
+        tables["order"][column] = tables["order"][column].astype(bool)
+    tables["order"]["n"] = tables["order"]["n"].astype(int)
     drift = None
     names = [k for k in ds.data_vars if k.startswith(DRIFT_PREFIX)]
     if names:
         drift = ds[names].rename({k: k.removeprefix(DRIFT_PREFIX) for k in names})
         drift.attrs = {k.removeprefix(DRIFT_PREFIX): v for k, v in ds.attrs.items()
                        if k.startswith(DRIFT_PREFIX)}
-    return FaithStats(aopc, order, curves, drift, attrs)
+    return FaithStats(tables["aopc"], tables["order"], tables["curves"], drift, attrs)
 
 
 def stats_path(directory: str | Path, name: str, settings: StatsSettings) -> Path:
@@ -219,6 +193,8 @@ def state(path: Path, source_sha256: str, settings: StatsSettings) -> str:
         return "missing"
     with xr.open_dataset(path, engine="h5netcdf") as f:
         attrs = dict(f.attrs)
+    if int(attrs.get("stats_format", 1)) != FORMAT:
+        return "stale: stored by an earlier attngeom in another layout"
     if attrs.get("source_sha256") != source_sha256:
         return "stale: made from another version of the result file (checksum differs)"
     for field in dataclasses.fields(settings):

@@ -80,8 +80,8 @@ def export_faithfulness(nc: Path, results: Path, prefix: str, level: float = 0.0
     """CSVs of one faithfulness result; return the paths."""
     with xr.open_dataset(nc) as ds:
         ds = ds.load()
-    files = {"aopc": faith.aopc_summary(ds).to_dataframe().reset_index(),
-             "curves": faith.loss_curves(ds).to_dataframe().reset_index(),
+    files = {"aopc": faith.aopc_summary(ds, level=level),
+             "curves": faith.loss_curves(ds, level=level),
              "order": faith.order_table(ds, level=level),
              "units": _units(ds)}
     if "ppl" in ds and "clean_ppl" in ds:
@@ -148,12 +148,13 @@ def curves_and_aopc(ds: xr.Dataset) -> tuple[pd.DataFrame, pd.DataFrame]:
     curves, aopcs = [], []
     dim = faith.unit_dim(ds)
     for var in (eq.LOG_RATIO, "delta_ppl"):
-        c = faith.loss_curves(ds, var)
-        c["loss_median"] = faith.loss(ds, var).median(dim)
-        curves.append(_long(c, list(c.data_vars)).assign(variable=var))
-        a = faith.aopc_summary(ds, var)
-        a["aopc_median"] = faith.aopc(ds, var).median(dim)
-        aopcs.append(_long(a, list(a.data_vars)).assign(variable=var))
+        keys = ["metric", "rank", "mode"]
+        median = faith.loss(ds, var).median(dim).rename("loss_median").to_dataframe()
+        curves.append(faith.loss_curves(ds, var).merge(
+            median.reset_index()[keys + ["fraction", "loss_median"]], on=keys + ["fraction"]))
+        median = faith.aopc(ds, var).median(dim).rename("aopc_median").to_dataframe()
+        aopcs.append(faith.aopc_summary(ds, var).merge(
+            median.reset_index()[keys + ["aopc_median"]], on=keys))
     return pd.concat(curves, ignore_index=True), pd.concat(aopcs, ignore_index=True)
 
 

@@ -47,51 +47,28 @@ def run(args) -> int:
     return 0
 
 
-ORDER_SHOWN = ["mode", "rank", "lower", "higher", "mean_improvement", "ci_low", "ci_high",
-               "p_holm", "mde", "p_tost", "verdict", "note"]
-
-
 def summarize(ds, stats) -> str:
-    """The run's stored statistics as text: mean loss per condition, AOPC and the order."""
-    import pandas as pd
+    """The run's stored statistics as text: the tables the PDF shows
+    (:func:`attngeom.reports.faithfulness_tables.tables`), then the drift summary."""
+    from attngeom.reports.faithfulness_tables import as_text, tables
 
-    loss = stats.attrs["loss_variable"]
     unit = ds.attrs["unit_dim"]
     lines = [f"task {ds.attrs['task']}, granularity {ds.attrs['granularity']}, "
-             f"{ds.sizes[unit]} {unit}s, loss = {loss}; statistics stored in "
-             f"{stats.attrs['source']}_stats (level {stats.attrs['level']:g}, "
+             f"{ds.sizes[unit]} {unit}s, loss = {stats.attrs['loss_variable']}; statistics "
+             f"stored in {stats.attrs['source']}_stats (level {stats.attrs['level']:g}, "
              f"{stats.attrs['n_resamples']} bootstrap resamples, seed {stats.attrs['seed']})"]
     notes = [n for n in str(ds.attrs.get("notes", "")).splitlines() if n]
     if notes:
         lines += ["identical rankings (results copied, not recomputed):"] + notes
     clean = ds["clean_ppl"] if "clean_ppl" in ds else ds["clean_accuracy"]
     lines.append(f"clean: mean {clean.name} {float(clean.mean()):.4g}")
-    curve = stats.curves.attrs["curve_variable"]
-    with pd.option_context("display.width", 200, "display.max_columns", 20,
-                           "display.float_format", "{:.4g}".format):
-        mean = stats.curves["curve_mean"].to_dataframe()["curve_mean"].unstack(
-            ["rank", "fraction"])
-        lines += [f"mean {curve} by rank and fraction:", mean.to_string()]
-        aopc = stats.for_variable(stats.aopc)
-        table = aopc.pivot_table(index="metric", columns=["mode", "rank"], values="aopc_mean",
-                                 sort=False)
-        modes, ranks = (list(dict.fromkeys(aopc[c])) for c in ("mode", "rank"))
-        table = table[[(m, r) for m in modes for r in ranks]]
-        lines += [f"AOPC of {loss} (mean over fractions, then over units; signed and "
-                  "magnitude ranking side by side):", table.to_string()]
-        for variable in dict.fromkeys(stats.order["variable"]):
-            order = stats.for_variable(stats.order, variable)
-            if order.empty:
-                lines.append("metric order: not tested (it needs two or more of the paper's "
-                             "metrics)")
-                break
-            lines += [f"metric order on the AOPC of {variable} (improvement > 0 means the step "
-                      f"holds in the paper's direction; MDE and TOST at δ = "
-                      f"{order['delta'].iloc[0]:.4g}):", order[ORDER_SHOWN].to_string(index=False)]
-        if stats.drift is not None:
-            d = stats.drift
-            lines.append(f"semantic drift (sink values zeroed): mean {d.attrs['loss_variable']} "
-                         f"{d.attrs['loss_mean']:.4g}, p = {d.attrs['loss_p_value']:.3g}; "
-                         f"low-norm cone cosine {float(d['cosine_low_before_mean'].mean()):.3f} "
-                         f"-> {float(d['cosine_low_after_mean'].mean()):.3f} (layer mean)")
+    if stats.order.empty:
+        lines.append("metric order: not tested (it needs two or more of the paper's metrics)")
+    lines += ["\n" + as_text(t) for t in tables(stats)]
+    if stats.drift is not None:
+        d = stats.drift
+        lines.append(f"\nsemantic drift (sink values zeroed): mean {d.attrs['loss_variable']} "
+                     f"{d.attrs['loss_mean']:.4g}, p = {d.attrs['loss_p_value']:.3g}; "
+                     f"low-norm cone cosine {float(d['cosine_low_before_mean'].mean()):.3f} "
+                     f"-> {float(d['cosine_low_after_mean'].mean()):.3f} (layer mean)")
     return "\n".join(lines)

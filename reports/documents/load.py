@@ -18,7 +18,8 @@ import xarray as xr
 
 from attngeom.analysis import ANALYSIS_DIR, run_all
 from attngeom.analysis.results import analysis_state, read_analysis
-from attngeom.analysis.faithfulness_stats import StatsSettings, for_store, stats_settings
+from attngeom.analysis.faithfulness_stats import (FaithStats, StatsSettings, for_store,
+                                                  stats_settings)
 from attngeom.store import open_store, read_manifest
 from attngeom.store.format import schema as S
 from attngeom.common.options.stages import AnalysisOptions
@@ -36,11 +37,11 @@ class ReportData:
     analysis: dict | None = None         # sinks, convexity, anti_alignment, decomposition, summary
     faith: xr.Dataset | None = None      # <store>/faithfulness.nc
     faith_name: str = "faithfulness"
-    # the stored statistics of the faithfulness result (analysis.faithfulness_stats), for its
-    # loss variable: AOPC table, order test (with MDE, TOST, verdict), curves, drift summary
+    # the stored statistics of the faithfulness result (analysis.faithfulness_stats): every
+    # table the PDF shows; aopc and order for its loss variable (the summary's sentence)
+    stats: FaithStats | None = None
     aopc: pd.DataFrame | None = None
     order: pd.DataFrame | None = None
-    curves: xr.Dataset | None = None
     drift: xr.Dataset | None = None
     missing: dict[str, str] = field(default_factory=dict)
 
@@ -126,8 +127,8 @@ def gather(store: str | os.PathLike, analysis_dir: str | os.PathLike | None = No
         data.missing["faithfulness"] = why
         data.missing["drift"] = why
     else:
+        data.stats, data.drift = stats, stats.drift
         data.aopc, data.order = stats.for_variable(stats.aopc), stats.for_variable(stats.order)
-        data.curves, data.drift = stats.curves, stats.drift
         if data.drift is None:
             data.missing["drift"] = ("the faithfulness run skipped the sink-zeroing pass "
                                      "(rerun it without --no-drift)")

@@ -37,8 +37,7 @@ def section_pages(data: ReportData) -> tuple[dict[str, list[Page]], dict[str, st
     pages: dict[str, list[Page]] = {}
     left_out: dict[str, str] = {}
     if data.faith is not None:
-        pages["Faithfulness"] = figures.faithfulness.pages(
-            data.faith, data.curves, data.aopc, data.order, data.loss_label)
+        pages["Faithfulness"] = figures.faithfulness.pages(data.faith, data.stats)
     else:
         left_out["Faithfulness"] = data.missing["faithfulness"]
     if a is not None:

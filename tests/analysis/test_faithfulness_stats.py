@@ -11,8 +11,9 @@ import pytest
 import xarray as xr
 
 import tolerance as tol
-from attngeom.analysis.faithfulness import (ORDER, aopc, aopc_summary, aopc_table,
-                                            drift_summary, loss_curves, order_table)
+from attngeom.analysis.faithfulness import (AOPC_COLUMNS, CURVE_COLUMNS, ORDER, aopc,
+                                            aopc_summary, drift_summary, loss_curves,
+                                            order_table)
 
 METRICS = ("attention", "value_weighted", "value_weighted_normalized", "contribution",
            "contribution_layer")
@@ -55,32 +56,30 @@ def test_aopc_is_the_mean_over_fractions():
                      (x[..., 0, :] + x[..., 1, :] + x[..., 2, :]) / 3,
                      tol.mean_of(x, 3), "aopc")
     s = aopc_summary(ds)
+    assert tuple(s.columns) == AOPC_COLUMNS and set(s["variable"]) == {"delta_ppl"}
+    row = s[(s.metric == "contribution") & (s["rank"] == "signed") & (s["mode"] == "sufficiency")]
     # from the raw losses (not from aopc above): per-unit means over the three fractions
     raw = x[METRICS.index("contribution"), 0, 1]                # signed, sufficiency: (P, n)
     per_unit = raw.sum(axis=0) / len(FRACTIONS)
     mean = tol.total(len(FRACTIONS) + len(per_unit), np.abs(raw).mean(), tol.F64, vs=tol.F64)
-    assert s["aopc_mean"].sel(metric="contribution", rank="signed", mode="sufficiency") \
-        == mean.approx(per_unit.sum() / len(per_unit))
+    assert row.aopc_mean.item() == mean.approx(per_unit.sum() / len(per_unit))
     sem = np.sqrt(((per_unit - per_unit.mean()) ** 2).sum() / (len(per_unit) - 1)
                   / len(per_unit))
-    assert s["aopc_sem"].sel(metric="contribution", rank="signed", mode="sufficiency") \
-        == (tol.sd_of(per_unit) * (1 / np.sqrt(len(per_unit)))
-            + tol.relative(2, tol.F64, vs=tol.F64)).approx(sem)
-    assert int(s["n_units"].sel(metric="contribution", rank="signed",
-                                mode="sufficiency")) == x.shape[-1]
+    assert row.aopc_sem.item() == (tol.sd_of(per_unit) * (1 / np.sqrt(len(per_unit)))
+                                   + tol.relative(2, tol.F64, vs=tol.F64)).approx(sem)
+    assert row.n_units.item() == x.shape[-1]
     curves = loss_curves(ds)
-    assert curves["loss_mean"].dims == ("metric", "rank", "mode", "fraction")
-    assert curves["loss_mean"].sel(metric="contribution", rank="signed", mode="sufficiency",
-                                   fraction=0.5) == tol.mean_of(raw[2]).approx(
-                                       raw[2].sum() / raw.shape[1])
-    table = aopc_table(ds)                           # rankings side by side within each mode
-    assert list(table.index) == list(METRICS)
-    assert list(table.columns) == [("comprehensiveness", "signed"),
-                                   ("comprehensiveness", "magnitude"),
-                                   ("sufficiency", "signed"), ("sufficiency", "magnitude")]
+    assert tuple(curves.columns) == CURVE_COLUMNS
+    at = curves[(curves.metric == "contribution") & (curves["rank"] == "signed")
+                & (curves["mode"] == "sufficiency") & (curves.fraction == 0.5)]
+    assert at.loss_mean.item() == tol.mean_of(raw[2]).approx(raw[2].sum() / raw.shape[1])
+    assert list(dict.fromkeys(s.metric)) == list(METRICS)        # the paper's order kept
+    assert list(dict.fromkeys(s["rank"])) == ["signed", "magnitude"]
+    assert list(dict.fromkeys(s["mode"])) == ["comprehensiveness", "sufficiency"]
     x = ds["delta_ppl"].sel(metric="contribution", rank="magnitude", mode="sufficiency").values
-    assert table.loc["contribution", ("sufficiency", "magnitude")] == tol.mean_of(x).approx(
-        x.mean())
+    row = s[(s.metric == "contribution") & (s["rank"] == "magnitude")
+            & (s["mode"] == "sufficiency")]
+    assert row.aopc_mean.item() == tol.mean_of(x).approx(x.mean())
 
 
 def test_planted_order_holds_at_every_step():

@@ -33,6 +33,10 @@ def test_round_trip_keeps_every_number(tmp_path):
         else:
             assert list(map(str, a)) == list(map(str, b)), column
     np.testing.assert_array_equal(s.aopc["aopc_mean"], direct.aopc["aopc_mean"])
+    for table in ("aopc", "curves"):
+        assert list(getattr(s, table).columns) == list(getattr(direct, table).columns)
+        np.testing.assert_array_equal(getattr(s, table)["ci_high"], getattr(direct, table)["ci_high"])
+    assert set(s.curves["variable"]) == {"delta_ppl", "log_ppl_ratio"} == set(s.variables)
     assert set(s.order["variable"]) == {"delta_ppl", "log_ppl_ratio"}
     assert s.attrs["n_resamples"] == 199 and s.attrs["source_sha256"] == "sha-a"
 

@@ -224,9 +224,10 @@ def test_run_writes_a_labeled_file_and_records_it(tiny_dir, tmp_path, tok):
     assert "attention/magnitude: same ranking as attention/signed" in text
     lines = text.splitlines()
     aopc_at = next(i for i, ln in enumerate(lines) if ln.startswith("AOPC"))
-    side = next(ln for ln in lines[aopc_at:] if ln.startswith("rank"))   # column header
-    assert side.split()[1:] == ["signed", "magnitude", "signed", "magnitude"]
-    assert "metric order" in text and "semantic drift" in text
+    side = lines[aopc_at + 1]                                          # column header
+    assert [c.strip() for c in side.split("|")] == ["metric", "comp. signed", "comp. magnitude",
+                                                     "suff. signed", "suff. magnitude"]
+    assert "The paper's order on the AOPC of ΔPPL" in text and "semantic drift" in text
     assert not (out / "faithfulness.partial").exists()
 
 

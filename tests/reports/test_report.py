@@ -111,7 +111,8 @@ def test_faithfulness_and_drift_numbers_match_the_file(dense_store, full_report)
     aopc = comp.mean("fraction").mean("sequence")
     for metric, label in (("attention", "attention"), ("contribution", "contribution")):
         assert f"{label} ({sig3(aopc.sel(metric=metric))})" in text
-    assert "AOPC" in text and "Hierarchy test" in text
+    assert "AOPC of ΔPPL" in text and "The paper's order on the AOPC of ΔPPL" in text
+    assert "The paper's order on the AOPC of log(PPL / clean PPL), nats" in text
 
 
 def test_compact_store_without_text_or_faithfulness(compact_store, tmp_path):
@@ -238,21 +239,34 @@ def test_faithfulness_is_not_suggested_for_an_encoder(tmp_path):
     assert "attngeom faithfulness" in read_faithfulness(tmp_path, dec, "faithfulness")[2]
 
 
-def test_the_command_and_the_pdf_print_the_same_stored_order_table(dense_store, full_report):
-    """One faithfulness result, one stored table: the CIs the command prints are the PDF's."""
-    from attngeom.analysis.faithfulness_stats import StatsSettings, for_store, stats_path
-    from attngeom.commands.faithfulness import summarize
-    from attngeom.reports.summary import ci
+def _printed_tables(out: str) -> dict[str, list[list[str]]]:
+    """Title -> rows (header first) of every table ``attngeom faithfulness`` printed."""
+    from attngeom.reports.faithfulness_tables import parse_text
 
-    _, text = full_report
-    stats, ds, why = for_store(dense_store, "faithfulness")
-    assert why == "" and stats_path(dense_store / "analysis", "faithfulness",
-                                    StatsSettings()).is_file()
-    printed = summarize(ds, stats)
-    order = stats.for_variable(stats.order)
-    tested = order[order["p_holm"].notna()]
-    assert len(tested) >= 2
-    for r in tested.itertuples():
-        assert ci(r.ci_low, r.ci_high) in text                       # the PDF's table
-        assert f"{r.ci_low:.4g}" in printed and f"{r.ci_high:.4g}" in printed
-    assert stats.attrs["n_resamples"] == 9999                           # one declared default
+    blocks = [b for b in out.split("\n\n") if b.strip()]
+    return {b.splitlines()[0].rstrip(":"): parse_text(b) for b in blocks
+            if " | " in b and b.splitlines()[0].endswith(":")}
+
+
+def test_the_command_prints_the_pdfs_faithfulness_tables_on_both_loss_scales(tiny, tmp_path,
+                                                                              capsys):
+    """Issue 42: the order tables `attngeom faithfulness` prints (ΔPPL and the log PPL ratio in
+    nats) are in `attngeom report`'s PDF, every row cell for cell, and so is every other table
+    it prints."""
+    store, pdf = tmp_path / "store", tmp_path / "report.pdf"
+    rc = cli.main(["faithfulness", "--model", str(tiny["model"]), "--data", str(tiny["data"]),
+                   "--out", str(store), "--metrics", "attention,value_weighted,contribution",
+                   "--fractions", "0.2,0.5", "--max-length", "16", "--no-drift", "--quiet"])
+    printed = _printed_tables(capsys.readouterr().out)
+    assert rc == 0 and cli.main(["report", str(store), "--out", str(pdf), "--quiet"]) == 0
+    text = pdf_text(pdf)
+    orders = [t for t in printed if t.startswith("The paper's order on the AOPC of")]
+    assert [t.split(" of ", 1)[1].split(" (")[0] for t in orders] == [
+        "ΔPPL", "log(PPL / clean PPL), nats"]
+    tested = 0
+    for title, rows in printed.items():
+        assert title in text, title
+        for row in rows[1:]:
+            assert " ".join(" ".join(row).split()) in text, (title, row)   # the row, in order
+        tested += sum(row[-1] != "not testable" for row in rows[1:]) if title in orders else 0
+    assert tested >= 8                              # 2 steps x 2 modes x 2 ranks x 2 scales

@@ -1,0 +1,124 @@
+"""A faithfulness result's stored statistics as titled tables of strings, cell for cell the same in
+``attngeom faithfulness``'s printout and in the PDF.
+
+:func:`tables` turns the stored statistics (:class:`attngeom.analysis.faithfulness_stats.FaithStats`)
+into :class:`Table` objects, for every loss the statistics hold (ΔPPL and the log perplexity
+ratio for language modelling, the accuracy loss for multiple choice); :func:`as_text` prints one
+(columns separated by `` | ``), and the PDF draws the same rows
+(:mod:`attngeom.reports.figures.faithfulness`). Numbers go through :func:`~.summary.fmt`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pandas as pd
+
+from attngeom.analysis import equivalence as eq
+from attngeom.common import metrics as M
+
+from .summary import ci, fmt
+
+VARIABLES = {"delta_ppl": "ΔPPL", eq.LOG_RATIO: "log(PPL / clean PPL), nats",
+             "accuracy_loss": "accuracy loss"}
+VERDICTS = {eq.HOLDS: "holds", eq.EQUIVALENT: "equivalent ±δ", eq.REVERSED: "reversed",
+            eq.INCONCLUSIVE: "inconclusive", eq.NOT_TESTABLE: "not testable"}
+SEP = " | "
+
+
+@dataclass
+class Table:
+    """A titled table of strings; ``widths``: the PDF's relative column widths."""
+
+    title: str
+    header: list[str]
+    rows: list[list[str]]
+    widths: list[float]
+    kind: str = ""            # curves, aopc, order: what it shows
+
+
+def variable_label(variable: str) -> str:
+    """``ΔPPL``, ``log(PPL / clean PPL), nats``, ``accuracy loss``, or the name itself."""
+    return VARIABLES.get(variable, variable)
+
+
+def _short(metric: str) -> str:
+    return M.label(str(metric), "short")
+
+
+def _cells(table: pd.DataFrame, variable: str) -> pd.DataFrame:
+    return table[table["variable"] == variable]
+
+
+def curves_table(curves: pd.DataFrame, variable: str) -> Table:
+    """Mean loss per (metric, mode) row and (rank, fraction) column."""
+    c = _cells(curves, variable)
+    ranks, fractions = list(dict.fromkeys(c["rank"])), sorted(set(c["fraction"]))
+    rows = []
+    for (metric, mode), g in c.groupby(["metric", "mode"], sort=False):
+        at = {(r.rank, r.fraction): r.loss_mean for r in g.itertuples()}
+        rows.append([_short(metric), mode] + [fmt(at.get((r, p))) for r in ranks
+                                              for p in fractions])
+    header = ["metric", "mode"] + [f"{r} p={fmt(p)}" for r in ranks for p in fractions]
+    n = len(header) - 2
+    return Table(f"Mean {variable_label(variable)} at each removal fraction p", header, rows,
+                 [0.18, 0.14] + [0.68 / n] * n, "curves")
+
+
+def aopc_table(aopc: pd.DataFrame, variable: str) -> Table:
+    """Mean ± s.e. of the per-unit AOPC, metrics by (mode, rank) columns."""
+    a = _cells(aopc, variable)
+    combos = [(m, r) for m in dict.fromkeys(a["mode"]) for r in dict.fromkeys(a["rank"])]
+    rows = []
+    for metric, g in a.groupby("metric", sort=False):
+        at = {(r.mode, r.rank): r for r in g.itertuples()}
+        rows.append([_short(metric)] + [f"{fmt(at[c].aopc_mean)} ± {fmt(at[c].aopc_sem)}"
+                                        if c in at else "" for c in combos])
+    header = ["metric"] + [f"{m[:4]}. {r}" for m, r in combos]
+    return Table(f"AOPC of {variable_label(variable)} (mean over fractions, then mean ± s.e. "
+                 "over units)", header, rows, [0.22] + [0.78 / len(combos)] * len(combos),
+                 "aopc")
+
+
+def order_table(order: pd.DataFrame, variable: str, level: float) -> Table:
+    """Each step of the paper's order: improvement, CI, Holm p, MDE, TOST p and verdict."""
+    o = _cells(order, variable)
+    rows = []
+    for t in o.itertuples():
+        tested = pd.notna(t.p_holm)
+        rows.append([t.mode, t.rank, f"{_short(t.lower)} → {_short(t.higher)}", str(int(t.n)),
+                     fmt(t.mean_improvement), ci(t.ci_low, t.ci_high) if tested else "",
+                     fmt(t.p_holm) if tested else "", fmt(t.mde) if tested else "",
+                     fmt(t.p_tost) if tested else "", VERDICTS.get(t.verdict, t.verdict)])
+    delta = fmt(o["delta"].iloc[0]) if len(o) else "n/a"
+    header = ["mode", "rank", "step (lower → higher)", "n", "improvement",
+              f"{100 * (1 - level):g}% CI (BCa)", "Holm p", "MDE", "TOST p", "verdict"]
+    return Table(f"The paper's order on the AOPC of {variable_label(variable)} (improvement "
+                 f"> 0: the step holds; TOST at δ = {delta})", header, rows,
+                 [0.12, 0.08, 0.25, 0.04, 0.09, 0.15, 0.07, 0.07, 0.07, 0.1], "order")
+
+
+def tables(stats) -> list[Table]:
+    """Every table of the stored statistics ``stats``, loss by loss."""
+    level = float(stats.attrs["level"])
+    out = []
+    for variable in stats.variables:
+        out.append(curves_table(stats.curves, variable))
+        out.append(aopc_table(stats.aopc, variable))
+        if len(_cells(stats.order, variable)):
+            out.append(order_table(stats.order, variable, level))
+    return out
+
+
+def as_text(table: Table) -> str:
+    """The title, then the header and each row with columns aligned and separated by ``|``."""
+    lines = [table.header] + table.rows
+    width = [max(len(line[c]) for line in lines) for c in range(len(table.header))]
+    body = [SEP.join(cell.ljust(w) for cell, w in zip(line, width)).rstrip() for line in lines]
+    return "\n".join([table.title + ":"] + body)
+
+
+def parse_text(text: str) -> list[list[str]]:
+    """The rows (header first) of a table printed by :func:`as_text`, cells stripped."""
+    return [[cell.strip() for cell in line.split(SEP.strip())]
+            for line in text.splitlines()[1:] if line.strip()]
