@@ -22,6 +22,7 @@ import xarray as xr
 from attngeom.store.format import schema as S
 from attngeom.store.dataset.groups import KeyGroups
 from attngeom.common.vocab import GROUPS
+from attngeom.common.errors import Refusal
 
 DEFAULT_BLOCK_ELEMENTS = 4_000_000  # float64 cells of one (sequence, head, query, key) block
 MAX_FIT_WORKERS = 4  # processes for the per-layer fits (each holds one layer's rows)
@@ -43,16 +44,16 @@ def describe(ds: xr.Dataset, k: int | None = None, w: int | None = None,
              layers=None) -> StoreInfo:
     """Check the store and resolve the options ``k`` (sink keys), ``w`` (tail) and ``layers``."""
     if ds.sizes.get(S.SEQUENCE, 0) == 0:
-        raise ValueError("the store has no sequences; run `attngeom extract` into it first")
+        raise Refusal("the store has no sequences; run `attngeom extract` into it first")
     if S.ALPHA not in ds:
-        raise ValueError("the store has no `alpha` variable; is it an attngeom store?")
+        raise Refusal("the store has no `alpha` variable; is it an attngeom store?")
     k, w = ds.attngeom.resolve(k, w)
     all_layers = list(ds[S.LAYER].values)
     if layers is None:
         layers = all_layers
     missing = [lay for lay in layers if lay not in all_layers]
     if missing:
-        raise ValueError(f"layers {missing} are not in the store (it has {all_layers})")
+        raise Refusal(f"layers {missing} are not in the store (it has {all_layers})")
     return StoreInfo(k=k, w=w, store_k=ds.attngeom.sink_k, layers=tuple(layers),
                      heads=ds[S.HEAD].values)
 
@@ -61,7 +62,7 @@ def require(ds: xr.Dataset, names: list[str], what: str) -> None:
     """Raise a one-line error when variables an analysis needs are missing."""
     missing = [n for n in dict.fromkeys(names) if n not in ds]
     if missing:
-        raise ValueError(f"{what} needs store variables {missing}, missing from this store")
+        raise Refusal(f"{what} needs store variables {missing}, missing from this store")
 
 
 def valid_sequences(ds: xr.Dataset) -> np.ndarray:
@@ -71,7 +72,7 @@ def valid_sequences(ds: xr.Dataset) -> np.ndarray:
         warnings.warn(f"{int((~ok).sum())} sequences had non-finite activations and are "
                       "excluded from the statistics", RuntimeWarning, stacklevel=3)
     if not ok.any():
-        raise ValueError("no sequence of the store has finite activations; nothing to analyse")
+        raise Refusal("no sequence of the store has finite activations; nothing to analyse")
     return ok
 
 

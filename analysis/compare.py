@@ -37,6 +37,7 @@ from attngeom.store.io.results import entries
 
 from .results import ANALYSIS_DIR, RESULT_FILES, analysis_state, read_analysis
 from .faithfulness_stats import StatsSettings, read, stats_path
+from attngeom.common.errors import Refusal
 
 SECTIONS = ("sinks", "convexity", "anti_alignment", "decomposition", "faithfulness")
 # the settings each section's numbers depend on (a cell is flagged where stores differ in one):
@@ -189,7 +190,7 @@ def compare(stores: Sequence[str | Path], labels: Sequence[str] | None = None, *
     """
     stores = [Path(s) for s in stores]
     if labels is not None and len(labels) != len(stores):
-        raise ValueError(f"--labels gives {len(labels)} labels for {len(stores)} stores; give "
+        raise Refusal(f"--labels gives {len(labels)} labels for {len(stores)} stores; give "
                          "one per store")
     layers = _layer_axis(stores)
     rows = []

@@ -49,6 +49,7 @@ from scipy import stats
 from statsmodels.stats.multitest import multipletests
 
 from attngeom.store.format import derive
+from attngeom.common.errors import Refusal
 from attngeom.common.metrics import PAPER_ORDER
 from attngeom.common.vocab import COMPREHENSIVENESS, LEVEL, ORDER_RESAMPLES, SEED
 
@@ -67,7 +68,7 @@ LOG_RATIO = "log_ppl_ratio"
 def unit_dim(ds: xr.Dataset) -> str:
     dim = ds.attrs.get("unit_dim") or ("sequence" if "sequence" in ds.dims else "item")
     if dim not in ds.dims:
-        raise ValueError(f"faithfulness data has no '{dim}' dimension; is it a faithfulness file?")
+        raise Refusal(f"faithfulness data has no '{dim}' dimension; is it a faithfulness file?")
     return dim
 
 
@@ -75,7 +76,7 @@ def log_ppl_ratio(ds: xr.Dataset) -> xr.DataArray:
     """log(ppl / clean_ppl) per (metric, rank, mode, fraction, unit); > 0: the removal hurt."""
     for name in ("ppl", "clean_ppl"):
         if name not in ds:
-            raise ValueError(f"faithfulness data has no '{name}': the log PPL ratio needs a "
+            raise Refusal(f"faithfulness data has no '{name}': the log PPL ratio needs a "
                              "language-modelling run (--task lm or gsm8k-answer)")
     out = np.log(ds["ppl"].astype(float) / ds["clean_ppl"].astype(float))
     out.name = LOG_RATIO
@@ -97,7 +98,7 @@ def loss(ds: xr.Dataset, variable: str | None = None) -> xr.DataArray:
     if name == LOG_RATIO and name not in ds:
         return log_ppl_ratio(ds)
     if name not in ds:
-        raise ValueError(f"faithfulness data has no variable '{name}'")
+        raise Refusal(f"faithfulness data has no variable '{name}'")
     return ds[name].astype(float)
 
 
@@ -252,7 +253,7 @@ def drift_summary(ds: xr.Dataset, level: float = LEVEL) -> xr.Dataset:
     the semantic mean direction grows when the sink values are zeroed; Holm over layers.
     """
     if "drift_cosine_low_before" not in ds:
-        raise ValueError("this faithfulness file has no drift results (run without --no-drift)")
+        raise Refusal("this faithfulness file has no drift results (run without --no-drift)")
     dim = unit_dim(ds)
     before, after = ds["drift_cosine_low_before"], ds["drift_cosine_low_after"]
     change = after - before

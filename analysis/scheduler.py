@@ -11,6 +11,7 @@ import signal
 import threading
 from contextlib import contextmanager
 from typing import Iterator
+from attngeom.common.errors import Refusal
 
 SCHEDULER_HELP = ("use local:N (a LocalCluster of N worker processes) or tcp://HOST:PORT "
                   "(an existing dask scheduler)")
@@ -26,11 +27,11 @@ def parse_scheduler(spec: str) -> tuple[str, int | str]:
             import os
             n = os.cpu_count() or 1
         if n < 1:
-            raise ValueError(f"--scheduler '{spec}': need at least 1 worker; {SCHEDULER_HELP}")
+            raise Refusal(f"--scheduler '{spec}': need at least 1 worker; {SCHEDULER_HELP}")
         return "local", n
     if re.fullmatch(r"(tcp|tls)://[A-Za-z0-9_.\-\[\]:]+:\d{1,5}", text):
         return "address", text
-    raise ValueError(f"--scheduler '{spec}' is not understood; {SCHEDULER_HELP}")
+    raise Refusal(f"--scheduler '{spec}' is not understood; {SCHEDULER_HELP}")
 
 
 @contextmanager
@@ -54,7 +55,7 @@ def scheduler(spec: str | None) -> Iterator[object | None]:
     try:
         from distributed import Client, LocalCluster
     except ImportError:
-        raise ValueError("--scheduler needs dask.distributed; pip install distributed") from None
+        raise Refusal("--scheduler needs dask.distributed; pip install distributed") from None
     cluster = client = None
     try:
         if kind == "local":
@@ -105,6 +106,6 @@ def _connect(client_class, address: str):
         return client_class(address, timeout="10s")
     except (OSError, TimeoutError) as exc:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise ValueError(f"cannot reach the dask scheduler at {address} ({first}); start it "
+        raise Refusal(f"cannot reach the dask scheduler at {address} ({first}); start it "
                          "with `dask scheduler` and workers with `dask worker ADDRESS`") \
             from None

@@ -13,6 +13,8 @@ import signal
 import sys
 import threading
 
+from attngeom.common.errors import Refusal
+
 # subcommand -> (module under attngeom.commands, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "extract": ("extract", "measure attention geometry of a model over texts into a store"),
@@ -26,10 +28,6 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("bench", "benchmarks: speed and memory side by side"),
     "models": ("models", "the built-in models: list them, install the larger ones"),
 }
-
-
-class UserError(Exception):
-    """A problem with the user's input: printed as one line, exit status 2."""
 
 
 class Terminated(KeyboardInterrupt):
@@ -67,9 +65,14 @@ class OneLineParser(argparse.ArgumentParser):
 MAX_MESSAGE = 600
 # HDF5 read errors of a damaged chunk (Fletcher-32 or gzip failure) met while computing
 DAMAGED = ("filter returned failure", "Can't synchronously read data", "checksum")
-# errors that describe the user's input or machine (one line), not a bug in attngeom
-USER_ERRORS: tuple[type[BaseException], ...] = (UserError, ValueError, OSError, LookupError,
-                                               MemoryError)
+# errors that describe the user's input or machine (one line, exit status 2): refusals raised on
+# purpose, and what the system reports (a file it cannot read or write, memory it lacks)
+USER_ERRORS: tuple[type[BaseException], ...] = (Refusal, OSError, MemoryError)
+USER_EXIT = 2
+# anything else is a bug in attngeom: its own exit status (sysexits' EX_SOFTWARE) and a report
+INTERNAL_EXIT = 70
+REPORT_TO = ("please report it with the output of the same command run with --debug "
+             "(the attngeom repository's issue tracker; CONTRIBUTING.md says how)")
 
 
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:
@@ -81,12 +84,7 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
         if wanted is not None and name != wanted:
             sub.add_parser(name, help=help_text)
             continue
-        try:
-            mod = importlib.import_module(f"attngeom.commands.{module}")
-        except ModuleNotFoundError as exc:
-            if not exc.name.startswith("attngeom.commands"):
-                raise
-            continue
+        mod = importlib.import_module(f"attngeom.commands.{module}")   # broken: an error
         p = sub.add_parser(name, help=help_text, description=help_text)
         mod.add_parser(p)
         p.set_defaults(_run=mod.run)
@@ -97,7 +95,13 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv                    # accepted anywhere on the line
     argv = [a for a in argv if a != "--debug"]
-    parser = build_parser(argv)
+    try:
+        parser = build_parser(argv)
+    except Exception as exc:  # a command that cannot even be built is a bug
+        if debug:
+            raise
+        print(error_line(exc), file=sys.stderr)
+        return INTERNAL_EXIT
     args = parser.parse_args(argv)
     args.debug = debug
     if not getattr(args, "_run", None):
@@ -116,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
             raise
         close_progress_bars()
         print(error_line(exc), file=sys.stderr)
-        return 2
+        return USER_EXIT if isinstance(exc, USER_ERRORS) else INTERNAL_EXIT
 
 
 def close_progress_bars() -> None:
@@ -142,8 +146,8 @@ def error_line(exc: BaseException) -> str:
                 "validate STORE` to find it, then re-extract or restore that shard")
     if isinstance(exc, USER_ERRORS):
         return f"attngeom: error: {text}"
-    return (f"attngeom: internal error: {type(exc).__name__}: {text} "
-            "(rerun with --debug for the traceback)")
+    return (f"attngeom: internal error (a bug in attngeom, not in your input): "
+            f"{type(exc).__name__}: {text}; {REPORT_TO}")
 
 
 if __name__ == "__main__":

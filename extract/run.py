@@ -33,6 +33,7 @@ from .measurement.layer import Options
 from .provenance import versions
 from .loading.budget import (check_budget, check_context, context_length, directory_bytes,
                              sequence_bytes)
+from attngeom.common.errors import Refusal
 
 
 def default_shard_size(cfg: ExtractConfig, n_layers: int, n_heads: int) -> int:
@@ -87,7 +88,7 @@ def long_enough(texts: TextSet, tok, cfg: ExtractConfig) -> TextSet:
     lengths = [len(ids) for ids in tokenize_texts(tok, texts.texts, 10**9, cfg.bos).ids]
     kept = [t for t, n in zip(texts.texts, lengths) if n >= cfg.min_length][:cfg.limit]
     if not kept:
-        raise ValueError(f"--min-length {cfg.min_length}: no text of '{texts.spec}' has that many "
+        raise Refusal(f"--min-length {cfg.min_length}: no text of '{texts.spec}' has that many "
                          f"tokens (the longest has {max(lengths)}); lower --min-length")
     return TextSet(kept, texts.spec, texts_sha256(kept), texts.skipped_empty)
 
@@ -116,7 +117,7 @@ def extract(model: str, data: str, out: str | Path, cfg: ExtractConfig | None = 
             data, cfg.image_field) else load_texts(data, text_field=cfg.text_field,
                                                    limit=None if cfg.min_length else cfg.limit))
     if texts is not None and not texts.texts:
-        raise ValueError(f"data '{data}' has no non-empty texts")
+        raise Refusal(f"data '{data}' has no non-empty texts")
     loaded = load(model, device=cfg.device, dtype=cfg.dtype, trust_remote_code=trust_remote_code,
                   tower=cfg.tower)
     if is_probe(data):                    # token ids drawn from this tokenizer's vocabulary
@@ -124,7 +125,7 @@ def extract(model: str, data: str, out: str | Path, cfg: ExtractConfig | None = 
     elif cfg.min_length and texts.kind == "text":
         texts = long_enough(texts, loaded.tokenizer, cfg)
     if loaded.info.get("inputs", "text") != texts.kind:
-        raise ValueError(f"--model {model} takes {loaded.info.get('inputs', 'text')} but --data "
+        raise Refusal(f"--model {model} takes {loaded.info.get('inputs', 'text')} but --data "
                          f"{data} holds {texts.kind}s")
     if texts.kind == "image":       # one sequence per image, of the model's token count
         cfg = replace(cfg, max_length=image_tokens(loaded, texts.texts))

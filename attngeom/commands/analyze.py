@@ -14,6 +14,7 @@ import argparse
 
 from attngeom.common.options.commands import AnalyzeCommand
 from attngeom.common.options.stages import AnalysisOptions, add_arguments, from_args
+from attngeom.common.errors import Refusal
 
 
 def add_parser(p: argparse.ArgumentParser) -> None:
@@ -46,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     ds = open_store(cmd.store)
     if ds.sizes.get("sequence", 0) == 0:
-        raise ValueError(f"store {cmd.store} has no sequences; run `attngeom extract` first")
+        raise Refusal(f"store {cmd.store} has no sequences; run `attngeom extract` first")
     results = run_all(ds, cmd.out, options, progress=not cmd.quiet,
                       scheduler=cmd.scheduler)
     verdict = results["decomposition"].attrs.get("verdict", "")

@@ -17,6 +17,7 @@ from pathlib import Path
 from attngeom.common.options.commands import BenchCommand
 from attngeom.common.options.spec import add_arguments
 from attngeom.common.vocab import BENCHMARKS
+from attngeom.common.errors import Refusal
 
 # benchmarks/bench_<name>.py, and the GPU benchmark's own script
 SCRIPTS = {**{name: f"bench_{name}.py" for name in BENCHMARKS}, "gpu": "gpu.py"}
@@ -29,7 +30,7 @@ def benchmarks_dir() -> Path:
 
     folder = Path(attngeom.__file__).resolve().parent.parent / "benchmarks"
     if not (folder / SCRIPTS["extract"]).is_file():
-        raise ValueError("the benchmarks/ folder is not next to this attngeom install; run "
+        raise Refusal("the benchmarks/ folder is not next to this attngeom install; run "
                          "from a source checkout installed with `pip install -e .`")
     return folder
 
@@ -42,7 +43,7 @@ def run(args) -> int:
     folder = benchmarks_dir()
     names = ALL if args.what == "all" else (args.what,)
     if args.what == "all" and args.args:
-        raise ValueError("`attngeom bench all` takes no extra arguments; run one benchmark "
+        raise Refusal("`attngeom bench all` takes no extra arguments; run one benchmark "
                          "with them instead")
     status = 0
     for name in names:

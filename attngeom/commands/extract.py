@@ -11,6 +11,7 @@ from pathlib import Path
 
 from attngeom.common.options.commands import ExtractCommand
 from attngeom.common.options.stages import ExtractConfig, add_arguments, from_args
+from attngeom.common.errors import Refusal
 
 
 def add_parser(p) -> None:
@@ -22,12 +23,12 @@ def check_out(out: str) -> None:
     """ValueError when ``out`` cannot become a writable folder (checked without writing)."""
     path = Path(out).expanduser()
     if path.exists() and not path.is_dir():
-        raise ValueError(f"--out {path} is a file; give a folder (created if absent)")
+        raise Refusal(f"--out {path} is a file; give a folder (created if absent)")
     parent = path
     while not parent.exists():
         parent = parent.parent
     if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
-        raise ValueError(f"--out {path}: {parent} is not writable; choose a writable folder")
+        raise Refusal(f"--out {path}: {parent} is not writable; choose a writable folder")
 
 
 def check_model(model: str, dtype: str, device: str) -> None:
@@ -60,7 +61,7 @@ def load_data(data: str, cfg: ExtractConfig):
     texts = load_texts(data, text_field=cfg.text_field,
                        limit=None if cfg.min_length else cfg.limit)
     if not texts.texts:
-        raise ValueError(f"--data {data} holds no non-empty text "
+        raise Refusal(f"--data {data} holds no non-empty text "
                          f"({texts.skipped_empty} empty skipped); give a file with texts")
     return texts
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from attngeom.common.errors import Refusal
 from attngeom.common.options.commands import FaithCommand
 from attngeom.common.options.stages import FaithConfig, add_arguments, from_args
 
@@ -11,7 +12,7 @@ def check_data(cfg: FaithConfig, data: str) -> None:
     from attngeom.extract.loading.tasks import load
 
     if not load(cfg.task, data, cfg)[0]:
-        raise ValueError(f"--data {data} holds no {cfg.task} text or item; "
+        raise Refusal(f"--data {data} holds no {cfg.task} text or item; "
                          "give a file with some")
 
 
@@ -42,7 +43,7 @@ def run(args) -> int:
     print(f"wrote {path} ({time.perf_counter() - t0:.1f} s)")
     stats, ds, why = for_store(cmd.out, cfg.name)
     if stats is None:
-        raise ValueError(f"{path}: {why}; rerun with --force")
+        raise Refusal(f"{path}: {why}; rerun with --force")
     print(summarize(ds, stats))
     return 0
 

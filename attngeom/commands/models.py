@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from attngeom.common.options.commands import MODELS_ACTIONS
 from attngeom.common.options.spec import add_arguments
+from attngeom.common.errors import Refusal
 
 
 def add_parser(p) -> None:
@@ -44,7 +45,7 @@ def run(args) -> int:
         return 0
     unknown = [n for n in args.names if n not in install.PARTS]
     if unknown:
-        raise ValueError(f"{', '.join(unknown)}: not a model attngeom installs; use one of "
+        raise Refusal(f"{', '.join(unknown)}: not a model attngeom installs; use one of "
                          f"{', '.join(install.PARTS)} (the others come with `make setup`)")
     for name in args.names:
         path = install.install(name, models.cache_dir(), force=args.force)

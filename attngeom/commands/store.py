@@ -7,6 +7,7 @@ import sys
 
 from attngeom.common.options.commands import STORE_ACTIONS
 from attngeom.common.options.spec import add_arguments
+from attngeom.common.errors import Refusal
 
 
 def add_parser(p) -> None:
@@ -57,9 +58,9 @@ def run(args) -> int:
     from attngeom.store.ops.export import export
 
     if args.tables and args.format not in ("parquet", "hf"):
-        raise ValueError("--tables applies to --format parquet and hf only")
+        raise Refusal("--tables applies to --format parquet and hf only")
     if args.license and args.format != "hf":
-        raise ValueError("--license applies to --format hf only (the dataset card)")
+        raise Refusal("--license applies to --format hf only (the dataset card)")
     if args.format == "hf":
         from attngeom.store.ops.hub_card import check_license
 

@@ -11,6 +11,7 @@ import argparse
 
 from attngeom.common.options.commands import ViewCommand
 from attngeom.common.options.spec import add_arguments
+from attngeom.common.errors import Refusal
 
 
 def add_parser(p: argparse.ArgumentParser) -> None:
@@ -24,7 +25,7 @@ def run(args: argparse.Namespace) -> int:
 
     out = Path(args.out)
     if not out.parent.is_dir():
-        raise ValueError(f"--out {out}: folder {out.parent} does not exist; create it first")
+        raise Refusal(f"--out {out}: folder {out.parent} does not exist; create it first")
     page = build(args.store, args.sequence, sequences=args.sequences, layers=args.layers,
                  heads=args.heads, max_bytes=args.max_bytes, cli=True)
     page.save(out)

@@ -1,11 +1,19 @@
-"""The store's errors: one line each, naming the problem and the fix."""
+"""The errors a user can meet: refusals, raised on purpose, one line naming the problem and
+the fix. The command line prints a :class:`Refusal` as ``attngeom: error: ...`` (exit status
+2); any other exception is a bug in attngeom, reported as an internal error
+(:mod:`attngeom.cli`). ``docs/refusals.py`` lists every refusal the code raises."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 
-class StoreError(ValueError):
+class Refusal(ValueError):
+    """A request attngeom refuses on purpose: the message names the problem and the fix. A
+    ValueError, so that code catching ValueError (as for any bad value) still does."""
+
+
+class StoreError(Refusal):
     """A store that cannot be used as asked: the message names the problem and the fix."""
 
 

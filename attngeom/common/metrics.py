@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
+from .errors import Refusal
 
 HEAD, LAYER = "head", "layer"     # scope: a score needs its head's output / every head's output
 
@@ -73,12 +74,12 @@ _REGISTRY: dict[str, Metric] = {}
 def register(metric: Metric, replace: bool = False) -> Metric:
     """Add ``metric`` to the registry (``replace``: overwrite an entry of the same name)."""
     if not metric.builtin and (not metric.fast or not metric.exact):
-        raise ValueError(f"metric '{metric.name}' names no kernels: give fast= and exact= as "
+        raise Refusal(f"metric '{metric.name}' names no kernels: give fast= and exact= as "
                          "'module:function'")
     if metric.scope not in (HEAD, LAYER):
-        raise ValueError(f"metric '{metric.name}': scope must be '{HEAD}' or '{LAYER}'")
+        raise Refusal(f"metric '{metric.name}': scope must be '{HEAD}' or '{LAYER}'")
     if metric.name in _REGISTRY and not replace:
-        raise ValueError(f"a metric named '{metric.name}' is registered already; pass "
+        raise Refusal(f"a metric named '{metric.name}' is registered already; pass "
                          "replace=True to overwrite it")
     _REGISTRY[metric.name] = metric
     return metric
@@ -97,7 +98,7 @@ def get(name: str) -> Metric:
     except KeyError:
         failed = "".join(f"; plugin '{p}' failed to load ({why})"
                          for p, why in _PLUGINS["failed"].items())
-        raise ValueError(f"unknown metric '{name}'; use one of {', '.join(names())}{failed}") \
+        raise Refusal(f"unknown metric '{name}'; use one of {', '.join(names())}{failed}") \
             from None
 
 

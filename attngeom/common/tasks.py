@@ -10,6 +10,7 @@ name) and extract/faithfulness/scoring.py prepares it by ``data`` (``PREPARE``).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from .errors import Refusal
 
 TEXTS, ANSWER, CHOICE = "texts", "answer", "choice"     # what a task's data holds
 
@@ -47,4 +48,4 @@ def get(name: str) -> Task:
     try:
         return TABLE[name]
     except KeyError:
-        raise ValueError(f"unknown task '{name}'; use one of {', '.join(TABLE)}") from None
+        raise Refusal(f"unknown task '{name}'; use one of {', '.join(TABLE)}") from None

@@ -34,6 +34,7 @@ from .resume import HiddenAt, decoder_stack, logits_from, lowest_layer
 from ..measurement.batches import BatchSize
 from .scoring import PREPARE, Prepared, items_sha256, span_logprobs
 from .selection import Workspace
+from attngeom.common.errors import Refusal
 
 
 # ------------------------------------------------------------------------------------ plan
@@ -80,7 +81,7 @@ def load_task(cfg: FaithConfig, data: str, tok) -> tuple[Prepared, dict]:
     task = T.get(cfg.task)
     units, recorded = load(cfg.task, data, cfg)
     if not units:
-        raise ValueError(f"data '{data}' has no non-empty texts" if task.data == T.TEXTS
+        raise Refusal(f"data '{data}' has no non-empty texts" if task.data == T.TEXTS
                          else f"data '{data}' has no {cfg.task} items")
     info = {"spec": str(data), "task": cfg.task, "limit": cfg.limit, **recorded,
             "n_units": len(units)}
@@ -216,10 +217,10 @@ def faithfulness(model: str, data: str, out: str | Path, cfg: FaithConfig | None
     out = Path(out)
     loaded = load(model, device=cfg.device, dtype=cfg.dtype, trust_remote_code=trust_remote_code)
     if not loaded.info["causal"] or loaded.tokenizer is None:
-        raise ValueError(f"faithfulness scores next-token predictions, so it needs a causal "
+        raise Refusal(f"faithfulness scores next-token predictions, so it needs a causal "
                          f"language model; '{model}' is a {loaded.info['model_type']} encoder")
     if loaded.model.get_output_embeddings() is None:
-        raise ValueError(f"faithfulness scores next-token predictions, but '{model}' loaded "
+        raise Refusal(f"faithfulness scores next-token predictions, but '{model}' loaded "
                          "without a language-modelling head (its config.json names no causal-LM "
                          "class in 'architectures'); save it with its LM head")
     n_layers = loaded.info["n_layers"]

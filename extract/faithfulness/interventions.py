@@ -62,6 +62,7 @@ from .dense import attention_weights, row_blocks, weighted_values
 from .exact_scores import ExactScores, exact_alpha, metric_scores  # noqa: F401  (API)
 from .removal_scores import fast_scores, logit_scale
 from .selection import Workspace, n_remove, select  # noqa: F401  (n_remove: API)
+from attngeom.common.errors import Refusal
 
 Tensor = torch.Tensor
 MODES = REMOVAL_MODES                    # the name tests and scripts import
@@ -82,10 +83,10 @@ class Removal:
         for name, allowed in (("metric", M.names()), ("mode", REMOVAL_MODES), ("rank", RANKS),
                               ("granularity", GRANULARITIES)):
             if getattr(self, name) not in allowed:
-                raise ValueError(f"unknown {name} '{getattr(self, name)}'; "
+                raise Refusal(f"unknown {name} '{getattr(self, name)}'; "
                                  f"use one of {', '.join(allowed)}")
         if not 0.0 <= self.fraction <= 1.0:
-            raise ValueError(f"fraction {self.fraction} is outside [0, 1]")
+            raise Refusal(f"fraction {self.fraction} is outside [0, 1]")
 
 
 def eligible_keys(allowed: Tensor, token_mask: Tensor) -> Tensor:

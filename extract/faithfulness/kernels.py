@@ -18,6 +18,7 @@ from attngeom.common import metrics
 
 from . import exact_scores as E
 from . import removal_scores as R
+from attngeom.common.errors import Refusal
 
 
 @dataclass(frozen=True)
@@ -45,7 +46,7 @@ def resolve(path: str) -> Callable:
     try:
         return getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError) as exc:
-        raise ValueError(f"metric kernel '{path}' cannot be loaded ({exc}); check the "
+        raise Refusal(f"metric kernel '{path}' cannot be loaded ({exc}); check the "
                          "metric's registration (attngeom/common/metrics.py)") from exc
 
 

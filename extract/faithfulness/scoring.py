@@ -24,6 +24,7 @@ import torch
 from attngeom.common import tasks
 
 from ..loading.data import texts_sha256, tokenize_texts
+from attngeom.common.errors import Refusal
 
 LOGIT_CHUNK = 1024          # logit positions per log-softmax (memory bound: chunk x vocabulary)
 
@@ -93,13 +94,13 @@ def encode_pair(tok, context: str, continuation: str, max_length: int
     prefix, body = special_prefix(tok, context)
     cont = list(tok(continuation, add_special_tokens=False)["input_ids"])
     if not cont:
-        raise ValueError(f"continuation {continuation!r} has no tokens; check the task data")
+        raise Refusal(f"continuation {continuation!r} has no tokens; check the task data")
     if not prefix and not body:
-        raise ValueError("empty context: the first continuation token has nothing to be "
+        raise Refusal("empty context: the first continuation token has nothing to be "
                          "predicted from; check the task data")
     room = max_length - len(prefix)
     if room < (1 if prefix else 2):
-        raise ValueError(f"--max-length {max_length} leaves no room for context and "
+        raise Refusal(f"--max-length {max_length} leaves no room for context and "
                          "continuation; raise --max-length")
     n_cont = len(cont)
     if len(body) + len(cont) > room:        # each side gets at least half the room if it needs it
@@ -118,7 +119,7 @@ def _context_ids(tok, context: str, max_length: int) -> tuple[list[int], bool]:
     prefix, body = special_prefix(tok, context)
     room = max_length - len(prefix)
     if room < 1 and not prefix:
-        raise ValueError(f"--max-length {max_length} is too small; raise it")
+        raise Refusal(f"--max-length {max_length} is too small; raise it")
     kept = body[max(0, len(body) - room):]
     return prefix + kept, len(kept) < len(body)
 

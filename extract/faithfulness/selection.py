@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from ..measurement.geometry import fill_disallowed_
+from attngeom.common.errors import Refusal
 
 Tensor = torch.Tensor
 NEAR_CHUNK = 1 << 20     # near rows x candidates decided at a time (float64: 8 MiB a tensor)
@@ -184,7 +185,7 @@ def _keys(score: Tensor, eligible: Tensor, rank: str, granularity: str, fill: fl
         key = key.abs_() if rank == "magnitude" else key
         e = eligible.any(1)
         return fill_disallowed_(key, e, fill), torch.count_nonzero(e, -1)
-    raise ValueError(f"unknown granularity '{granularity}'; use head, query or token")
+    raise Refusal(f"unknown granularity '{granularity}'; use head, query or token")
 
 
 def _widths(eligible: Tensor, granularity: str, H: int) -> Tensor:

@@ -14,6 +14,7 @@ from pathlib import Path
 from attngeom.common.vocab import FLOAT32, PACKED
 from attngeom.store.format import schema as S
 from attngeom.store.format.packing import PACKED_VARIABLES
+from attngeom.common.errors import Refusal
 
 # config fields transformers models use for their position limit, most common first
 CONTEXT_FIELDS = ("max_position_embeddings", "n_positions", "max_sequence_length", "n_ctx",
@@ -35,7 +36,7 @@ def check_context(max_length: int, limit: int | None, beyond: bool, what: str = 
                   ) -> None:
     """ValueError when ``max_length`` exceeds the model's position limit (unless ``beyond``)."""
     if limit is not None and max_length > limit and not beyond:
-        raise ValueError(f"{what} {max_length} is beyond the model's context of {limit} tokens "
+        raise Refusal(f"{what} {max_length} is beyond the model's context of {limit} tokens "
                          f"(its configured position limit); use --max-length {limit} or less, "
                          "or --beyond-context to go past it on purpose")
 
@@ -120,7 +121,7 @@ def check_budget(out: Path, n: int, lengths, mode: str, T: int, sink_k: int, tai
     free = free_disk(out)
     fix = "--mode compact, " if mode == "dense" else ""
     if need > free:
-        raise ValueError(f"the store needs about {need / GIB:.3g} GiB ({n} texts, {mode}, "
+        raise Refusal(f"the store needs about {need / GIB:.3g} GiB ({n} texts, {mode}, "
                          f"{n_layers} layers x {n_heads} heads, up to {T} tokens) but {out} has "
                          f"{free / GIB:.3g} GiB free; use {fix}fewer texts (--limit) or a "
                          "shorter --max-length")
@@ -128,7 +129,7 @@ def check_budget(out: Path, n: int, lengths, mode: str, T: int, sink_k: int, tai
     ram = batch_bytes(mode, T, longest, sink_k, tail_w, n_layers, n_heads, min(batch, n))
     memory = available_memory()
     if memory is not None and ram > memory:
-        raise ValueError(f"a batch of {min(batch, n)} x {T} tokens ({mode}) needs about "
+        raise Refusal(f"a batch of {min(batch, n)} x {T} tokens ({mode}) needs about "
                          f"{ram / GIB:.3g} GiB of memory, {memory / GIB:.3g} GiB are available; "
                          f"use {fix}a smaller --batch-size or a shorter --max-length")
 

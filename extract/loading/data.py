@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from .corpus import builtin_texts
+from attngeom.common.errors import Refusal
 
 __all__ = [
     "TextSet", "Tokenized", "load_texts", "iter_records", "builtin_texts",
@@ -101,7 +102,7 @@ def texts_sha256(texts: Sequence[str]) -> str:
 # ----------------------------------------------------------------------------------- records
 def _check_file(path: Path) -> None:
     if not path.is_file():
-        raise ValueError(f"text file not found: {path}; check the path ({SPEC_HELP})")
+        raise Refusal(f"text file not found: {path}; check the path ({SPEC_HELP})")
 
 
 def _iter_jsonl(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
@@ -111,7 +112,7 @@ def _iter_jsonl(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
             try:
                 line = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")
             except UnicodeDecodeError as exc:
-                raise ValueError(
+                raise Refusal(
                     f"{path} is not UTF-8: bad byte at offset {offset + exc.start} (line {lineno}); "
                     "re-encode the file as UTF-8") from None
             offset += len(raw)
@@ -120,10 +121,10 @@ def _iter_jsonl(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
             try:
                 rec = json.loads(line)
             except json.JSONDecodeError as exc:
-                raise ValueError(f"{path} line {lineno} is not valid JSON ({exc.msg}); "
+                raise Refusal(f"{path} line {lineno} is not valid JSON ({exc.msg}); "
                                  "fix or remove that line (JSON Lines: one object per line)") from None
             if not isinstance(rec, dict):
-                raise ValueError(f"{path} line {lineno} is a JSON {type(rec).__name__}, not an object; "
+                raise Refusal(f"{path} line {lineno} is a JSON {type(rec).__name__}, not an object; "
                                  "write one JSON object per line")
             yield f"line {lineno}", rec
 
@@ -133,10 +134,10 @@ def _iter_parquet(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
         import pandas as pd
         frame = pd.read_parquet(path)
     except ImportError:
-        raise ValueError("reading .parquet needs pyarrow; pip install pyarrow") from None
+        raise Refusal("reading .parquet needs pyarrow; pip install pyarrow") from None
     except Exception as exc:  # noqa: BLE001 - any reader failure is a bad file
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise ValueError(f"{path} is not a readable parquet file ({first}); check the file") from None
+        raise Refusal(f"{path} is not a readable parquet file ({first}); check the file") from None
     for row, rec in enumerate(frame.to_dict(orient="records"), start=1):
         yield f"row {row}", {str(k): v for k, v in rec.items()}
 
@@ -144,18 +145,18 @@ def _iter_parquet(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
 def _iter_hf(spec: str) -> Iterator[tuple[str, dict[str, Any]]]:
     m = _HF_SPEC.match(spec)
     if m is None:
-        raise ValueError(f"malformed hf spec {spec!r}; write hf:NAME[:CONFIG]:SPLIT, "
+        raise Refusal(f"malformed hf spec {spec!r}; write hf:NAME[:CONFIG]:SPLIT, "
                          "e.g. hf:openai/gsm8k:main:test")
     try:
         import datasets
     except ImportError:
-        raise ValueError(f"{spec} needs the datasets library; pip install datasets") from None
+        raise Refusal(f"{spec} needs the datasets library; pip install datasets") from None
     name, config, split = m["name"], m["config"], m["split"]
     try:
         ds = datasets.load_dataset(name, config, split=split)
     except Exception as exc:  # noqa: BLE001 - hub, config and split errors all end here
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise ValueError(f"could not load {spec} ({first}); check NAME, CONFIG, SPLIT "
+        raise Refusal(f"could not load {spec} ({first}); check NAME, CONFIG, SPLIT "
                          "and network access") from None
     for row, rec in enumerate(ds, start=1):
         yield f"row {row}", dict(rec)
@@ -182,7 +183,7 @@ def iter_records(spec: str) -> Iterator[tuple[str, dict[str, Any]]]:
     path = Path(spec)
     suffix = path.suffix.lower()
     if suffix not in (".jsonl", ".parquet"):
-        raise ValueError(f"unknown record file extension {path.suffix!r} for {spec}; "
+        raise Refusal(f"unknown record file extension {path.suffix!r} for {spec}; "
                          "use a .jsonl or .parquet file or hf:NAME[:CONFIG]:SPLIT")
     _check_file(path)
     yield from (_iter_jsonl(path) if suffix == ".jsonl" else _iter_parquet(path))
@@ -197,7 +198,7 @@ def _pick_field(rec: dict[str, Any], where: str, spec: str) -> str:
     for key, value in rec.items():
         if isinstance(value, str):
             return key
-    raise ValueError(f"{spec} {where}: record has no string field (fields: {', '.join(rec) or 'none'}); "
+    raise Refusal(f"{spec} {where}: record has no string field (fields: {', '.join(rec) or 'none'}); "
                      "pass text_field (--text-field) naming the text")
 
 
@@ -206,13 +207,13 @@ def _record_text(rec: dict[str, Any], field: str, where: str, spec: str) -> str:
         return f"Question: {_record_text(rec, 'question', where, spec)}\n" \
                f"Answer: {_record_text(rec, 'answer', where, spec)}"
     if field not in rec:
-        raise ValueError(f"{spec} {where}: record has no field {field!r} (fields: {', '.join(rec)}); "
+        raise Refusal(f"{spec} {where}: record has no field {field!r} (fields: {', '.join(rec)}); "
                          "pass text_field (--text-field) naming one of them")
     value = rec[field]
     if value is None:
         return ""
     if not isinstance(value, str):
-        raise ValueError(f"{spec} {where}: field {field!r} is {type(value).__name__}, not text; "
+        raise Refusal(f"{spec} {where}: field {field!r} is {type(value).__name__}, not text; "
                          "pass text_field (--text-field) naming a string field")
     return value
 
@@ -232,7 +233,7 @@ def _txt_texts(path: Path) -> Iterator[str]:
         content = raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         line = raw[: exc.start].count(b"\n") + 1
-        raise ValueError(f"{path} is not UTF-8: bad byte at offset {exc.start} (line {line}); "
+        raise Refusal(f"{path} is not UTF-8: bad byte at offset {exc.start} (line {line}); "
                          "re-encode the file as UTF-8") from None
     lines = content.splitlines()
     if any(not ln.strip() for ln in lines):
@@ -265,7 +266,7 @@ def load_texts(spec: str, text_field: str | None = None, limit: int | None = Non
     """
     spec = str(spec)
     if limit is not None and limit < 0:
-        raise ValueError(f"limit must be >= 0, got {limit}; pass a non-negative limit or None")
+        raise Refusal(f"limit must be >= 0, got {limit}; pass a non-negative limit or None")
     if spec == "builtin":
         source: Iterator[str] = iter(builtin_texts())
     elif spec.startswith("hf:"):
@@ -277,7 +278,7 @@ def load_texts(spec: str, text_field: str | None = None, limit: int | None = Non
         elif suffix in (".jsonl", ".parquet"):
             source = _record_texts(spec, text_field)
         else:
-            raise ValueError(f"unknown text spec {spec!r} (extension {suffix or 'none'!r}); {SPEC_HELP}")
+            raise Refusal(f"unknown text spec {spec!r} (extension {suffix or 'none'!r}); {SPEC_HELP}")
     texts: list[str] = []
     skipped = 0
     for text in source:
@@ -312,7 +313,7 @@ def tokenize_texts(tokenizer: Any, texts: Sequence[str], max_length: int,
     Tokenized
     """
     if max_length < 1:
-        raise ValueError(f"max_length must be >= 1, got {max_length}; pass a positive max_length")
+        raise Refusal(f"max_length must be >= 1, got {max_length}; pass a positive max_length")
     texts = list(texts)
     special = bos != "no"
     full = tokenizer(texts, add_special_tokens=special, truncation=False,
@@ -320,7 +321,7 @@ def tokenize_texts(tokenizer: Any, texts: Sequence[str], max_length: int,
     if bos == "yes":
         first = getattr(tokenizer, "bos_token_id", None)
         if first is None:
-            raise ValueError("--bos yes: this tokenizer has no BOS token; use --bos auto")
+            raise Refusal("--bos yes: this tokenizer has no BOS token; use --bos auto")
         full = [x if len(x) and x[0] == first else [first, *x] for x in full]
     long = [i for i, ids in enumerate(full) if len(ids) > max_length]
     ids = [list(map(int, x)) for x in full]
@@ -382,7 +383,7 @@ def batches(tokenized: Tokenized, batch_size: int, pad_id: int = 0,
         ``index`` (B,) int64: positions of the rows in ``tokenized``.
     """
     if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}; pass a positive batch_size")
+        raise Refusal(f"batch_size must be >= 1, got {batch_size}; pass a positive batch_size")
     order = list(range(len(tokenized.ids)))
     if sort_by_length:
         order.sort(key=lambda i: -len(tokenized.ids[i]))

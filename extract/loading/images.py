@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .data import Sequences, iter_records
+from attngeom.common.errors import Refusal
 
 if TYPE_CHECKING:                                   # torch is imported when a model runs
     from ..measurement.layer import Options
@@ -71,19 +72,19 @@ def load_images(spec: str, image_field: str | None = None, limit: int | None = N
     """
     spec = str(spec)
     if limit is not None and limit < 1:
-        raise ValueError(f"--limit must be at least 1, not {limit}")
+        raise Refusal(f"--limit must be at least 1, not {limit}")
     h = hashlib.sha256()
     if Path(spec).expanduser().is_dir():
         folder = Path(spec).expanduser()
         files = sorted(p for p in folder.iterdir()
                        if p.is_file() and p.suffix.lower() in SUFFIXES)[:limit]
         if not files:
-            raise ValueError(f"--data {folder} holds no .png/.jpg/.jpeg image; {IMAGE_HELP}")
+            raise Refusal(f"--data {folder} holds no .png/.jpg/.jpeg image; {IMAGE_HELP}")
         for path in files:
             h.update(path.name.encode() + b"\0" + path.read_bytes())
         return ImageSet([str(p) for p in files], [p.name for p in files], spec, h.hexdigest())
     if not spec.startswith("hf:"):
-        raise ValueError(f"--data {spec} is not a folder of images; {IMAGE_HELP}")
+        raise Refusal(f"--data {spec} is not a folder of images; {IMAGE_HELP}")
     images, names, field = [], [], image_field
     for where, rec in iter_records(spec):
         if limit is not None and len(images) >= limit:
@@ -92,14 +93,14 @@ def load_images(spec: str, image_field: str | None = None, limit: int | None = N
             field = "image" if _is_image(rec.get("image")) else next(
                 (k for k, v in rec.items() if _is_image(v)), None)
         if field is None or field not in rec or not _is_image(rec[field]):
-            raise ValueError(f"{spec} {where}: no image field {field or ''} (fields: "
+            raise Refusal(f"{spec} {where}: no image field {field or ''} (fields: "
                              f"{', '.join(rec)}); pass --image-field naming the image column")
         image = rec[field].convert("RGB")
         h.update(where.encode() + b"\0" + image.tobytes())
         images.append(image)
         names.append(where)
     if not images:
-        raise ValueError(f"--data {spec} holds no image; {IMAGE_HELP}")
+        raise Refusal(f"--data {spec} holds no image; {IMAGE_HELP}")
     return ImageSet(images, names, spec, h.hexdigest())
 
 
@@ -113,7 +114,7 @@ def open_image(item):
         with Image.open(item) as image:
             return image.convert("RGB")
     except (UnidentifiedImageError, OSError) as exc:
-        raise ValueError(f"{item} is not a readable image ({exc}); remove it from the folder") \
+        raise Refusal(f"{item} is not a readable image ({exc}); remove it from the folder") \
             from None
 
 
@@ -161,7 +162,7 @@ def token_names(model, n_tokens: int, height: int, width: int) -> list[str]:
     rows, cols = height // ph, width // pw
     prefix = n_tokens - rows * cols
     if prefix < 0:
-        raise ValueError(f"the model makes {n_tokens} tokens from {rows} x {cols} patches: it "
+        raise Refusal(f"the model makes {n_tokens} tokens from {rows} x {cols} patches: it "
                          "drops patches (e.g. MAE masking); not supported")
     names = _prefix_names(model)
     names = names if len(names) == prefix else [f"t{i}" for i in range(prefix)]

@@ -20,7 +20,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from attngeom.common.errors import StoreWriteError
+from attngeom.common.errors import Refusal, StoreWriteError
 from attngeom.common.atomic import atomic_file, atomic_write_bytes
 
 CHUNK = 1 << 24                                  # bytes read and hashed at a time
@@ -159,7 +159,7 @@ def join(name: str, files: list[Path], path: Path) -> Path:
                             h.update(chunk)
                             out.write(chunk)
             if h.hexdigest() != pm.sha256:
-                raise ValueError(
+                raise Refusal(
                     f"the {len(files)} parts of {name} join to sha256 {h.hexdigest()[:12]}..., "
                     f"not {pm.sha256[:12]}...: a part package is damaged or of another version; "
                     f"run: {command(name)} --force")
@@ -178,11 +178,11 @@ def locate(name: str, root: Path, assemble: bool = True) -> tuple[Path, str]:
     if path.is_file():
         reason = problem(name, path)
         if reason:
-            raise ValueError(reason)
+            raise Refusal(reason)
         return path.parent, path.name
     files, missing = parts(name)
     if missing:
-        raise ValueError(missing_message(name, missing))
+        raise Refusal(missing_message(name, missing))
     if assemble:
         join(name, files, path)
     return path.parent, path.name
@@ -195,7 +195,7 @@ def pip_install(name: str, force: bool = False) -> None:
            *(["--force-reinstall"] if force else []), *pm.requirements()]
     code = subprocess.run(cmd).returncode
     if code:
-        raise ValueError(f"pip install of {pm.package(1)} .. {pm.package(pm.count)} failed "
+        raise Refusal(f"pip install of {pm.package(1)} .. {pm.package(pm.count)} failed "
                          f"(exit {code}; pip's reason is above); check the network or package "
                          f"index, then run: {command(name)}")
     importlib.invalidate_caches()                 # find the packages pip just added
@@ -210,5 +210,5 @@ def install(name: str, root: Path, force: bool = False) -> Path:
         return path
     files, missing = parts(name)
     if missing:
-        raise ValueError(missing_message(name, missing))
+        raise Refusal(missing_message(name, missing))
     return join(name, files, path)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from attngeom.common.errors import StoreWriteError
+from attngeom.common.errors import Refusal, StoreWriteError
 from attngeom.common.atomic import atomic_write_bytes
 
 from . import install
@@ -49,11 +49,11 @@ def check_dtype(dtype: str, device: str) -> str:
     Checked without importing torch, so the command line fails fast.
     """
     if dtype not in DTYPES:
-        raise ValueError(f"unknown --dtype '{dtype}'; use one of float32, bfloat16, float16")
+        raise Refusal(f"unknown --dtype '{dtype}'; use one of float32, bfloat16, float16")
     if not _DEVICE.match(str(device)):
-        raise ValueError(f"unknown --device '{device}'; use cpu, cuda, cuda:N or mps")
+        raise Refusal(f"unknown --device '{device}'; use cpu, cuda, cuda:N or mps")
     if DTYPES[dtype] == "float16" and str(device).startswith("cpu"):
-        raise ValueError("--dtype float16 does not run on the CPU; use --dtype float32 or "
+        raise Refusal("--dtype float16 does not run on the CPU; use --dtype float32 or "
                          "bfloat16, or a GPU (--device cuda)")
     return DTYPES[dtype]
 
@@ -69,14 +69,14 @@ def check_spec(spec: str) -> None:
     config = where / "config.json"
     try:
         if config.stat().st_size > MAX_CONFIG_BYTES:
-            raise ValueError(f"{config} is larger than {MAX_CONFIG_BYTES} bytes; "
+            raise Refusal(f"{config} is larger than {MAX_CONFIG_BYTES} bytes; "
                              "not a model config")
         data = json.loads(config.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"{config} is not valid JSON ({exc}); restore the model directory") \
+        raise Refusal(f"{config} is not valid JSON ({exc}); restore the model directory") \
             from None
     if not isinstance(data, dict) or not isinstance(data.get("model_type"), str):
-        raise ValueError(f"{config} names no model_type; not a transformers model directory")
+        raise Refusal(f"{config} names no model_type; not a transformers model directory")
 
 
 def _check_device_runs(device: str, dtype: str) -> None:
@@ -86,16 +86,16 @@ def _check_device_runs(device: str, dtype: str) -> None:
     dev = str(device)
     if dev.startswith("cuda"):
         if not torch.cuda.is_available():
-            raise ValueError(f"--device {dev}: no CUDA GPU is available; use --device cpu")
+            raise Refusal(f"--device {dev}: no CUDA GPU is available; use --device cpu")
         index = int(dev.split(":")[1]) if ":" in dev else 0
         if index >= torch.cuda.device_count():
-            raise ValueError(f"--device {dev}: only {torch.cuda.device_count()} GPU(s); "
+            raise Refusal(f"--device {dev}: only {torch.cuda.device_count()} GPU(s); "
                              "use cuda:0 .. cuda:N-1")
         if dtype == "bfloat16" and not torch.cuda.is_bf16_supported():
-            raise ValueError(f"--device {dev} cannot compute in bfloat16; use --dtype float16 "
+            raise Refusal(f"--device {dev} cannot compute in bfloat16; use --dtype float16 "
                              "or float32")
     elif dev == "mps" and not torch.backends.mps.is_available():
-        raise ValueError("--device mps is not available here; use --device cpu")
+        raise Refusal("--device mps is not available here; use --device cpu")
 
 
 @dataclass
@@ -113,7 +113,7 @@ def cache_dir() -> Path:
 def _package_dir(module: str, hint: str) -> Path:
     spec = importlib.util.find_spec(module)        # locates without importing the package
     if spec is None or not spec.submodule_search_locations:
-        raise ValueError(f"built-in model needs the package '{module}': {hint}")
+        raise Refusal(f"built-in model needs the package '{module}': {hint}")
     return Path(spec.submodule_search_locations[0])
 
 
@@ -141,16 +141,16 @@ def resolve(spec: str, assemble: bool = True) -> tuple[Path | str, str | None]:
     path = Path(spec).expanduser()
     if path.suffix == ".gguf":
         if not path.is_file():
-            raise ValueError(f"model file not found: {path}")
+            raise Refusal(f"model file not found: {path}")
         return path.parent, path.name
     if path.is_dir():
         if not (path / "config.json").is_file():
-            raise ValueError(f"{path} has no config.json; pass a model directory, a .gguf file, "
+            raise Refusal(f"{path} has no config.json; pass a model directory, a .gguf file, "
                              f"a hub id or one of: {', '.join(BUILTIN)}")
         return path, None
     if spec.count("/") == 1 and not spec.startswith((".", "/", "~")) and " " not in spec:
         return spec, None                             # a hub id
-    raise ValueError(f"unknown model spec '{spec}': not a directory, .gguf file, hub id "
+    raise Refusal(f"unknown model spec '{spec}': not a directory, .gguf file, hub id "
                      f"(owner/name) or built-in name ({', '.join(BUILTIN)})")
 
 
@@ -195,7 +195,7 @@ def _tower(config, tower: str, spec: str):
     sub = getattr(config, f"{tower}_config", None)
     if sub is None:
         towers = [n.removesuffix("_config") for n in getattr(config, "sub_configs", {}) or {}]
-        raise ValueError(f"--tower {tower}: {spec} ({config.model_type}) has no {tower} tower"
+        raise Refusal(f"--tower {tower}: {spec} ({config.model_type}) has no {tower} tower"
                          + (f"; it has: {', '.join(towers)}" if towers else
                             "; drop --tower for a single-tower model"))
     return sub
@@ -211,14 +211,14 @@ def _load_hf(where, spec: str, torch_dtype, trust: bool, tower: str | None):
     if tower is not None:
         sub = _tower(config, tower, spec)
         if type(sub) not in MODEL_MAPPING:
-            raise ValueError(f"--tower {tower}: transformers has no model class for "
+            raise Refusal(f"--tower {tower}: transformers has no model class for "
                              f"{type(sub).__name__}")
         cls = MODEL_MAPPING[type(sub)]
         return cls.from_pretrained(where, dtype=torch_dtype), sub
     towers = [n.removesuffix("_config") for n in ("text_config", "vision_config")
               if getattr(config, n, None) is not None]
     if len(towers) > 1 and auto_class(config) == "AutoModel":
-        raise ValueError(f"--model {spec} is a multimodal {config.model_type} checkpoint with "
+        raise Refusal(f"--model {spec} is a multimodal {config.model_type} checkpoint with "
                          f"{' and '.join(towers)} towers; pick one with --tower "
                          f"{' or --tower '.join(reversed(towers))}")
     cls = getattr(transformers, auto_class(config))
@@ -233,7 +233,7 @@ def _processor(where, kind: str, trust: bool):
         try:
             return AutoImageProcessor.from_pretrained(where, trust_remote_code=trust)
         except (OSError, ValueError) as exc:
-            raise ValueError(f"{where} has no image processor ({str(exc).splitlines()[0]}); "
+            raise Refusal(f"{where} has no image processor ({str(exc).splitlines()[0]}); "
                              "save the model's preprocessor_config.json with it") from None
     return AutoTokenizer.from_pretrained(where, trust_remote_code=trust)
 
@@ -259,7 +259,7 @@ def load(spec: str, device: str = "cpu", dtype: str = "float32",
     where, gguf = resolve(spec)
     if gguf:
         if tower is not None:
-            raise ValueError("--tower applies to multimodal checkpoints, not .gguf files")
+            raise Refusal("--tower applies to multimodal checkpoints, not .gguf files")
         model, tok, cached = _gguf_cached(Path(where), gguf, torch_dtype, trust_remote_code)
         revision = _source_digest(Path(where) / gguf, cached)
     else:

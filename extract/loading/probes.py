@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from .data import Tokenized
+from attngeom.common.errors import Refusal
 
 PROBE_KINDS = ("random", "repeated")
 _SPEC = re.compile(r"^probe:(?P<kind>[a-z]+):(?P<length>\d+):(?P<n>\d+)(?::(?P<seed>\d+))?$")
@@ -41,7 +42,7 @@ def parse_probe(spec: str) -> Probe:
     """The probe a spec names; ValueError (one line) when it is malformed."""
     m = _SPEC.match(str(spec))
     if m is None or m["kind"] not in PROBE_KINDS or int(m["length"]) < 1 or int(m["n"]) < 1:
-        raise ValueError(f"malformed probe spec '{spec}'; write {PROBE_HELP}, e.g. "
+        raise Refusal(f"malformed probe spec '{spec}'; write {PROBE_HELP}, e.g. "
                          "probe:random:64:100")
     return Probe(m["kind"], int(m["length"]), int(m["n"]), int(m["seed"] or 0))
 
@@ -65,7 +66,7 @@ def probe_ids(probe: Probe, tok: Any, bos: bool = False) -> np.ndarray:
     if bos:
         bos_id = getattr(tok, "bos_token_id", None)
         if bos_id is None:
-            raise ValueError("--bos yes: this tokenizer has no BOS token; use --bos no")
+            raise Refusal("--bos yes: this tokenizer has no BOS token; use --bos no")
         ids = np.concatenate([np.full((probe.n, 1), bos_id, dtype=ids.dtype), ids[:, :-1]], 1)
     return ids
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .data import iter_records
+from attngeom.common.errors import Refusal
 
 __all__ = ["ChoiceItem", "AnswerItem", "mmlu_items", "winogrande_items", "boolq_items", "gsm8k_items"]
 
@@ -49,7 +50,7 @@ class ChoiceItem:
     def __post_init__(self) -> None:
         n = len(self.contexts)
         if n < 2 or len(self.continuations) != n or not 0 <= self.answer < n:
-            raise ValueError(f"bad ChoiceItem {self.id!r}: {n} contexts, {len(self.continuations)} "
+            raise Refusal(f"bad ChoiceItem {self.id!r}: {n} contexts, {len(self.continuations)} "
                              f"continuations, answer {self.answer}; give >= 2 options and a valid answer")
 
     @property
@@ -174,7 +175,7 @@ def mmlu_items(path_or_spec: str, dev: str | None = None, k_shot: int = 5,
         ``Answer:``; continuations ``[" A", " B", " C", " D"]``; ``group`` = subject.
     """
     if k_shot < 0:
-        raise ValueError(f"k_shot must be >= 0, got {k_shot}; pass a non-negative k_shot")
+        raise Refusal(f"k_shot must be >= 0, got {k_shot}; pass a non-negative k_shot")
     shots: dict[str, list[str]] = defaultdict(list)
     if dev is not None:
         for where, rec in iter_records(dev):

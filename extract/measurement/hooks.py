@@ -26,6 +26,7 @@ from typing import Any, Iterator, Protocol
 
 import torch
 from torch import nn
+from attngeom.common.errors import Refusal
 
 NAME = "attngeom"
 
@@ -60,7 +61,7 @@ REFUSED = {
 }
 
 
-class Unsupported(ValueError):
+class Unsupported(Refusal):
     """The model cannot be decomposed exactly; the message is one line with the reason."""
 
 
@@ -131,7 +132,7 @@ def _sink_logits(module: nn.Module, query: torch.Tensor, kwargs: dict) -> torch.
     B, H, Tq, _ = query.shape
     s_aux, sinks = kwargs.get("s_aux"), kwargs.get("sinks")
     if s_aux is not None and sinks is not None:
-        raise ValueError(f"{type(module).__name__} passes both s_aux and sinks to attention; "
+        raise Refusal(f"{type(module).__name__} passes both s_aux and sinks to attention; "
                          "not supported")
     logits = s_aux if s_aux is not None else sinks
     if logits is None:
@@ -140,7 +141,7 @@ def _sink_logits(module: nn.Module, query: torch.Tensor, kwargs: dict) -> torch.
         return logits.reshape(1, H, 1)
     if logits.dim() == 4 and logits.shape[-1] == 1 and logits.shape[1:3] == (H, Tq):
         return logits[..., 0]
-    raise ValueError(f"{type(module).__name__} passes learned sink logits of shape "
+    raise Refusal(f"{type(module).__name__} passes learned sink logits of shape "
                      f"{tuple(logits.shape)}; attngeom reads one logit per head (s_aux) or per "
                      "head and query (sinks)")
 
@@ -165,7 +166,7 @@ def attention_keywords(module: nn.Module, kwargs: dict) -> None:
                          "know; it may change the attention, so the model is not supported")
     dropout = kwargs.get("dropout") or 0.0
     if dropout:
-        raise ValueError(f"{name} applies attention dropout {dropout}: the model is in training "
+        raise Refusal(f"{name} applies attention dropout {dropout}: the model is in training "
                          "mode; call model.eval()")
 
 
@@ -184,7 +185,7 @@ def _attention(module, query, key, value, attention_mask, **kwargs):
     if not active:
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
         if kwargs.get("s_aux") is not None or kwargs.get("sinks") is not None:
-            raise ValueError("learned attention sinks need attngeom's handler or eager attention")
+            raise Refusal("learned attention sinks need attngeom's handler or eager attention")
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
     attention_keywords(module, kwargs)
     _check_mask(module, attention_mask)

@@ -39,6 +39,7 @@ from attngeom.common.options.stages import ExtractConfig, check_sink_window
 from attngeom.store.io.reader import add_derived, store_attrs
 
 from ..loading.data import Tokenized, texts_sha256, tokenize_texts
+from attngeom.common.errors import Refusal
 
 IGNORED_KEYS = ("special_tokens_mask", "offset_mapping", "length", "overflow_to_sample_mapping")
 CONFIG_SPECIAL = ("bos_token_id", "eos_token_id", "pad_token_id", "sep_token_id",
@@ -177,28 +178,28 @@ def _inputs(model, kind: str, inputs, tokenizer, max_length: int | None, limit: 
         texts = [inputs] if isinstance(inputs, str) else list(inputs)
         _expect(kind, "text", "texts")
         if tokenizer is None:
-            raise ValueError("texts need tokenizer=: pass the model's tokenizer, or tokenized "
+            raise Refusal("texts need tokenizer=: pass the model's tokenizer, or tokenized "
                              "inputs (a dict with input_ids and attention_mask)")
         _check_texts(texts)
         tokenized = tokenize_texts(tokenizer, texts, limit)
         width = max_length or max(len(ids) for ids in tokenized.ids)
         return tokenized, Source(texts, "in-memory texts", texts_sha256(texts)), width
     if not isinstance(inputs, Mapping):
-        raise ValueError(f"inputs is a {type(inputs).__name__}: pass texts (a list of str with "
+        raise Refusal(f"inputs is a {type(inputs).__name__}: pass texts (a list of str with "
                          "tokenizer=), or a dict with input_ids [and attention_mask] or "
                          "pixel_values")
     if "pixel_values" in inputs:
         _expect(kind, "image", "pixel_values")
         _only(inputs, ("pixel_values",))
         if max_length is not None:
-            raise ValueError("max_length applies to texts and token ids; an image makes as many "
+            raise Refusal("max_length applies to texts and token ids; an image makes as many "
                              "tokens as the model has patches (and CLS): leave it out")
         pixels = _pixels(inputs["pixel_values"])
         digest = hashlib.sha256(str(tuple(pixels.shape)).encode() + pixels.numpy().tobytes())
         return pixels, Source(range(len(pixels)), "in-memory pixel_values",
                               digest.hexdigest()), None
     if "input_ids" not in inputs:
-        raise ValueError(f"inputs has no input_ids or pixel_values (keys: "
+        raise Refusal(f"inputs has no input_ids or pixel_values (keys: "
                          f"{', '.join(map(str, inputs)) or 'none'}); pass tokenized inputs")
     _expect(kind, "text", "input_ids")
     _only(inputs, ("input_ids", "attention_mask", "token_type_ids"))
@@ -212,28 +213,28 @@ def _inputs(model, kind: str, inputs, tokenizer, max_length: int | None, limit: 
 def _expect(kind: str, want: str, given: str) -> None:
     if kind != want:
         takes = "pixel_values" if kind == "image" else "texts or input_ids"
-        raise ValueError(f"the model takes {kind} inputs ({takes}), not {given}")
+        raise Refusal(f"the model takes {kind} inputs ({takes}), not {given}")
 
 
 def _only(inputs: Mapping, taken: tuple[str, ...]) -> None:
     for key in inputs:
         if key not in taken and key not in IGNORED_KEYS:
-            raise ValueError(f"inputs['{key}'] is not taken: measure reads "
+            raise Refusal(f"inputs['{key}'] is not taken: measure reads "
                              f"{' and '.join(taken)}; leave {key} out")
     types = inputs.get("token_type_ids")
     if types is not None and np.any(np.asarray(_as_numpy(types)) != 0):
-        raise ValueError("token_type_ids marks a second segment; measure reads single "
+        raise Refusal("token_type_ids marks a second segment; measure reads single "
                          "segments (as extract does): leave token_type_ids out")
 
 
 def _check_texts(texts: list) -> None:
     if not texts:
-        raise ValueError("no texts given; pass a list of str")
+        raise Refusal("no texts given; pass a list of str")
     for i, text in enumerate(texts):
         if not isinstance(text, str):
-            raise ValueError(f"texts[{i}] is a {type(text).__name__}, not a str")
+            raise Refusal(f"texts[{i}] is a {type(text).__name__}, not a str")
         if not text.strip():
-            raise ValueError(f"texts[{i}] is empty; remove it (extract skips empty texts)")
+            raise Refusal(f"texts[{i}] is empty; remove it (extract skips empty texts)")
 
 
 def _as_numpy(x) -> np.ndarray | list:
@@ -249,12 +250,12 @@ def _rows(x, name: str) -> list[list[int]]:
         if x.ndim == 1:
             x = x[None]
         if x.ndim != 2 or x.dtype.kind not in "iub":
-            raise ValueError(f"{name} must be integers of shape (batch, tokens), not {x.dtype} "
+            raise Refusal(f"{name} must be integers of shape (batch, tokens), not {x.dtype} "
                              f"{x.shape}")
         return x.astype(np.int64).tolist()
     rows = [list(r) for r in x] if x and isinstance(x[0], (list, tuple, np.ndarray)) else [list(x)]
     if not all(isinstance(v, (int, np.integer)) for r in rows for v in r):
-        raise ValueError(f"{name} must hold integers")
+        raise Refusal(f"{name} must hold integers")
     return [[int(v) for v in r] for r in rows]
 
 
@@ -265,20 +266,20 @@ def token_rows(inputs: Mapping, limit: int) -> Tokenized:
     masks = inputs.get("attention_mask")
     masks = None if masks is None else _rows(masks, "attention_mask")
     if masks is not None and [len(m) for m in masks] != [len(r) for r in ids]:
-        raise ValueError("attention_mask and input_ids differ in shape; pass the tokenizer's "
+        raise Refusal("attention_mask and input_ids differ in shape; pass the tokenizer's "
                          "output unchanged")
     rows, truncated = [], []
     for i, row in enumerate(ids):
         if masks is not None:
             real = np.flatnonzero(masks[i])
             if not len(real):
-                raise ValueError(f"attention_mask row {i} marks no real token; remove the row")
+                raise Refusal(f"attention_mask row {i} marks no real token; remove the row")
             if real[-1] - real[0] + 1 != len(real):
-                raise ValueError(f"attention_mask row {i} has padding between real tokens "
+                raise Refusal(f"attention_mask row {i} has padding between real tokens "
                                  "(packed sequences?); pass one sequence per row")
             row = row[real[0]:real[-1] + 1]
         if not row:
-            raise ValueError(f"input_ids row {i} is empty; remove it")
+            raise Refusal(f"input_ids row {i} is empty; remove it")
         truncated.append(len(row) > limit)
         rows.append(row[:limit])
     return Tokenized(ids=rows, truncated=truncated)
@@ -290,7 +291,7 @@ def _check_ids(model, tokenized: Tokenized) -> None:
     for i, row in enumerate(tokenized.ids):
         bad = [t for t in row if t < 0 or (vocab is not None and t >= vocab)]
         if bad:
-            raise ValueError(f"input_ids row {i} holds id {bad[0]}, outside the model's "
+            raise Refusal(f"input_ids row {i} holds id {bad[0]}, outside the model's "
                              f"vocabulary (0..{(vocab or 0) - 1}); tokenize with its tokenizer")
 
 
@@ -299,7 +300,7 @@ def _pixels(x):
 
     pixels = torch.as_tensor(_as_numpy(x))
     if pixels.ndim != 4 or not pixels.is_floating_point():
-        raise ValueError(f"pixel_values must be floats of shape (batch, channels, height, "
+        raise Refusal(f"pixel_values must be floats of shape (batch, channels, height, "
                          f"width), not {pixels.dtype} {tuple(pixels.shape)}")
     return pixels.float().contiguous()
 

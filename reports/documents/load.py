@@ -22,6 +22,7 @@ from attngeom.analysis.faithfulness_stats import (FaithStats, StatsSettings, for
                                                   stats_settings)
 from attngeom.store import open_store, read_manifest
 from attngeom.store.format import schema as S
+from attngeom.common.errors import Refusal
 from attngeom.common.options.stages import AnalysisOptions
 from attngeom.store.io.results import is_faith_only
 
@@ -66,7 +67,7 @@ def ensure_analysis(store: Path, ds: xr.Dataset, manifest: dict, directory: Path
     """
     state = analysis_state(store, manifest, directory)
     if state == "other":
-        raise ValueError(f"{directory} holds analysis results of another store (config hash "
+        raise Refusal(f"{directory} holds analysis results of another store (config hash "
                          "differs); pass --analysis with another folder or delete them")
     if state == "missing" or (state == "stale" and refresh_stale):
         log(f"attngeom: running the analyses into {directory} ({state})")

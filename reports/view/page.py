@@ -33,6 +33,7 @@ from attngeom.common.options.ranges import runs_text
 from attngeom.common.vocab import VIEW_MAX_BYTES as MAX_BYTES
 
 from . import data as V
+from attngeom.common.errors import Refusal
 
 ASSETS = Path(__file__).with_name("assets")
 SCRIPTS = ("view_data.js", "view_ui.js")    # one function body, in this order
@@ -102,14 +103,14 @@ def build(ds, sequence=None, *, sequences=None, layers=None, heads=None,
 
         ds = open_store(ds)
     if "alpha" not in ds or S.LAYER not in ds.dims:
-        raise ValueError("the view needs an attngeom store or measurement with alpha; this one "
+        raise Refusal("the view needs an attngeom store or measurement with alpha; this one "
                          "has none (a faithfulness-only store, or cut without alpha)")
     sub = V.select(ds, sequences, layers, heads, prefix="--" if cli else "")
     compact, k = V.is_compact(sub), V.sink_k(sub)
     labels = sub[S.SEQUENCE].values.tolist()
     first = labels[0] if sequence is None else int(sequence)
     if first not in labels:
-        raise ValueError(f"sequence {first} is not among the selected sequences "
+        raise Refusal(f"sequence {first} is not among the selected sequences "
                          f"({runs_text(labels)}); choose one of them")
     sums, blobs = V.MapSums(), []
     budget = max_bytes - _fixed_bytes(sub)
@@ -120,11 +121,11 @@ def build(ds, sequence=None, *, sequences=None, layers=None, heads=None,
             blobs.append(V.sequence_blob(block.isel({S.SEQUENCE: i}), compact))
             used += _blob_bytes(blobs[-1], sub)
             if used > budget:
-                raise ValueError(_too_big(sub, blobs, used, budget, max_bytes, cli))
+                raise Refusal(_too_big(sub, blobs, used, budget, max_bytes, cli))
     meta = _meta(sub, blobs, sums, labels.index(first), compact, k)
     out = View(_fragment(meta, blobs), f"attngeom view: {meta['model']}")
     if out.nbytes > max_bytes:
-        raise ValueError(_too_big(sub, blobs, out.nbytes, max_bytes, max_bytes, cli))
+        raise Refusal(_too_big(sub, blobs, out.nbytes, max_bytes, max_bytes, cli))
     return out
 
 

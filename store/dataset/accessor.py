@@ -32,6 +32,7 @@ from ..format import derive
 from ..format import schema as S
 from ..io.blockread import ENCODING_KEY, local_scheduler
 from .groups import KeyGroups, check_group
+from attngeom.common.errors import Refusal
 
 # dims in the order every block array is given: the schema's order
 CANONICAL = (S.SEQUENCE, S.LAYER, S.HEAD, S.POSITION, S.QUERY, S.KEY, S.SINK, S.LAG)
@@ -89,7 +90,7 @@ class StoreAccessor:
         for dim in (S.QUERY, S.KEY, S.POSITION):
             if dim in self._ds.sizes:
                 return int(self._ds.sizes[dim])
-        raise ValueError("the dataset has no query, key or position dimension")
+        raise Refusal("the dataset has no query, key or position dimension")
 
     @property
     def causal(self) -> bool:
@@ -126,17 +127,17 @@ class StoreAccessor:
         k = store_k if k is None else int(k)
         w = (store_w or TAIL_W) if w is None else int(w)
         if k < 1 or w < 1:
-            raise ValueError(f"sink_k and tail_w must be >= 1 (got {k}, {w})")
+            raise Refusal(f"sink_k and tail_w must be >= 1 (got {k}, {w})")
         if not self.all_keys and k > store_k:
-            raise ValueError(f"this compact store keeps only {store_k} sink keys; use --sink-k "
+            raise Refusal(f"this compact store keeps only {store_k} sink keys; use --sink-k "
                              f"<= {store_k} or a dense store")
         if not self.all_keys and w > (store_w or 0):
-            raise ValueError(f"this compact store keeps a tail of {store_w} keys; use --tail-w "
+            raise Refusal(f"this compact store keeps a tail of {store_w} keys; use --tail-w "
                              f"<= {store_w} or a dense store")
         for dim in (S.QUERY, S.KEY, S.SINK, S.LAG):
             if dim in self._ds.indexes and not np.array_equal(
                     self._ds.indexes[dim], np.arange(self._ds.sizes[dim])):
-                raise ValueError(f"the `{dim}` coordinate must be positions 0..T-1; "
+                raise Refusal(f"the `{dim}` coordinate must be positions 0..T-1; "
                                  "open the whole store rather than a position subset")
         return k, w
 

@@ -34,6 +34,7 @@ from xarray.indexes import PandasIndex
 from ..format import derive
 from ..format import schema as S
 from attngeom.common.vocab import GROUPS, MIDDLE, SINK, TAIL
+from attngeom.common.errors import Refusal
 
 SLOT = {SINK: S.SINK, TAIL: S.LAG, MIDDLE: S.KEY}    # the slot dimension of each group
 RATIO = "ratio"
@@ -49,7 +50,7 @@ class _A(NamedTuple):
 def check_group(group: str) -> None:
     """ValueError unless ``group`` is one of the key groups."""
     if group not in GROUPS:
-        raise ValueError(f"unknown key group {group!r}; one of {', '.join(GROUPS)}")
+        raise Refusal(f"unknown key group {group!r}; one of {', '.join(GROUPS)}")
 
 
 def _memo(fn):
@@ -228,7 +229,7 @@ class KeyGroups:
     def _check(self, group: str) -> None:
         check_group(group)
         if group != SINK and not self.all_keys and self.k != self.store_k:
-            raise ValueError(f"a compact store's groups are fixed by its sink_k = "
+            raise Refusal(f"a compact store's groups are fixed by its sink_k = "
                              f"{self.store_k}; use --sink-k {self.store_k} or a dense store")
 
     def require_groups(self) -> "KeyGroups":
@@ -239,10 +240,10 @@ class KeyGroups:
     def _full(self, name: str) -> _A:
         """A dense store's pair variable over every key (..., query, key)."""
         if not self.all_keys:
-            raise ValueError("the middle group is stored elementwise only in dense stores")
+            raise Refusal("the middle group is stored elementwise only in dense stores")
         a = self._var(name)
         if a.dims[-1] != S.KEY:
-            raise ValueError(f"`{name}` over all keys: read the block with the tail or middle "
+            raise Refusal(f"`{name}` over all keys: read the block with the tail or middle "
                              "group (load_block(groups=...))")
         return a
 
@@ -257,7 +258,7 @@ class KeyGroups:
         if group == TAIL and not self.all_keys:
             var = S.TAIL_PREFIX + name
             if var not in self._ds:
-                raise ValueError(f"the compact store lacks `{var}`")
+                raise Refusal(f"the compact store lacks `{var}`")
             a = self._var(var)
             return _A(a.data[..., : self.w], a.dims)
         full = self._full(name)
@@ -311,7 +312,7 @@ class KeyGroups:
         if group == MIDDLE and not self.all_keys:
             var = S.MIDDLE_PREFIX + name
             if var not in self._ds:
-                raise ValueError(f"the compact store lacks `{var}`")
+                raise Refusal(f"the compact store lacks `{var}`")
             out = self._per(var, S.QUERY)
             if self.w < (self.store_w or 0):    # stored tail lags >= w are middle keys
                 extra = self._var(S.TAIL_PREFIX + name)

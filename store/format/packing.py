@@ -36,6 +36,7 @@ import xarray as xr
 
 from ..format import schema as S
 from .vocab import FLOAT32, PACKED
+from attngeom.common.errors import Refusal
 
 FILL = np.int16(-32768)        # _FillValue of a packed variable: NaN
 ROUNDOFF = 2.0 ** -23          # float32 rounding of a decoded value of magnitude <= 1
@@ -118,7 +119,7 @@ def once_per_head(name: str, x: np.ndarray, axis: int) -> np.ndarray:
     """``x`` without its head ``axis``; ValueError when its heads differ (NaN equal to NaN)."""
     first = np.take(x, [0], axis=axis)
     if not np.array_equal(np.broadcast_to(first, x.shape), x, equal_nan=True):
-        raise ValueError(f"{name} differs between heads (a per-head attention mask?), so it "
+        raise Refusal(f"{name} differs between heads (a per-head attention mask?), so it "
                          "cannot be stored once per layer; extract with --precision float32")
     return np.squeeze(first, axis=axis)
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 
-from attngeom.common.errors import StoreError
+from attngeom.common.errors import Refusal, StoreError
 
 PART_HELP = "use --part I/N with 0 <= I < N, e.g. --part 0/4 ... --part 3/4"
 
@@ -25,11 +25,11 @@ def parse_part(spec: str | tuple[int, int]) -> tuple[int, int]:
     else:
         m = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", str(spec))
         if not m:
-            raise ValueError(f"--part '{spec}' is not I/N; {PART_HELP}")
+            raise Refusal(f"--part '{spec}' is not I/N; {PART_HELP}")
         index, count = int(m.group(1)), int(m.group(2))
     if not (isinstance(index, int) and isinstance(count, int)) or count < 1 \
             or not 0 <= index < count:
-        raise ValueError(f"--part {index}/{count} is out of range; {PART_HELP}")
+        raise Refusal(f"--part {index}/{count} is out of range; {PART_HELP}")
     return index, count
 
 

@@ -33,7 +33,7 @@ from ..format import schema as S
 from ..format.chunks import Encoded
 from ..format.manifest import (MANIFEST, config_difference, file_sha256, new_manifest,
                                read_manifest, write_manifest)
-from attngeom.common.errors import StoreError, write_error
+from attngeom.common.errors import Refusal, StoreError, write_error
 from attngeom.common.atomic import atomic_write_bytes, copy_file, fsync_dir, temporary_name
 from ..format.packing import precision_of, stored_dataset
 from .readme import write_readme
@@ -184,11 +184,11 @@ class StoreWriter:
         labels = {d: ds[d].values for d in ds.dims if d in ds.coords}
         why = layout_problem(self.manifest, dims, labels)
         if why:
-            raise ValueError(f"shard {index} does not fit the store {self.path}: {why}")
+            raise Refusal(f"shard {index} does not fit the store {self.path}: {why}")
         seq = np.asarray(ds[S.SEQUENCE].values)
         lo, hi = int(seq[0]), int(seq[0]) + len(seq)
         if not np.array_equal(seq, np.arange(lo, hi)):
-            raise ValueError(f"shard {index}: sequences must be consecutive, got {seq[:5]}...")
+            raise Refusal(f"shard {index}: sequences must be consecutive, got {seq[:5]}...")
         ds = ds.copy(deep=False)
         ds.attrs = dict(self.attrs)
         name = shard_name(index)

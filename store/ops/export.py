@@ -29,7 +29,7 @@ import numpy as np
 
 from ..format import schema as S
 from ..format.manifest import MANIFEST, file_sha256, read_manifest
-from attngeom.common.errors import StoreError
+from attngeom.common.errors import Refusal, StoreError
 from ..io.readme import README, readme_text
 from ..io.results import entries as result_entries
 from ..io.results import is_faith_only
@@ -53,7 +53,7 @@ def export(store: str | Path, out: str | Path, fmt: str, tables=None, no_text: b
 
     store, out = Path(store), Path(out)
     if fmt not in FORMATS:
-        raise ValueError(f"--format must be one of {', '.join(FORMATS)}, not '{fmt}'")
+        raise Refusal(f"--format must be one of {', '.join(FORMATS)}, not '{fmt}'")
     tables = _tables(tables)
     manifest = read_manifest(store)
     ds = None if is_faith_only(manifest) else open_store(store)
@@ -99,7 +99,7 @@ def _tables(spec) -> list[str]:
     names = [t.strip() for t in (spec.split(",") if isinstance(spec, str) else spec) if t.strip()]
     bad = [t for t in names if t not in TABLES]
     if bad or not names:
-        raise ValueError(f"--tables {bad[0] if bad else repr(spec)}: choose from "
+        raise Refusal(f"--tables {bad[0] if bad else repr(spec)}: choose from "
                          f"{', '.join(TABLES)}")
     return names
 
@@ -125,7 +125,7 @@ def _zarr(ds, out: Path) -> None:
     try:
         ds.to_zarr(out, mode="w-", consolidated=True, zarr_format=2)
     except ImportError:
-        raise ValueError("--format zarr needs the zarr package; pip install zarr") from None
+        raise Refusal("--format zarr needs the zarr package; pip install zarr") from None
 
 
 # ---------------------------------------------------------------------------- results
@@ -271,7 +271,7 @@ def _parquet(ds, out: Path, manifest: dict, tables: list[str], hub: bool = False
         import pyarrow as pa
         import pyarrow.parquet as pq
     except ImportError:
-        raise ValueError("--format parquet/hf needs pyarrow; pip install pyarrow") from None
+        raise Refusal("--format parquet/hf needs pyarrow; pip install pyarrow") from None
     out.mkdir(parents=True, exist_ok=True)
     meta = {b"attngeom_config_hash": manifest["config_hash"].encode(),
             b"attngeom_manifest": json.dumps(manifest, sort_keys=True).encode()}

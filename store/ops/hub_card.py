@@ -17,6 +17,7 @@ from ..format import schema as S
 from ..io.readme import UNITS, readme_text
 from ..io.results import entries as result_entries
 from ..io.results import is_faith_only
+from attngeom.common.errors import Refusal
 
 DEFAULT_LICENSE = "unknown"
 TAGS = ("attngeom", "interpretability", "attention", "attention-sinks", "contribution-weights")
@@ -57,7 +58,7 @@ def check_license(license: str | None) -> str:
     if license is None:
         return DEFAULT_LICENSE
     if not re.fullmatch(r"[a-z0-9][a-z0-9.+-]*", license):
-        raise ValueError(f"--license '{license}': give a Hugging Face license identifier in "
+        raise Refusal(f"--license '{license}': give a Hugging Face license identifier in "
                          "lower case, e.g. mit, apache-2.0, cc-by-4.0, other")
     return license
 
@@ -137,7 +138,7 @@ def dataset_card(manifest: dict, out: Path, configs: dict[str, str], license: st
     """README.md of the export at ``out`` holding ``configs`` (table -> data_files pattern)."""
     license = check_license(license)
     if not configs:
-        raise ValueError("nothing to export: the store has no tables or results")
+        raise Refusal("nothing to export: the store has no tables or results")
     cfg = manifest["config"]
     model, data = cfg.get("model", {}), cfg.get("data", {})
     pretty = f"attngeom: {model.get('id', 'model')} on {data.get('spec', 'results')}"

@@ -36,7 +36,7 @@ import numpy as np
 from ..format import schema as S
 from ..format.manifest import (canonical, config_difference, config_hash, file_sha256,
                                read_complete, without_text)
-from attngeom.common.errors import StoreError
+from attngeom.common.errors import Refusal, StoreError
 from ..io.results import conflict as results_conflict
 from ..io.results import entries as result_entries
 from ..io.results import is_faith_only
@@ -104,7 +104,7 @@ def merge(stores: Sequence[str | Path], out: str | Path, copy_files: bool = Fals
     """Merge ``stores`` into the new store ``out``; return its manifest (see module doc)."""
     stores = [Path(s) for s in stores]
     if not stores:
-        raise ValueError("store merge needs at least one input store")
+        raise Refusal("store merge needs at least one input store")
     out = Path(out)
     manifests = [read_complete(s) for s in stores]
     results = list(zip(stores, manifests))             # faithfulness results travel along

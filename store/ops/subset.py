@@ -8,7 +8,7 @@ import xarray as xr
 
 from ..format import schema as S
 from ..format.manifest import read_complete, without_text
-from attngeom.common.errors import StoreError
+from attngeom.common.errors import Refusal, StoreError
 from attngeom.common.options.ranges import expand, parse_ranges, runs
 from ..format.shards import read_shard, renumbered
 from ..io.writer import StoreWriter
@@ -37,7 +37,7 @@ def _variables(spec, present: set[str], mode: str) -> tuple[set[str], list[str]]
     derived = set(S.DERIVED) if mode == "compact" else set(S.DERIVED_PAIR_VARIABLES)
     bad = [n for n in names if n not in measured | derived | always]
     if bad:
-        raise ValueError(f"--variables {bad[0]} is not in the store; choose from "
+        raise Refusal(f"--variables {bad[0]} is not in the store; choose from "
                          f"{', '.join(sorted(measured | derived))}")
     keep = {n for n in names if n in measured}
     keep |= {"tail_alpha" if n.startswith("tail_") else "alpha" for n in names if n in derived}

@@ -17,6 +17,7 @@ from .. import vocab as V
 from .ranges import SYNTAX
 from .spec import check_fields, option
 from .stages import REPORT_ANALYSIS, AnalysisOptions, ExtractConfig, FaithConfig
+from ..errors import Refusal
 
 MODEL_HELP = "hub id, model directory, .gguf file, or a built-in name (`attngeom models list`)"
 DATA_HELP = ("a .jsonl/.parquet/.txt file, hf:NAME[:CONFIG]:SPLIT, builtin, or a probe: "
@@ -137,7 +138,7 @@ class RunOptions:
         """ValueError naming the first bad option; ``extract``: the run's extraction config."""
         check_fields(self)
         if extract.limit is not None and self.faith_limit > extract.limit:
-            raise ValueError(f"--faith-limit must be between 0 and --limit ({extract.limit})")
+            raise Refusal(f"--faith-limit must be between 0 and --limit ({extract.limit})")
 
 
 # stage, the options `run` exposes, and its smaller defaults (the five-minute demo)

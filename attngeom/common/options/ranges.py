@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from typing import Sequence
+from ..errors import Refusal
 
 _ITEM = re.compile(r"\s*(\d*)\s*(:|-)?\s*(\d*)\s*")
 SYNTAX = "numbers and half-open ranges, e.g. 0:4,7 (5-7 inclusive also works)"
@@ -33,9 +34,9 @@ def parse_ranges(spec: str | Sequence[int] | None, available: Sequence[int] | No
         have = set(int(v) for v in available)
         bad = [v for v in values if v not in have]
         if bad:
-            raise ValueError(f"{what} {bad[0]} is not in {where} (it has {runs_text(sorted(have))})")
+            raise Refusal(f"{what} {bad[0]} is not in {where} (it has {runs_text(sorted(have))})")
     if not values:
-        raise ValueError(f"{what} '{spec}' selects nothing; give {SYNTAX}")
+        raise Refusal(f"{what} '{spec}' selects nothing; give {SYNTAX}")
     return sorted(set(values))
 
 
@@ -43,7 +44,7 @@ def check_syntax(spec: str, what: str = "--layers") -> str:
     """``spec`` itself when it is ``all`` or in the range syntax (open ends allowed: they are
     resolved when the available values are known), else ValueError with the syntax."""
     if spec.strip() != "all" and not _parse(spec, None, what, open_ends=True):
-        raise ValueError(f"{what} '{spec}' selects nothing; give {SYNTAX}")
+        raise Refusal(f"{what} '{spec}' selects nothing; give {SYNTAX}")
     return spec
 
 
@@ -56,21 +57,21 @@ def _parse(spec: str, available: Sequence[int] | None, what: str,
         m = _ITEM.fullmatch(item)
         if not m or not (m.group(1) or m.group(3)) or (m.group(2) and not m.group(1)
                                                         and m.group(2) == "-"):
-            raise ValueError(f"{what} '{spec}': use {SYNTAX}")
+            raise Refusal(f"{what} '{spec}': use {SYNTAX}")
         lo_text, sep, hi_text = m.groups()
         lo = int(lo_text) if lo_text else 0
         if sep is None:
             values.append(lo)
         elif sep == "-":
             if not hi_text:
-                raise ValueError(f"{what} '{spec}': use {SYNTAX}")
+                raise Refusal(f"{what} '{spec}': use {SYNTAX}")
             values += range(lo, int(hi_text) + 1)
         elif hi_text:
             values += range(lo, int(hi_text))
         elif available is None and open_ends:
             values.append(lo)
         elif available is None:
-            raise ValueError(f"{what} '{spec}': an open range '{item}' needs a known end here; "
+            raise Refusal(f"{what} '{spec}': an open range '{item}' needs a known end here; "
                              f"give both ends, e.g. {lo}:{lo + 4}")
         else:
             values += range(lo, max(int(v) for v in available) + 1)

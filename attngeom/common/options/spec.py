@@ -16,6 +16,7 @@ from typing import Any, Callable, Sequence
 
 from .constraints import AtLeast, Constraint, Interval, Items, OneOf
 from .ranges import SYNTAX, check_syntax
+from ..errors import Refusal
 
 LISTS = ("names", "numbers")        # comma-separated on the command line, tuples in Python
 KINDS = (None, "flag", "negated", "ranges") + LISTS
@@ -55,7 +56,7 @@ def option(default: Any, help: str, *, flag: str | None = None, aliases: Sequenc
         only.
     """
     if kind not in KINDS:
-        raise ValueError(f"unknown option kind {kind!r}")
+        raise Refusal(f"unknown option kind {kind!r}")
     meta = dict(help=help, flag=flag, aliases=tuple(aliases), kind=kind, type=type,
                 constraint=_constraint(kind, choices, at_least, within), record=record,
                 auto=auto, provenance=provenance, positional=positional, required=required,
@@ -205,14 +206,14 @@ def check_fields(obj: Any) -> None:
             continue
         problem = m["constraint"].problem(tuple(value) if m["kind"] in LISTS else value)
         if problem:
-            raise ValueError(f"{flag_of(f)} {problem}")
+            raise Refusal(f"{flag_of(f)} {problem}")
 
 
 def _check_ranges(what: str, value: Any) -> None:
     if isinstance(value, str):
         check_syntax(value, what)
     elif not all(isinstance(v, int) and v >= 0 for v in value) or not value:
-        raise ValueError(f"{what} {value}: give non-negative integers or {SYNTAX}")
+        raise Refusal(f"{what} {value}: give non-negative integers or {SYNTAX}")
 
 
 # ----------------------------------------------------------------------------- identity

@@ -26,6 +26,7 @@ from .. import metrics as M
 from .. import vocab as V
 from .spec import (add_arguments, check_fields, flag_of, from_args, identity, mismatches,
                          option, provenance)
+from ..errors import Refusal
 
 __all__ = ["ExtractConfig", "FaithConfig", "AnalysisOptions", "REPORT_ANALYSIS", "option",
            "add_arguments", "from_args", "check_fields", "check_sink_window", "identity",
@@ -36,7 +37,7 @@ def check_sink_window(sink_k: int, max_length: int) -> None:
     """ValueError unless the sink keys (the first ``sink_k`` positions) are fewer than the
     sequence's ``max_length`` tokens: otherwise every key would be a sink."""
     if sink_k >= max_length:
-        raise ValueError(f"--sink-k {sink_k} is not shorter than --max-length {max_length}: "
+        raise Refusal(f"--sink-k {sink_k} is not shorter than --max-length {max_length}: "
                          f"every key would be a sink; use a --sink-k below {max_length} "
                          f"(e.g. 1) or a larger --max-length")
 
@@ -154,7 +155,7 @@ class FaithConfig:
         check_fields(self)
         check_sink_window(self.sink_k, self.max_length)
         if not NAME.fullmatch(self.name):
-            raise ValueError(f"--name '{self.name}': use letters, digits, '-' and '_' only")
+            raise Refusal(f"--name '{self.name}': use letters, digits, '-' and '_' only")
 
     def options(self) -> dict:
         """The options that determine the numbers (identity of a run)."""
