@@ -73,8 +73,8 @@ def test_mde_matches_statsmodels_power_solver(n, m, sd):
     es = NormalIndPower().solve_power(effect_size=None, nobs1=n, alpha=0.05 / m, power=0.8,
                                       ratio=0, alternative="larger")
     # statsmodels' root finder stops within its tolerance: a measured spread
-    assert eq.mde(sd, n, m) == tol.POWER_SOLVER.approx(es * sd * np.sqrt(np.pi / 3))
-    assert eq.mde(sd, n, m, efficiency=1.0) == tol.POWER_SOLVER.approx(es * sd)
+    tol.assert_close(eq.mde(sd, n, m), es * sd * np.sqrt(np.pi / 3), tol.POWER_SOLVER, "mde")
+    tol.assert_close(eq.mde(sd, n, m, efficiency=1.0), es * sd, tol.POWER_SOLVER, "mde")
     # and exactly: a z test of the MDE (in SDs, efficiency 1) has 80% power; its argument
     # z_power = MDE sqrt(n) - z_alpha within a few ulp of each, Phi moves by its density
     power = NormalIndPower().power(eq.mde(sd, n, m, efficiency=1.0) / sd, nobs1=n,
