@@ -32,6 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # The tests run under every configuration: the golden files and the references. Add more here
 # (e.g. signal tests under tests/reliability/) or pass them as arguments.
 TESTS = [
+    "tests/test_tolerance.py",
     "tests/golden",
     "tests/test_reference.py",
     "tests/extract/test_geometry.py",
