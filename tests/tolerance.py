@@ -227,7 +227,7 @@ def attention_terms(d: int, d_head: int, heads: int, T: int, intermediate: int =
 
 def _log(name: str, diff: np.ndarray, size: np.ndarray, limit: np.ndarray) -> None:
     """With TOLERANCE_LOG=<file>: one line per passing comparison, its largest |got - want|
-    (absolute, relative) and the largest share of the bound used; ``.ci/standins.py`` prints
+    (absolute, relative) and the largest share of the bound used; ``.ci/standins`` prints
     them (tests that move values on purpose unset it)."""
     path = os.environ.get("TOLERANCE_LOG")
     if path and diff.size:
@@ -259,7 +259,7 @@ def assert_close(got, want, bound: Tol, name: str = "") -> None:
         f"want {want[bad][:3]}")
 
 
-# Spreads measured across the stand-in configurations (.ci/standins.py on an AMD EPYC with
+# Spreads measured across the stand-in configurations (.ci/standins on an AMD EPYC with
 # AVX-512, torch 2.13 CPU with MKL, numpy/scipy with OpenBLAS 0.3.31; four runs: torch's
 # default/avx2/avx512 kernels, MKL_CBWR AVX2/COMPATIBLE/unset, OpenBLAS Haswell/Sandybridge/
 # SkylakeX cores, 1 and 2 threads; the slow SmolLM2 tests run by hand under the same four),
