@@ -1,7 +1,10 @@
 """Opening a store: one lazily loaded (dask) xarray.Dataset over all shards.
 
-Opening executes nothing from the files: the manifest is JSON, shards are HDF5 read by
-h5netcdf, attributes are plain strings and numbers.
+Each shard is checked against the manifest (:class:`ShardCheck`); the variables are
+:class:`~attngeom.store.io.lazy.ShardsArray` over every shard, decoded lazily by xarray and
+chunked by dask one chunk per shard and layer. Opening executes nothing from the files: the
+manifest is JSON, shards are HDF5 read by h5netcdf and h5py, attributes are plain strings and
+numbers.
 """
 
 from __future__ import annotations
@@ -10,20 +13,17 @@ import json
 import warnings
 from pathlib import Path
 
+import numpy as np
 import xarray as xr
 
 from ..format import derive
-from .blockread import CHUNK_CACHE_BYTES, ENCODING_KEY, DirectReads
+from .blockread import ENCODING_KEY, DirectReads
+from .lazy import CHUNK_CACHE_BYTES, lazy_store
 from ..format import schema as S
 from ..format.manifest import check_coverage, config_hash, read_manifest
 from attngeom.common.errors import StoreError
 from ..format.packing import precision_of
 from ..format.shards import expected_labels, expected_variables, layout_problem
-
-# one dask block per (shard file, layer): extraction writes chunks of one batch of sequences,
-# which would otherwise make a task of every few sequences
-DASK_CHUNKS = {S.LAYER: 1, S.SEQUENCE: -1}
-
 
 def shard_paths(store: str | Path, manifest: dict) -> list[Path]:
     entries = sorted(manifest["shards"], key=lambda e: e["sequences"][0])
@@ -66,26 +66,31 @@ def open_store(path: str | Path, partial: bool = False, derived: bool = True) ->
     except (KeyError, TypeError, AttributeError, ValueError) as exc:
         raise StoreError(f"{path}: manifest config lacks {exc} or has the wrong type; damaged "
                          "manifest: restore it or re-extract") from None
+    sizes = [e["sequences"][1] - e["sequences"][0] for e in entries.values()]
+    strings: dict[str, np.dtype] = {}                # each string variable's widest dtype
     try:
-        with warnings.catch_warnings():
-            # DASK_CHUNKS are chosen on purpose (whole stored chunks along sequence, one layer);
-            # xarray's advice about them is no business of the user's
-            warnings.filterwarnings("ignore", "The specified chunks separate", UserWarning)
-            ds = xr.open_mfdataset(files, engine="h5netcdf", combine="nested",
-                                   concat_dim=S.SEQUENCE, data_vars="minimal", coords="minimal",
-                                   compat="override", join="override", chunks=DASK_CHUNKS,
-                                   parallel=False, preprocess=check,
-                                   # passed on to h5py.File by xarray and h5netcdf
-                                   driver_kwds={"rdcc_nbytes": CHUNK_CACHE_BYTES})
+        for file in files:                            # each shard belongs here and is whole
+            with xr.open_dataset(file, engine="h5netcdf",
+                                 driver_kwds={"rdcc_nbytes": CHUNK_CACHE_BYTES}) as shard:
+                check(shard)
+                for name, var in shard.data_vars.items():
+                    if var.dtype.kind == "U":
+                        strings[name] = max(strings.get(name, var.dtype), var.dtype,
+                                            key=lambda d: d.itemsize)
+        lazy = xr.decode_cf(lazy_store(files, sizes, strings))
     except StoreError:
         raise
     except Exception as exc:  # noqa: BLE001 - h5py/h5netcdf/xarray reject damaged files
         text = " ".join(str(exc).split())[:200] or type(exc).__name__
         raise StoreError(f"{path}: cannot read shards ({text}); run `attngeom store validate` "
                          "and re-extract the damaged shards") from None
+    with warnings.catch_warnings():
+        # one dask chunk per shard and layer, on purpose (whole stored chunks along sequence);
+        # xarray's advice about such chunks is no business of the user's
+        warnings.filterwarnings("ignore", "The specified chunks separate", UserWarning)
+        ds = lazy.chunk({S.SEQUENCE: tuple(sizes), S.LAYER: 1})
     ds.attrs = attrs
-    sizes = [e["sequences"][1] - e["sequences"][0] for e in entries.values()]
-    ds.encoding[ENCODING_KEY] = DirectReads.record(ds, files, sizes)
+    ds.encoding[ENCODING_KEY] = DirectReads.record(ds, lazy)
     ds = per_head(ds)
     return add_derived(ds) if derived else ds
 
