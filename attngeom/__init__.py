@@ -17,7 +17,8 @@ inline in Jupyter). Attributes load on first use, so that ``import attngeom`` st
 __version__ = "0.1.0"
 
 _LAZY = {"view": ("attngeom.reports.view", "view"),        # name -> (module, attribute)
-         "measure": ("attngeom.extract.measurement.inmemory", "measure")}
+         "measure": ("attngeom.extract.measurement.inmemory", "measure"),
+         "scores": ("attngeom.extract.faithfulness.attribution", "scores")}
 
 
 def __getattr__(name: str):

@@ -12,7 +12,15 @@ store): a built-in metric's are found by its name in the table of
   (:mod:`attngeom.extract.faithfulness.removal_scores`);
 - ``exact``: the float64 definition, ``kernel(rows: Rows64) -> scores`` for a ``head``-scope
   metric (a head's score needs that head's output only), ``kernel(alpha, dot, norm_sq)`` for the
-  ``layer``-scope one (:mod:`attngeom.extract.faithfulness.exact_scores`).
+  ``layer``-scope one (:mod:`attngeom.extract.faithfulness.exact_scores`), ``kernel(rows:
+  TokenRows64) -> scores`` for a ``token``-scope one (a score per key with the heads
+  combined, which ranks at token granularity only: :mod:`attngeom.extract.faithfulness.field_scores`).
+
+A metric that needs more than the layer's attention says so (``needs``): ``position`` (where
+each score is: the random floor), ``residual`` (the layer's residual input and the
+normalisations around it: ALTI, the norm-based method), ``below`` (the layers below in the same
+pass: rollout); the kernels read them from ``FastLayer.context`` / ``rows.context``
+(:class:`attngeom.extract.faithfulness.context.LayerContext`).
 
 The removal ranking, the recomputed float64 rows, the copy notes, ``faithfulness --metrics``,
 the reports' labels and the view's all read this registry; no other code compares a metric's
@@ -32,7 +40,14 @@ import sys
 from dataclasses import dataclass
 from .errors import Refusal
 
-HEAD, LAYER = "head", "layer"     # scope: a score needs its head's output / every head's output
+# scope: a score needs its head's output / every head's output / is one per (query, key),
+# heads combined (ranks at token granularity only)
+HEAD, LAYER, TOKEN = "head", "layer", "token"
+# what a kernel needs besides the layer's attention (FastLayer.context, extract/faithfulness/):
+RESIDUAL = "residual"     # the layer's residual input x and the normalisations around it
+BELOW = "below"           # every layer's attention below it, in the same pass (rollout)
+POSITION = "position"     # where each score is: layer, sequence, head, query, key (random)
+GRANULARITIES = ("head", "query", "token")
 
 
 @dataclass(frozen=True)
@@ -49,10 +64,16 @@ class Metric:
     ranks_like: tuple[tuple[str, str, str], ...] = ()   # (granularity, metric, why)
     error_unit: float = 32.0        # float32 rounding error, in units of the kernel's model
     scope: str = HEAD
+    needs: tuple[str, ...] = ()     # RESIDUAL, BELOW, POSITION
     fast: str = ""                  # a plugin's "module:function" of the float32 kernel
     exact: str = ""                 # a plugin's "module:function" of the float64 kernel
     color: str = "#333333"          # figures
     builtin: bool = False           # kernels found by name (extract/faithfulness/kernels.py)
+
+    @property
+    def granularities(self) -> tuple[str, ...]:
+        """The granularities it ranks at: ``token`` only for a score per key, heads combined."""
+        return ("token",) if self.scope == TOKEN else GRANULARITIES
 
     @property
     def label(self) -> str:
@@ -76,8 +97,11 @@ def register(metric: Metric, replace: bool = False) -> Metric:
     if not metric.builtin and (not metric.fast or not metric.exact):
         raise Refusal(f"metric '{metric.name}' names no kernels: give fast= and exact= as "
                          "'module:function'")
-    if metric.scope not in (HEAD, LAYER):
-        raise Refusal(f"metric '{metric.name}': scope must be '{HEAD}' or '{LAYER}'")
+    if metric.scope not in (HEAD, LAYER, TOKEN):
+        raise Refusal(f"metric '{metric.name}': scope must be '{HEAD}', '{LAYER}' or '{TOKEN}'")
+    if set(metric.needs) - {RESIDUAL, BELOW, POSITION}:
+        raise Refusal(f"metric '{metric.name}': needs must be among '{RESIDUAL}', '{BELOW}', "
+                      f"'{POSITION}'")
     if metric.name in _REGISTRY and not replace:
         raise Refusal(f"a metric named '{metric.name}' is registered already; pass "
                          "replace=True to overwrite it")
@@ -114,6 +138,16 @@ def names() -> tuple[str, ...]:
     """Registered metric names, built-in ones first in the paper's order."""
     load_plugins()
     return tuple(_REGISTRY)
+
+
+def check_granularity(among, granularity: str) -> None:
+    """A one-line error when a metric of ``among`` cannot rank at ``granularity``."""
+    for name in among:
+        entry = get(name)
+        if granularity not in entry.granularities:
+            raise Refusal(f"metric '{name}' scores keys with the heads combined, so it ranks at "
+                          f"--granularity {' or '.join(entry.granularities)} only; pass "
+                          f"--granularity token or leave it out of --metrics")
 
 
 def order(among) -> tuple[str, ...]:
@@ -183,6 +217,33 @@ _builtin(
     "contribution_layer", "C", "layer contribution", "layer contribution", "contrib_layer",
     "layer-level contribution weights", "#8172b2", error_unit=10.0, scope=LAYER)
 
+_builtin(
+    "random", "rand", "random", "random", "rand", "a seeded random ranking (the floor)",
+    "#bbbbbb", nonnegative=True, error_unit=0.0, needs=(POSITION,))
+# the field's methods through attention (issue 43): scores per (query, key), heads combined
+_builtin(
+    "alti", "ALTI", "ALTI", "ALTI", "alti", "ALTI (Ferrando et al. 2022)", "#dd8452",
+    nonnegative=True, error_unit=16.0, scope=TOKEN, needs=(RESIDUAL,))
+_builtin(
+    "alti_sa", "ALTI-sa", "ALTI, self key by its attention", "ALTI (sa)", "alti_sa",
+    "ALTI, the self key ranked by its attention part only", "#f0b27a", nonnegative=True,
+    error_unit=16.0, scope=TOKEN, needs=(RESIDUAL,))
+_builtin(
+    "norm_residual", "‖T‖", "norm with residual", "norm + residual", "nres",
+    "norm-based with residual and LN (Kobayashi et al. 2021)", "#937860", nonnegative=True,
+    error_unit=16.0, scope=TOKEN, needs=(RESIDUAL,))
+_builtin(
+    "norm_residual_sa", "‖T‖-sa", "norm with residual, self key by its attention",
+    "norm + residual (sa)", "nres_sa", "norm-based, the self key ranked by its attention "
+    "part only", "#c9b29b", nonnegative=True, error_unit=16.0, scope=TOKEN, needs=(RESIDUAL,))
+_builtin(
+    "rollout", "roll", "attention rollout", "rollout", "roll",
+    "attention rollout (Abnar and Zuidema 2020)", "#da8bc3", nonnegative=True, error_unit=4.0,
+    scope=TOKEN, needs=(BELOW,))
+
 BUILTIN = tuple(_REGISTRY)
 PAPER_ORDER = BUILTIN[:4]          # the order the paper expects, tested step by step
+RANDOM = "random"                  # the floor every curve is read against
+DEFAULT = BUILTIN[:5] + (RANDOM,)  # `attngeom faithfulness` runs these unless told otherwise
+FIELD = ("alti", "alti_sa", "norm_residual", "norm_residual_sa", "rollout")   # token only
 NONNEGATIVE_REASON = "the score is non-negative, so |score| ranks as score"

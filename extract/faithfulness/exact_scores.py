@@ -94,13 +94,20 @@ class Rows64:
     alpha (P, M, Tk) clean attention of M queries of P (sequence, head) pairs (or (B, H, T, Tk)
     for a whole layer); v (P, Tk, dh) the pairs' values, vt their transpose (contiguous);
     gram (P, dh, dh) G_h of each pair's head (or broadcastable); value_norm: a function
-    returning ||v~_j^h|| (P, Tk); z: the head outputs before W_O when the caller has them.
+    returning ||v~_j^h|| (P, Tk); z: the head outputs before W_O when the caller has them;
+    where: (b, h, i) the sequence, head and query of each row, broadcastable to alpha's
+    leading shape, and context the layer's :class:`~.context.LayerContext` (a metric that
+    ``needs`` ``position``: random).
     """
 
     def __init__(self, alpha: Tensor, v: Tensor, vt: Tensor, gram: Tensor,
-                 value_norm: Callable[[], Tensor], z: Tensor | None = None):
+                 value_norm: Callable[[], Tensor], z: Tensor | None = None,
+                 where: tuple[Tensor, Tensor, Tensor] | None = None, context=None):
         self.alpha, self.v, self.vt, self.gram = alpha, v, vt, gram
         self._value_norm, self._z, self._output = value_norm, z, None
+        self.context = context
+        self.where = None if where is None else tuple(
+            torch.broadcast_to(t, alpha.shape[:-1]) for t in where)
 
     def value_norm(self) -> Tensor:
         """||v~_j^h|| (P, Tk)."""
@@ -142,26 +149,39 @@ def exact_contribution_layer(alpha: Tensor, dot: Tensor, norm_sq: Tensor) -> Ten
     return finite(alpha * dot / norm_sq)
 
 
-def metric_scores(metric: str, alpha: Tensor, vf: Tensor, z: Tensor, proj: Projection) -> Tensor:
+def metric_scores(metric: str, alpha: Tensor, vf: Tensor, z: Tensor, proj: Projection,
+                  context=None) -> Tensor:
     """Score of every (head, query, key): (B, H, T, Tk), in the inputs' dtype (the definition:
-    the metric's registered float64 kernel over the whole layer).
+    the metric's registered float64 kernel over the whole layer); (B, 1, T, Tk) for a metric
+    of scope ``token``.
 
     Parameters
     ----------
     alpha : (B, H, T, Tk) clean attention; vf : (B, H, Tk, dh) values per query head;
-    z : (B, H, T, dh) clean head outputs before W_O (``alpha @ vf``).
+    z : (B, H, T, dh) clean head outputs before W_O (``alpha @ vf``); context : the layer's
+    :class:`~.context.LayerContext` (a metric that needs one).
     """
     from .kernels import kernels
 
     entry, kernel = metrics.get(metric), kernels(metric).exact
+    B, H, T, Tk = alpha.shape
+    if entry.scope == metrics.TOKEN:
+        from .field_scores import TokenRows64
+
+        b, i = (t.reshape(-1) for t in torch.meshgrid(
+            torch.arange(B, device=alpha.device), torch.arange(T, device=alpha.device),
+            indexing="ij"))
+        return kernel(TokenRows64(context, b, i)).view(B, 1, T, Tk)
     if entry.scope == metrics.LAYER:
         B, H, T, dh = z.shape
         o = rowmm(z.transpose(1, 2).reshape(B, T, H * dh), proj.weight)   # (B, T, d)
         u = rowmm(o, proj.transposed()).reshape(B, T, H, dh).transpose(1, 2)  # o_i (W_O^h)^T
         layer_sq = o.square().sum(-1)[:, None, :, None]                    # ||o_i||^2
         return kernel(alpha, rowmm(u, vf.transpose(-1, -2)), layer_sq)
+    at = lambda n: torch.arange(n, device=alpha.device)                 # noqa: E731
+    where = (at(B)[:, None, None], at(H)[None, :, None], at(T)[None, None, :])
     rows = Rows64(alpha, vf, vf.transpose(-1, -2), proj.gram[None],
-                  lambda: value_norms(vf, proj.gram), z)
+                  lambda: value_norms(vf, proj.gram), z, where, context)
     return kernel(rows)
 
 
@@ -194,11 +214,12 @@ class ExactScores:
 
     def __init__(self, metric: str, query: Tensor, key: Tensor, value: Tensor, allowed: Tensor,
                  scale: float, softcap: float | None, proj: Projection,
-                 sinks: Tensor | None = None):
+                 sinks: Tensor | None = None, context=None):
         from .kernels import kernels
 
         self.entry, self.kernel = metrics.get(metric), kernels(metric).exact
         self.layer_scope = self.entry.scope == metrics.LAYER
+        self.token_scope, self.context = self.entry.scope == metrics.TOKEN, context
         self.metric, self.q, self.k, self.v, self.allowed = metric, query, key, value, allowed
         self.scale, self.softcap, self.proj = scale, softcap, proj
         self.sinks = None if sinks is None else sinks.expand(query.shape[:-1])   # (B, H, T)
@@ -263,7 +284,8 @@ class ExactScores:
                             self.scale, self.softcap, sinks)                    # (P, M, Tk)
         v, vt = self.take(v, b, g), self.take(vt, b, g)                         # (P, Tk, dh)
         gram = None if self.proj is None else self.proj.gram[h]
-        return self.kernel(Rows64(alpha, v, vt, gram, lambda: self._norms(b, h, v)))
+        return self.kernel(Rows64(alpha, v, vt, gram, lambda: self._norms(b, h, v),
+                                  where=(b[:, None], h[:, None], i), context=self.context))
 
     def _norms(self, b: Tensor, h: Tensor, v: Tensor) -> Tensor:
         """||v~_j^h|| (P, Tk) of the pairs (b, h), one pair at a time (as :func:`value_norms`)."""
@@ -273,8 +295,12 @@ class ExactScores:
         return torch.stack([self.norms[key] for key in zip(b.tolist(), h.tolist())])
 
     def queries(self, b: Tensor, i: Tensor) -> Tensor:
-        """(n, H, Tk): every head's scores at queries (b, i)."""
+        """(n, H, Tk): every head's scores at queries (b, i); (n, 1, Tk) for scope token."""
         n, H = len(b), self.q.shape[1]
+        if self.token_scope:
+            from .field_scores import TokenRows64
+
+            return self.kernel(TokenRows64(self.context, b, i))[:, None]
         if not self.layer_scope:
             return self.local(b.repeat_interleave(H), torch.arange(H, device=b.device).repeat(n),
                               i.repeat_interleave(H)).view(n, H, -1)
@@ -331,7 +357,7 @@ class ExactScores:
     def _chunked(self, b: Tensor, i: Tensor, h: Tensor | None) -> Tensor:
         """Rows (b, h, i), or whole queries (b, i) with h None, ``CHUNK`` entries at a time."""
         H, Tk = self.q.shape[1], self.k.shape[2]
-        per_entry = H if h is None and not self.layer_scope else 1   # rows each
+        per_entry = H if h is None and not (self.layer_scope or self.token_scope) else 1
         step = max(1, self.CHUNK // Tk // per_entry)
         parts = [self.queries(b[lo:lo + step], i[lo:lo + step]) if h is None
                  else self.local(b[lo:lo + step], h[lo:lo + step], i[lo:lo + step])

@@ -33,6 +33,7 @@ from .interventions import DriftProbe, Intervener, Removal, forward_logits
 from .resume import HiddenAt, decoder_stack, logits_from, lowest_layer
 from ..measurement.batches import BatchSize
 from .scoring import PREPARE, Prepared, items_sha256, span_logprobs
+from .context import row_keys
 from .selection import Workspace
 from attngeom.common.errors import Refusal
 
@@ -117,12 +118,14 @@ def compute_block(model, prepared: Prepared, cfg: FaithConfig, removals: list[Re
                   pad_id: int, bar=None, log=print) -> dict:
     """Span log-probs for the clean, drift and every removal pass, and drift probe sums.
 
-    Returns ``{"clean": (S,), "drift": (S,), "removal": (C, S), "probe": {phase: {stat: (R, L)}}}``
-    with R the rows of the block.
+    Returns ``{"clean": (S,), "drift": (S,), "removal": (C, S), "self": (C, R, 2), "probe":
+    {phase: {stat: (R, L)}}}`` with R the rows of the block; ``self``: per removal and row, the
+    ranking rows that removed keys and those whose removed keys include the query's own.
     """
     device = next(model.parameters()).device
     S, R = len(prepared.span_row), len(prepared.rows)
-    out = {"clean": np.zeros(S), "drift": np.zeros(S), "removal": np.zeros((len(removals), S))}
+    out = {"clean": np.zeros(S), "drift": np.zeros(S), "removal": np.zeros((len(removals), S)),
+           "self": np.zeros((len(removals), R, 2))}
     probe_rows: dict[str, dict[str, np.ndarray]] = {}
     shared: dict = {}                                  # Gram matrices, once per model
     work = Workspace()                                 # scratch tensors, reused by every pass
@@ -136,6 +139,9 @@ def compute_block(model, prepared: Prepared, cfg: FaithConfig, removals: list[Re
         spans = np.flatnonzero(np.isin(prepared.span_row, index))
         local = np.array([where[int(r)] for r in prepared.span_row[spans]], dtype=np.int64)
         tokens = [prepared.span_tokens[s] for s in spans]
+
+        keys = torch.as_tensor(row_keys(inputs["input_ids"].cpu().numpy(),
+                                        inputs["attention_mask"].cpu().numpy()))
 
         def score(handler, hidden=None) -> np.ndarray:
             logits = (forward_logits(model, inputs, handler) if hidden is None else
@@ -171,9 +177,12 @@ def compute_block(model, prepared: Prepared, cfg: FaithConfig, removals: list[Re
                         name, np.zeros((R, x.shape[1])))
                     arr[index] = x.numpy()
         for c, removal in enumerate(removals):
-            out["removal"][c, spans] = score(Intervener(model, removal=removal,
-                                                         projections=shared, workspace=work),
-                                             hidden)
+            handler = Intervener(model, removal=removal, projections=shared, workspace=work)
+            handler.rows = keys
+            below = M.BELOW in M.get(removal.metric).needs    # the layers below: run them
+            out["removal"][c, spans] = score(handler, None if below else hidden)
+            if handler.self_counts is not None:
+                out["self"][c, index] = handler.self_counts.cpu().numpy()
     out["probe"] = probe_rows
     return out
 

@@ -59,7 +59,10 @@ from attngeom.common.vocab import (DRIFT_LOW_FRACTION, GRANULARITIES, RANKS, REM
 from ..measurement.archs import attention_layers
 from ..measurement.geometry import Projection, norm_from_gram, repeat_kv
 from .dense import attention_weights, row_blocks, weighted_values
+from .context import LayerContext
 from .exact_scores import ExactScores, exact_alpha, metric_scores  # noqa: F401  (API)
+from .kernels import kernels
+from .residual import ResidualTap
 from .removal_scores import fast_scores, logit_scale
 from .selection import Workspace, n_remove, select  # noqa: F401  (n_remove: API)
 from attngeom.common.errors import Refusal
@@ -85,6 +88,7 @@ class Removal:
             if getattr(self, name) not in allowed:
                 raise Refusal(f"unknown {name} '{getattr(self, name)}'; "
                                  f"use one of {', '.join(allowed)}")
+        M.check_granularity((self.metric,), self.granularity)
         if not 0.0 <= self.fraction <= 1.0:
             raise Refusal(f"fraction {self.fraction} is outside [0, 1]")
 
@@ -102,7 +106,13 @@ class Intervener:
     ``probe`` (:class:`DriftProbe`-like, with ``observe``) sees every layer's head outputs;
     ``trace`` (a list) receives per-layer tensors for tests (alpha and v there are the exact
     float64 values the ranking follows). ``projections`` and ``workspace`` may be shared by
-    the handlers of several passes (W_O's Gram matrices; scratch tensors).
+    the handlers of several passes (W_O's Gram matrices; scratch tensors). ``rows`` (B,): the
+    batch rows' content keys (:func:`~.context.row_keys`; the random ranking's), set per batch.
+
+    After a removal pass, ``self_counts`` holds per batch row the ranking rows that removed a
+    key and, of those, the rows whose removed keys include the query's own key (summed over
+    the intervened layers): the share the reports give (ALTI and the norm-based method score
+    that key with the residual x_i, which removing it does not remove).
     """
 
     def __init__(self, model: nn.Module, removal: Removal | None = None,
@@ -113,6 +123,12 @@ class Intervener:
         self.n_layers = len(found)
         self.projections: dict[int, Projection] = {} if projections is None else projections
         self.removal = removal
+        self.kernels = None if removal is None else kernels(removal.metric)
+        needs = () if removal is None else M.get(removal.metric).needs
+        self.tap = ResidualTap(model) if M.RESIDUAL in needs else None
+        self.rows: Tensor | None = None
+        self.carry: dict = {}
+        self.self_counts: Tensor | None = None
         self.sink_k = sink_k
         self.probe = probe
         self.trace = trace
@@ -138,6 +154,24 @@ class Intervener:
             gram = torch.stack([blocks[h, :, h] for h in range(H)])
             self.projections[cached] = Projection(weight=w.contiguous(), gram=gram, full=full)
         return self.projections[cached]
+
+    def context(self, layer: int, call, allowed: Tensor, proj: Projection) -> LayerContext:
+        """The layer's :class:`~.context.LayerContext` for the removal's kernels."""
+        x = residual = None
+        if self.tap is not None:
+            x, residual = self.tap.x.get(layer), self.tap.structure[layer]
+        return LayerContext(layer, call.query, call.key, call.value, allowed, call.scaling,
+                            call.softcap, call.sinks, proj, rows=self.rows, x=x,
+                            residual=residual, carry=self.carry)
+
+    def count_self(self, kept: Tensor, eligible: Tensor) -> None:
+        """Add this layer's rows with a removal, and those removing the query's own key."""
+        removed = (kept == 0) & eligible                                 # (B, 1|H, T, Tk)
+        T = removed.shape[2]
+        own = removed.diagonal(dim1=2, dim2=3) if removed.shape[3] == T else \
+            removed[..., :T].diagonal(dim1=2, dim2=3)                    # (B, 1|H, T)
+        counts = torch.stack([removed.any(-1).sum((1, 2)), own.sum((1, 2))], 1).double()
+        self.self_counts = counts if self.self_counts is None else self.self_counts + counts
 
     def attend(self, call) -> Tensor:
         """Head outputs z (B, H, T, dv) of one attention call (:class:`~.hooks.Call`).
@@ -166,14 +200,20 @@ class Intervener:
         weights, kept = alpha, None
         blocks = row_blocks(allowed)                    # rows that stop short of the last key
         r = self.removal
+        if r is not None:
+            ctx = self.context(layer, call, allowed, proj)
+            if self.kernels.step is not None:           # every layer, before its removal
+                self.kernels.step(ctx, alpha)
         if r is not None and (r.layers is None or layer in r.layers):
             eligible = eligible_keys(allowed, mask)
             score, error = fast_scores(r.metric, alpha, value, self.projection(layer, dtype),
-                                       logit_scale(query, key, scaling, sinks), scores, blocks)
+                                       logit_scale(query, key, scaling, sinks), scores, blocks,
+                                       ctx)
             exact = ExactScores(r.metric, query, key, value, allowed, scaling, softcap, proj,
-                                sinks)
+                                sinks, ctx)
             kept = select(score, eligible, r.fraction, r.mode, r.rank, r.granularity,
                           error, exact, self.work, inplace=score is not alpha, keep=True)
+            self.count_self(kept, eligible)
             weights = alpha.mul_(kept)                                   # removed terms: 0
         v_used = value
         if self.sink_k is not None:
@@ -253,6 +293,16 @@ def forward_logits(model: nn.Module, inputs: dict[str, Tensor], handler) -> Tens
 
     mask = inputs.get("attention_mask")
     handler.token_mask = mask.bool() if mask is not None else None
-    with attention_handler(model, handler):
+    with attention_handler(model, handler), watching(handler):
         out = model(**inputs, use_cache=False)
     return out.logits
+
+
+def watching(handler):
+    """The handler's residual tap during one forward pass (a fresh carry), or nothing."""
+    import contextlib
+
+    if hasattr(handler, "carry"):
+        handler.carry = {}
+    tap = getattr(handler, "tap", None)
+    return tap if tap is not None else contextlib.nullcontext()

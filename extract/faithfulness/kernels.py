@@ -2,8 +2,11 @@
 
 The registry (:mod:`attngeom.common.metrics`) is torch-free and describes a metric; the kernels
 that compute its scores are here, in one table from name to functions (:data:`BUILTIN`): the
-float32 ``fast`` kernel of a whole layer with its error bound (:mod:`.removal_scores`) and the
-float64 ``exact`` definition (:mod:`.exact_scores`). A plugin's entry names its kernels as
+float32 ``fast`` kernel of a whole layer with its error bound (:mod:`.removal_scores`,
+:mod:`.field_scores`, :mod:`.random_scores`), the float64 ``exact`` definition
+(:mod:`.exact_scores`, ...) and, for a metric that needs the layers below, the ``step`` each
+layer of a pass takes, intervened or not, before its removal (``step(context, alpha)``: it
+keeps what the kernels read in ``context.carry``). A plugin's entry names its kernels as
 ``"module:function"`` strings, imported on first use (:func:`resolve`).
 """
 
@@ -17,6 +20,8 @@ from typing import Callable
 from attngeom.common import metrics
 
 from . import exact_scores as E
+from . import field_scores as F
+from . import random_scores as Q
 from . import removal_scores as R
 from attngeom.common.errors import Refusal
 
@@ -27,6 +32,7 @@ class Kernels:
 
     fast: Callable
     exact: Callable
+    step: Callable | None = None
 
 
 BUILTIN: dict[str, Kernels] = {
@@ -36,6 +42,12 @@ BUILTIN: dict[str, Kernels] = {
                                          E.exact_value_weighted_normalized),
     "contribution": Kernels(R.fast_contribution, E.exact_contribution),
     "contribution_layer": Kernels(R.fast_contribution_layer, E.exact_contribution_layer),
+    "random": Kernels(Q.fast_random, Q.exact_random),
+    "alti": Kernels(F.fast_alti, F.exact_alti),
+    "alti_sa": Kernels(F.fast_alti_sa, F.exact_alti_sa),
+    "norm_residual": Kernels(F.fast_norm_residual, F.exact_norm_residual),
+    "norm_residual_sa": Kernels(F.fast_norm_residual_sa, F.exact_norm_residual_sa),
+    "rollout": Kernels(F.fast_rollout, F.exact_rollout, F.step_rollout),
 }
 
 

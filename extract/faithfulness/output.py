@@ -31,6 +31,17 @@ def _probe_units(block: Prepared, probe: dict) -> dict[str, np.ndarray]:
     return out
 
 
+def _self_key(block: Prepared, counts: np.ndarray) -> np.ndarray:
+    """Per removal and unit (C, U): of the ranking rows that removed keys, the share whose
+    removed keys include the query's own key (rows of a unit pooled; NaN where none)."""
+    row_unit = np.zeros(len(block.rows), dtype=np.int64)
+    row_unit[block.span_row] = block.span_unit
+    sums = np.zeros((counts.shape[0], block.n_units, 2))
+    np.add.at(sums, (slice(None), row_unit), counts)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return sums[..., 1] / sums[..., 0]
+
+
 def unit_arrays(block: Prepared, result: dict, drift: bool) -> dict[str, np.ndarray]:
     """Per-unit arrays of one block, as :func:`attngeom.store.format.faithfulness.block_dataset`
     takes them: ``ppl`` / ``logprob`` / ``correct`` (C, U, ...) per computed removal, the rest
@@ -54,6 +65,7 @@ def unit_arrays(block: Prepared, result: dict, drift: bool) -> dict[str, np.ndar
         for name in ("n_options", "item_id", "group"):
             data[name] = block.unit[name]
     data["truncated"] = block.unit["truncated"].astype(np.int8)
+    data["self_key_removed"] = _self_key(block, result["self"])
     if drift:
         scores = unit_scores(block, result["drift"])
         if block.kind == "lm":

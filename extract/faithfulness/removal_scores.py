@@ -43,13 +43,15 @@ class FastLayer:
 
     alpha (B, H, T, Tk) clean attention; value (B, G, Tk, dh) values per kv head; proj the
     output projection in alpha's dtype; lam (B, H, T) :func:`logit_scale`; out the scores'
-    buffer; blocks :func:`~.dense.row_blocks` of the layer's mask (None: every row, every key).
+    buffer; blocks :func:`~.dense.row_blocks` of the layer's mask (None: every row, every key);
+    context the layer's :class:`~.context.LayerContext` (what a metric ``needs``: its index,
+    the rows' content keys, the residual input, the pass's carry) or None.
     """
 
     def __init__(self, alpha: Tensor, value: Tensor, proj: Projection, lam: Tensor,
-                 out: Tensor | None = None, blocks=None):
+                 out: Tensor | None = None, blocks=None, context=None):
         self.alpha, self.value, self.proj, self.lam, self.blocks = alpha, value, proj, lam, blocks
-        self._out = out
+        self._out, self.context = out, context
 
     @cached_property
     def out(self) -> Tensor:
@@ -78,10 +80,11 @@ class FastLayer:
 
 
 def fast_scores(metric: str, alpha: Tensor, value: Tensor, proj: Projection, lam: Tensor,
-                out: Tensor | None = None, blocks=None) -> tuple[Tensor, ErrorBound]:
-    """Scores (B, H, T, Tk) in alpha's dtype (into ``out``; ``alpha`` itself for attention)
-    and the relative size of their rounding error: the metric's registered float32 kernel
-    (:mod:`attngeom.common.metrics`).
+                out: Tensor | None = None, blocks=None, context=None
+                ) -> tuple[Tensor, ErrorBound]:
+    """Scores (B, H, T, Tk) in alpha's dtype (into ``out``; ``alpha`` itself for attention;
+    (B, 1, T, Tk) for a metric of scope ``token``) and the size of their rounding error: the
+    metric's registered float32 kernel (:mod:`attngeom.common.metrics`).
 
     Parameters: see :class:`FastLayer`.
 
@@ -98,7 +101,7 @@ def fast_scores(metric: str, alpha: Tensor, value: Tensor, proj: Projection, lam
     from .kernels import kernels
 
     unit = metrics.get(metric).error_unit * torch.finfo(alpha.dtype).eps / 2
-    return kernels(metric).fast(FastLayer(alpha, value, proj, lam, out, blocks), unit)
+    return kernels(metric).fast(FastLayer(alpha, value, proj, lam, out, blocks, context), unit)
 
 
 def fast_attention(x: FastLayer, unit: float) -> tuple[Tensor, ErrorBound]:

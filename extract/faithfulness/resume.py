@@ -88,10 +88,11 @@ def logits_from(model: nn.Module, stack, start: int, hidden: Tensor,
     """Logits (B, T, V) of the model run from layer ``start`` on ``hidden`` (B, T, d), with
     ``handler`` seeing the calls of layers ``start, start + 1, ...``."""
     from ..measurement.hooks import attention_handler
+    from .interventions import watching
 
     mask = inputs.get("attention_mask")
     handler.token_mask = mask.bool() if mask is not None else None
     handler.start = start
-    with cut_below(stack, start), attention_handler(model, handler):
+    with cut_below(stack, start), attention_handler(model, handler), watching(handler):
         out = model(inputs_embeds=hidden, attention_mask=mask, use_cache=False)
     return out.logits

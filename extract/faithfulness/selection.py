@@ -38,9 +38,12 @@ Exact = Callable[[Tensor, Tensor, "Tensor | None"], Tensor]
 
 @dataclass(frozen=True)
 class ErrorBound:
-    """``relative`` (B, H, T): |score - exact score| <= relative * |score| per (head, query)."""
+    """|score - exact score| <= relative * |score| + absolute per (head, query): ``relative``
+    (B, H, T) and ``absolute`` (B, H, T) or None (0); H is 1 for scores of keys with the heads
+    combined (a metric of scope ``token``)."""
 
     relative: Tensor
+    absolute: Tensor | None = None
 
 
 class Workspace:
@@ -106,14 +109,16 @@ def width_groups(width: Tensor, N: int) -> list[tuple[Tensor, int]]:
 def threshold_select(key: Tensor, n: Tensor, k: Tensor, mode: str,
                      relative: Tensor | None = None, work: Workspace | None = None,
                      keep: bool = False, width: Tensor | None = None,
-                     overwrite: bool = False) -> tuple[Tensor, Tensor]:
+                     overwrite: bool = False, absolute: Tensor | None = None
+                     ) -> tuple[Tensor, Tensor]:
     """Chosen candidates (R, N) bool and near rows (R,) bool, from one sort of the values.
 
     Parameters
     ----------
     key : (R, N) scores, ineligible candidates at -inf for comprehensiveness and at +inf for
         sufficiency (eligible ones finite); n : (R,) eligible count; k : (R,) how many to
-        remove; relative : (R,) relative rounding error of the scores (None: exact);
+        remove; relative, absolute : (R,) relative and absolute rounding error of the scores
+        (None: 0; both None: exact);
     keep : give the complement instead, in key's dtype (1 kept, 0 chosen): the factor that
         removes the chosen terms from alpha (a float comparison and product take about half
         the time of a bool one each);
@@ -153,7 +158,8 @@ def threshold_select(key: Tensor, n: Tensor, k: Tensor, mode: str,
                                                  key.dtype if keep else torch.bool, key.device)
     chosen = (torch.ge if chosen_above else torch.lt)(key, hi[:, None], out=out)
     rel = 0.0 if relative is None else relative
-    near = cut & (hi - lo <= rel * (hi.abs() + lo.abs()))
+    gap = rel * (hi.abs() + lo.abs()) + (0.0 if absolute is None else 2 * absolute)
+    near = cut & (hi - lo <= gap)
     return chosen, near
 
 
@@ -180,6 +186,11 @@ def _keys(score: Tensor, eligible: Tensor, rank: str, granularity: str, fill: fl
         key = score.abs() if rank == "magnitude" else score.clone()
         key = _flat(fill_disallowed_(key, eligible, fill))
         return key, count.sum(1) if count.shape[1] > 1 else count[:, 0] * H
+    if granularity == "token" and H == 1:                              # heads combined already
+        e = eligible.any(1)
+        key = torch.mul(score[:, 0], e)                                # (B, T, Tk)
+        key = key.abs_() if rank == "magnitude" else key
+        return fill_disallowed_(key, e, fill), torch.count_nonzero(e, -1)
     if granularity == "token":
         key = torch.mul(score, eligible).sum(1)                        # (B, T, Tk)
         key = key.abs_() if rank == "magnitude" else key
@@ -234,18 +245,23 @@ def select(score: Tensor, eligible: Tensor, fraction: float, mode: str, rank: st
         key is dropped from every head; where it is not eligible its alpha is 0).
     """
     B, H, T, Tk = score.shape
+    if H == 1 and eligible.shape[1] > 1:               # scores of keys, the heads combined
+        eligible = eligible.any(1, keepdim=True)
     if exact is None:
         exact, inplace = _given(score), False
     fill = float("-inf") if mode == "comprehensiveness" else float("inf")
     key, n = _keys(score, eligible, rank, granularity, fill, work, inplace)
     N = key.shape[-1]
     rel = None if error is None else error.relative
+    absolute = None if error is None else error.absolute
     if rel is not None and granularity != "head":
         rel = rel.amax(1)                                  # rows mix heads: the largest bound
+        absolute = None if absolute is None else absolute.amax(1)
     k = n_remove(n, fraction).reshape(-1)
     chosen, near = threshold_select(key.reshape(-1, N), n.reshape(-1), k, mode,
                                     None if rel is None else rel.reshape(-1), work, keep,
-                                    _widths(eligible, granularity, H), overwrite=True)
+                                    _widths(eligible, granularity, H), overwrite=True,
+                                    absolute=None if absolute is None else absolute.reshape(-1))
     idx = near.nonzero()[:, 0]
     step = max(1, NEAR_CHUNK // N)        # the near rows' float64 copies bounded, not (n, N)
     for part in idx.split(step) if len(idx) else ():

@@ -17,7 +17,8 @@ log-prob of the correct option) (metric, rank, mode, fraction, item), ``accuracy
 (metric, rank, mode, fraction); ``clean_logprob`` (item, option), ``clean_correct``, ``answer``,
 ``n_options``, ``truncated``, ``item_id``, ``group`` (item); ``clean_accuracy`` ().
 both: ``aopc`` (metric, rank, mode, U), the per-unit mean of the loss over the swept
-fractions; ``computed`` and ``same_ranking_as`` (metric, rank); semantic drift (sink values zeroed):
+fractions; ``self_key_removed`` (metric, rank, mode, fraction, U), the share of removal sets
+that include the query's own key; ``computed`` and ``same_ranking_as`` (metric, rank); semantic drift (sink values zeroed):
 ``drift_ppl``/``drift_delta_ppl`` or ``drift_logprob``/``drift_correct``/``drift_accuracy``, and
 per (U, layer) ``drift_cosine_low_before``, ``drift_cosine_low_after``,
 ``drift_cosine_all_before``, ``drift_cosine_all_after``, ``drift_output_norm_low_before``,
@@ -76,10 +77,13 @@ DESCRIPTIONS = {
     "drift_output_norm_low_after": "mean ||o_i^h|| of the same cells with the sink values zeroed",
     "drift_n_low": "number of (head, query) cells in the lowest-norm selection",
     "aopc": "per-unit AOPC: mean over the swept fractions of the loss (loss_variable)",
+    "self_key_removed": "of the ranking rows (head and query; query at token granularity) that "
+                        "removed keys, over the intervened layers, the share whose removed keys "
+                        "include the query's own key",
 }
 
 # per-unit arrays of a block (``unit_arrays``) that have one row per computed removal (C, U, ...)
-PER_REMOVAL = ("ppl", "logprob", "correct")
+PER_REMOVAL = ("ppl", "logprob", "correct", "self_key_removed")
 # trailing dimensions after the unit dimension; the rest are (U,)
 TRAILING = {"logprob": ("option",), "clean_logprob": ("option",), "drift_logprob": ("option",),
             **{name: ("layer",) for name in DESCRIPTIONS if name.startswith(

@@ -25,7 +25,7 @@ from attngeom.extract.faithfulness import experiment as F
 from attngeom.extract.faithfulness.scoring import (encode_pair, prepare_answers, prepare_choices,
                                       prepare_texts, span_logprobs, unit_scores)
 from attngeom.extract.loading.tasks import AnswerItem, ChoiceItem
-from attngeom.store.format.metrics import BUILTIN as METRICS
+from attngeom.store.format.metrics import DEFAULT as METRICS
 from attngeom.store.format.vocab import RANKS
 from attngeom.store.format.manifest import file_sha256, read_manifest
 from attngeom.store.errors import StoreError
@@ -166,7 +166,7 @@ def test_plan_copies_provably_identical_rankings_and_says_why():
     assert {(r.metric, r.rank) for r in F.conditions(F.FaithConfig(), plan)} == {
         ("attention", "signed"), ("value_weighted", "signed"), ("contribution", "signed"),
         ("contribution", "magnitude"), ("contribution_layer", "signed"),
-        ("contribution_layer", "magnitude")}
+        ("contribution_layer", "magnitude"), ("random", "signed")}
 
 
 # ------------------------------------------------------------------------------ the run

@@ -146,7 +146,7 @@ RUN_STAGES: tuple[tuple[type, tuple[str, ...], dict], ...] = (
     (ExtractConfig, ("limit", "max_length", "mode", "text_field", "batch_size", "device",
                      "dtype"), {"limit": 48, "max_length": 128}),
     (FaithConfig, ("metrics", "ranks", "fractions"),
-     {"metrics": M.PAPER_ORDER, "fractions": V.RUN_FRACTIONS}),
+     {"metrics": M.PAPER_ORDER + (M.RANDOM,), "fractions": V.RUN_FRACTIONS}),
     (AnalysisOptions, ("n_boot", "seed"), {}),
 )
 RUN_FAITH_BLOCK = 4                 # texts per faithfulness checkpoint in `run`

@@ -109,7 +109,7 @@ class FaithConfig:
 
     task: str = option("lm", "lm (perplexity of texts) or a task scored by accuracy",
                        choices=V.TASKS, record="options")
-    metrics: tuple[str, ...] = option(M.BUILTIN, "comma-separated metrics (registered ones: "
+    metrics: tuple[str, ...] = option(M.DEFAULT, "comma-separated metrics (registered ones: "
                                       "attngeom/common/metrics.py)", kind="names",
                                       choices=M.names, record="options")
     modes: tuple[str, ...] = option(V.REMOVAL_MODES, "remove the top or the bottom keys",
@@ -154,6 +154,7 @@ class FaithConfig:
         """ValueError naming the first bad option (one line, with the fix)."""
         check_fields(self)
         check_sink_window(self.sink_k, self.max_length)
+        M.check_granularity(self.metrics, self.granularity)
         if not NAME.fullmatch(self.name):
             raise Refusal(f"--name '{self.name}': use letters, digits, '-' and '_' only")
 
