@@ -18,8 +18,10 @@ residual_anti_aligned_share paper_pattern faith_loss_variable``; over (store, la
 ``layer_sink_rate_mean sink_head_fraction gu_layer_sink_share layer_convex_share
 layer_interior_minimum_share pooled_vertex pooled_vertex_ci_low pooled_vertex_ci_high
 layer_anti_aligned_share layer_residual_anti_aligned_share``; ``lmg_share`` (store, layer,
-group, part) and ``pooled_lmg_share`` (store, group, part); ``aopc`` (store, metric, mode,
-rank); ``verdict`` and ``mde`` (store, step); ``why`` (store, section).
+group, part) and ``pooled_lmg_share`` (store, group, part); ``aopc``, ``aopc_minmax`` (the
+AOPC rescaled per unit between the lowest and highest of the rankings run: what compares across
+models) and ``ranking_position`` (1 = the least faithful; store, metric, mode, rank);
+``verdict`` and ``mde`` (store, step); ``why`` (store, section).
 """
 
 from __future__ import annotations
@@ -47,7 +49,8 @@ MEASURED = ("max_length", "tokens_per_sequence", "data_sha256", "dtype")
 DEPENDS = {"sinks": ("epsilon", "sink_k", *MEASURED), "convexity": ("sink_k", "level", *MEASURED),
            "anti_alignment": ("sink_k", "level", *MEASURED),
            "decomposition": ("sink_k", "tail_w", *MEASURED),
-           "faithfulness": ("level", "data_sha256", "max_length", "dtype")}
+           "faithfulness": ("level", "data_sha256", "max_length", "dtype", "faith_metrics",
+                            "granularity")}
 # what tells apart stores that would share a default label (model · data file name)
 TELLS_APART = ("data_sha256", "max_length", "sink_k", "tail_w", "mode", "bos", "dtype",
                "n_sequences", "epsilon", "level")
@@ -158,6 +161,12 @@ def _faithfulness(row: dict, store: Path, manifest: dict, directory: Path, name:
     row["faith_loss_variable"] = stats.attrs["loss_variable"]
     row.setdefault("level", float(stats.attrs["level"]))
     row["aopc"] = stats.for_variable(stats.aopc)
+    row["faith_metrics"] = ",".join(sorted(set(row["aopc"]["metric"])))
+    row["granularity"] = stats.attrs.get("granularity", "")
+    ranking = stats.for_variable(stats.ranking) if len(stats.ranking) else None
+    row["positions"] = {} if ranking is None else {
+        (r.higher if last else r.lower, r.mode, r.rank): r.position + last
+        for r in ranking.itertuples() for last in (0, 1)}
     order = stats.for_variable(stats.order)
     for r in order.itertuples():
         row["steps"][f"{r.mode}/{r.rank}: {r.lower} → {r.higher}"] = (r.verdict, r.mde)
@@ -267,7 +276,7 @@ _SECTION_VARS = {
     "anti_alignment": ("anti_aligned_share", "residual_anti_aligned_share",
                        "layer_anti_aligned_share", "layer_residual_anti_aligned_share"),
     "decomposition": ("lmg_share", "pooled_lmg_share", "paper_pattern"),
-    "faithfulness": ("aopc", "verdict", "mde"),
+    "faithfulness": ("aopc", "aopc_minmax", "ranking_position", "verdict", "mde"),
 }
 
 
@@ -294,12 +303,18 @@ def _faith(ds: xr.Dataset, rows: list[dict]) -> None:
         return
     keys = ("metric", "mode", "rank")
     axes = {k: list(dict.fromkeys(v for t in tables for v in t[k])) for k in keys}
-    aopc = np.full((len(rows),) + tuple(len(axes[k]) for k in keys), np.nan)
+    shape = (len(rows),) + tuple(len(axes[k]) for k in keys)
+    aopc, minmax, position = np.full(shape, np.nan), np.full(shape, np.nan), np.full(shape, np.nan)
     for i, r in enumerate(rows):
         for t in ([] if r["aopc"] is None else r["aopc"].itertuples()):
-            aopc[i, axes["metric"].index(t.metric), axes["mode"].index(t.mode),
-                 axes["rank"].index(t.rank)] = t.aopc_mean
+            at = (i, axes["metric"].index(t.metric), axes["mode"].index(t.mode),
+                  axes["rank"].index(t.rank))
+            aopc[at] = t.aopc_mean
+            minmax[at] = getattr(t, "minmax_mean", np.nan)
+            position[at] = r.get("positions", {}).get((t.metric, t.mode, t.rank), np.nan)
     ds["aopc"] = (("store",) + keys, aopc)
+    ds["aopc_minmax"] = (("store",) + keys, minmax)
+    ds["ranking_position"] = (("store",) + keys, position)
     steps = list(dict.fromkeys(s for r in rows for s in r["steps"]))
     ds["verdict"] = (("store", "step"), np.array(
         [[r["steps"].get(s, ("", np.nan))[0] for s in steps] for r in rows], dtype=object))

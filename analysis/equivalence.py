@@ -150,10 +150,10 @@ def _distinct_tested(table: pd.DataFrame) -> np.ndarray:
 
 
 def _extras(d: np.ndarray, delta: float, m: int, p_holm: float, ci_low: float, ci_high: float,
-            level: float, power: float) -> dict:
+            level: float, power: float, sides: int = 1) -> dict:
     testable = bool(np.isfinite(p_holm))
     sd = float(np.std(d, ddof=1)) if len(d) > 1 and testable else np.nan
-    found = mde(sd, len(d), m, level, power)
+    found = mde(sd, len(d), m, level / sides, power)
     tost = tost_paired(d if testable else [], delta, level)
     v = verdict(p_holm, ci_low, ci_high, tost["p_tost"], level)
     return dict(sd_improvement=sd, m_tests=m, alpha_first=level / m if m else np.nan,
@@ -163,16 +163,18 @@ def _extras(d: np.ndarray, delta: float, m: int, p_holm: float, ci_low: float, c
 
 
 def equivalence_table(ds: xr.Dataset, delta: float, variable: str | None = None,
-                      order: tuple[str, ...] = faith.ORDER, level: float = LEVEL,
-                      power: float = POWER, n_resamples: int = ORDER_RESAMPLES, seed: int = SEED
-                      ) -> pd.DataFrame:
+                      order: tuple[str, ...] | dict = faith.ORDER, level: float = LEVEL,
+                      power: float = POWER, n_resamples: int = ORDER_RESAMPLES, seed: int = SEED,
+                      alternative: str = "greater") -> pd.DataFrame:
     """The order table of ``ds`` with each step's MDE, TOST against ``delta`` and verdict.
 
     ``variable``: the per-unit loss (default the file's ``loss_variable``; ``log_ppl_ratio``
-    after :func:`with_log_ppl_ratio`). m, the Holm family size, counts the distinct tested steps.
+    computed where asked). m, the Holm family size, counts the distinct tested steps.
+    ``order`` and ``alternative``: as :func:`~attngeom.analysis.faithfulness.order_table`
+    (two-sided: the MDE at level / 2m).
     """
     table = faith.order_table(ds, order=order, level=level, n_resamples=n_resamples, seed=seed,
-                              variable=variable)
+                              variable=variable, alternative=alternative)
     m = int(_distinct_tested(table).sum())
     rows = []
     for r in table.itertuples(index=False):
@@ -181,7 +183,8 @@ def equivalence_table(ds: xr.Dataset, delta: float, variable: str | None = None,
             raise RuntimeError(f"{r.mode}/{r.rank} {r.lower}->{r.higher}: paired improvements "
                                "disagree with order_table's (its orientation changed, or a "
                                "ranking recorded as a copy holds other numbers)")
-        rows.append(_extras(d, delta, m, r.p_holm, r.ci_low, r.ci_high, level, power))
+        rows.append(_extras(d, delta, m, r.p_holm, r.ci_low, r.ci_high, level, power,
+                            2 if alternative == "two-sided" else 1))
     extra = pd.DataFrame(rows, index=table.index, columns=list(EXTRA_COLUMNS[1:]))
     extra.insert(0, "variable", faith.loss(ds, variable).name)
     out = pd.concat([table, extra[list(EXTRA_COLUMNS)]], axis=1)

@@ -174,7 +174,8 @@ def _bootstrap_ci(d: np.ndarray, level: float, n_resamples: int, seed: int) -> t
     return np.nan, np.nan
 
 
-def _step(d: np.ndarray, level: float, n_resamples: int, seed: int) -> dict:
+def _step(d: np.ndarray, level: float, n_resamples: int, seed: int,
+          alternative: str = "greater") -> dict:
     if len(d) == 0:
         return dict(statistic=np.nan, p_value=np.nan, ci_low=np.nan, ci_high=np.nan,
                     note="no units with finite values")
@@ -182,21 +183,29 @@ def _step(d: np.ndarray, level: float, n_resamples: int, seed: int) -> dict:
     if np.all(d == 0):
         return dict(statistic=0.0, p_value=1.0, ci_low=ci_low, ci_high=ci_high,
                     note="no difference in any unit")
-    res = stats.wilcoxon(d, alternative="greater")
+    res = stats.wilcoxon(d, alternative=alternative)
     return dict(statistic=float(res.statistic), p_value=float(res.pvalue), ci_low=ci_low,
                 ci_high=ci_high, note="")
 
 
-def order_table(ds: xr.Dataset, order: tuple[str, ...] = ORDER, level: float = LEVEL,
-                n_resamples: int = ORDER_RESAMPLES, seed: int = SEED, variable: str | None = None
-                ) -> pd.DataFrame:
-    """Does each step of ``order`` hold, per (mode, rank)? One row per step (see module doc)."""
+def order_table(ds: xr.Dataset, order: tuple[str, ...] | dict = ORDER, level: float = LEVEL,
+                n_resamples: int = ORDER_RESAMPLES, seed: int = SEED, variable: str | None = None,
+                alternative: str = "greater") -> pd.DataFrame:
+    """Does each step of ``order`` hold, per (mode, rank)? One row per step (see module doc).
+
+    ``order``: one order for every (mode, rank), or one per (mode, rank) (a dict, as
+    :func:`attngeom.analysis.faithfulness_floor.observed_orders` gives); ``alternative``: of the
+    Wilcoxon test (``"two-sided"`` for an order read from the same data).
+    """
     a = aopc(ds, variable)
     dim = unit_dim(ds)
-    metrics = [m for m in order if m in a["metric"].values]
+    known = set(map(str, a["metric"].values))
+    orders = order if isinstance(order, dict) else {
+        (str(m), str(r)): order for m in a["mode"].values for r in a["rank"].values}
     rows, first, copy_of = [], {}, []     # first: (mode, rankings compared) -> row index
     for mode in a["mode"].values:
         for rank in a["rank"].values:
+            metrics = [m for m in orders.get((str(mode), str(rank)), ()) if m in known]
             for lower, higher in zip(metrics[:-1], metrics[1:]):
                 key = (str(mode), _source(ds, lower, str(rank)), _source(ds, higher, str(rank)))
                 if key in first:                  # e.g. magnitude = signed for non-negative
@@ -207,7 +216,7 @@ def order_table(ds: xr.Dataset, order: tuple[str, ...] = ORDER, level: float = L
                 else:
                     first[key] = len(rows)
                     row = _order_row(ds, a, dim, str(mode), str(rank), lower, higher, level,
-                                     n_resamples, seed)
+                                     n_resamples, seed, alternative)
                 rows.append(row)
                 copy_of.append(first[key])
     table = pd.DataFrame(rows, columns=[c for c in TABLE_COLUMNS if c not in ("p_holm", "holds")])
@@ -220,13 +229,15 @@ def order_table(ds: xr.Dataset, order: tuple[str, ...] = ORDER, level: float = L
     table["p_holm"] = p_holm = p_holm[copy_of]
     table["holds"] = (np.isfinite(p_holm) & (np.nan_to_num(p_holm, nan=1.0) < level)
                       & (table["ci_low"].to_numpy(dtype=float) > 0))
-    table.attrs = {"level": level, "order": ",".join(metrics), "n_resamples": n_resamples,
-                   "loss_variable": loss(ds, variable).name}
+    first_order = next(iter(orders.values()), ())
+    table.attrs = {"level": level, "order": ",".join(m for m in first_order if m in known),
+                   "n_resamples": n_resamples, "loss_variable": loss(ds, variable).name,
+                   "alternative": alternative}
     return table[list(TABLE_COLUMNS)]
 
 
 def _order_row(ds, a, dim, mode: str, rank: str, lower: str, higher: str, level: float,
-               n_resamples: int, seed: int) -> dict:
+               n_resamples: int, seed: int, alternative: str = "greater") -> dict:
     """One step of the order: paired AOPC differences over units, oriented so > 0 = holds."""
     lo = a.sel(metric=lower, rank=rank, mode=mode).transpose(dim).values
     hi = a.sel(metric=higher, rank=rank, mode=mode).transpose(dim).values
@@ -242,7 +253,7 @@ def _order_row(ds, a, dim, mode: str, rank: str, lower: str, higher: str, level:
                    note=f"identical ranking at {ds.attrs.get('granularity', 'this')} "
                         "granularity: not testable")
     else:
-        row.update(_step(d, level, n_resamples, seed))
+        row.update(_step(d, level, n_resamples, seed, alternative))
     return row
 
 

@@ -5,7 +5,10 @@ or accuracy loss, and for language modelling the log PPL ratio in nats,
 :func:`attngeom.analysis.faithfulness.outcomes`): the AOPC table and the loss curves (mean,
 s.e. and the t interval at the level over units), the order test with each step's MDE, TOST
 and verdict (:func:`attngeom.analysis.equivalence.equivalence_table`); and the semantic-drift
-summary. They are written to ``<analysis>/<name>_stats.nc`` by ``attngeom faithfulness`` (into
+summary; and the floor and the order over every metric run
+(:mod:`attngeom.analysis.faithfulness_floor`): each metric against random, the AOPC min-max over
+the rankings run beside the raw AOPC, the ranking with its adjacent steps tested, and the share
+of removed sets that hold the query's own key. They are written to ``<analysis>/<name>_stats.nc`` by ``attngeom faithfulness`` (into
 ``<store>/analysis``), ``attngeom analyze`` and ``attngeom report``, with the settings they
 used (:class:`StatsSettings`) and the sha256 of the result file they came from. :func:`ensure`
 reads them when both match and recomputes them otherwise: never a stale table. Settings other
@@ -15,9 +18,11 @@ one stored table (:mod:`attngeom.reports.faithfulness_tables` formats them for t
 and the PDF alike).
 
 Output names (stable), tables with a ``variable`` column: ``aopc``
-(``analysis.faithfulness.AOPC_COLUMNS``), ``curves`` (``analysis.faithfulness.CURVE_COLUMNS``),
-``order`` (``analysis.faithfulness.TABLE_COLUMNS`` then ``analysis.equivalence.EXTRA_COLUMNS``),
-and the Dataset ``drift`` (``analysis.faithfulness.drift_summary``).
+(``analysis.faithfulness.AOPC_COLUMNS`` then ``analysis.faithfulness_floor.MINMAX_COLUMNS``),
+``curves`` (``analysis.faithfulness.CURVE_COLUMNS``), ``order`` (``analysis.faithfulness.
+TABLE_COLUMNS`` then ``analysis.equivalence.EXTRA_COLUMNS``), ``ranking`` (``position`` then the
+order's columns), ``vs_random`` (``analysis.faithfulness_floor.VS_RANDOM_COLUMNS``); ``self_key``
+(:data:`SELF_KEY_COLUMNS`); and the Dataset ``drift`` (``analysis.faithfulness.drift_summary``).
 """
 
 from __future__ import annotations
@@ -41,11 +46,16 @@ from attngeom.store.io.writer import write_netcdf
 from . import ANALYSIS_DIR
 from . import equivalence as eq
 from . import faithfulness as faith
+from . import faithfulness_floor as floor
 
 ORDER_PREFIX, AOPC_PREFIX, CURVE_PREFIX, DRIFT_PREFIX = "order_", "aopc_", "curve_", "drift_"
 TABLES = {"order": (ORDER_PREFIX, "order_step"), "aopc": (AOPC_PREFIX, "aopc_row"),
-          "curves": (CURVE_PREFIX, "curve_row")}              # table -> (prefix, row dim)
-FORMAT = 2               # of the stored file: 2 = curves of every loss as a table
+          "curves": (CURVE_PREFIX, "curve_row"), "ranking": ("ranking_", "ranking_step"),
+          "vs_random": ("random_", "random_row"),
+          "self_key": ("self_", "self_row")}                  # table -> (prefix, row dim)
+FORMAT = 3               # of the stored file: 3 = with the floor, the ranking, the self key
+SELF_KEY_COLUMNS = ("metric", "rank", "mode", "fraction", "n_units", "share_mean")
+BOOLEAN = ("holds", "equivalent", "reversed", "better")
 
 
 @dataclass(frozen=True)
@@ -84,6 +94,9 @@ class FaithStats:
     curves: pd.DataFrame
     drift: xr.Dataset | None
     attrs: dict
+    ranking: pd.DataFrame = dataclasses.field(default_factory=pd.DataFrame)
+    vs_random: pd.DataFrame = dataclasses.field(default_factory=pd.DataFrame)
+    self_key: pd.DataFrame = dataclasses.field(default_factory=pd.DataFrame)
 
     @property
     def variables(self) -> list[str]:
@@ -109,21 +122,40 @@ def outcomes(ds: xr.Dataset, settings: StatsSettings) -> list[tuple[str, float]]
 def compute(ds: xr.Dataset, settings: StatsSettings = StatsSettings(), *,
             source_sha256: str = "", name: str = "faithfulness") -> FaithStats:
     """Every statistic of the faithfulness result ``ds`` with ``settings``."""
-    tables: dict[str, list] = {"aopc": [], "curves": [], "order": []}
+    tables: dict[str, list] = {"aopc": [], "curves": [], "order": [], "ranking": [],
+                               "vs_random": []}
+    common = dict(level=settings.level, n_resamples=settings.n_resamples, seed=settings.seed)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for variable, delta in outcomes(ds, settings):
-            tables["aopc"].append(faith.aopc_summary(ds, variable, settings.level))
+            aopc = faith.aopc_summary(ds, variable, settings.level)
+            tables["aopc"].append(aopc.merge(floor.minmax_summary(ds, variable, settings.level),
+                                             on=["metric", "rank", "mode"], how="left"))
             tables["curves"].append(faith.loss_curves(ds, variable, settings.level))
             tables["order"].append(eq.equivalence_table(
-                ds, delta, variable=variable, level=settings.level, power=settings.power,
-                n_resamples=settings.n_resamples, seed=settings.seed))
+                ds, delta, variable=variable, power=settings.power, **common))
+            tables["ranking"].append(floor.ranking_table(ds, delta, variable,
+                                                         power=settings.power, **common))
+            tables["vs_random"].append(floor.versus_random(ds, variable, **common))
     drift = faith.drift_summary(ds, settings.level) if "drift_cosine_low_before" in ds else None
     attrs = {**dataclasses.asdict(settings), "source": name, "source_sha256": source_sha256,
-             "loss_variable": faith.outcomes(ds)[0],
+             "loss_variable": faith.outcomes(ds)[0], "granularity": ds.attrs.get("granularity", ""),
              "order": tables["order"][0].attrs.get("order", ""), "attngeom_version": __version__}
     joined = {k: pd.concat(v, ignore_index=True) for k, v in tables.items()}
-    return FaithStats(joined["aopc"], joined["order"], joined["curves"], drift, attrs)
+    return FaithStats(joined["aopc"], joined["order"], joined["curves"], drift, attrs,
+                      joined["ranking"], joined["vs_random"], self_key_table(ds))
+
+
+def self_key_table(ds: xr.Dataset) -> pd.DataFrame:
+    """Mean share of removed sets holding the query's own key, per (metric, rank, mode,
+    fraction), over units; empty for a result without it."""
+    if "self_key_removed" not in ds:
+        return pd.DataFrame(columns=SELF_KEY_COLUMNS)
+    x = ds["self_key_removed"].astype(float)
+    dim = faith.unit_dim(ds)
+    out = xr.Dataset({"share_mean": x.mean(dim), "n_units": x.notnull().sum(dim)})
+    table = out.to_dataframe().reset_index()
+    return table[list(SELF_KEY_COLUMNS)]
 
 
 # ----------------------------------------------------------------------------- the file
@@ -163,18 +195,22 @@ def from_dataset(ds: xr.Dataset) -> FaithStats:
              and not k.endswith("_columns") and k != "stats_format"}
     for key in ("n_resamples", "seed"):
         attrs[key] = int(attrs[key])
-    tables = {table: _table(ds, prefix, str(ds.attrs[f"{table}_columns"]).split(","))
-              for table, (prefix, _) in TABLES.items()}
-    for column in ("holds", "equivalent", "reversed"):
-        tables["order"][column] = tables["order"][column].astype(bool)
-    tables["order"]["n"] = tables["order"]["n"].astype(int)
+    tables = {table: _table(ds, prefix, [c for c in str(ds.attrs[f"{table}_columns"]).split(",")
+                                         if c]) for table, (prefix, _) in TABLES.items()}
+    for t in tables.values():
+        for column in BOOLEAN:
+            if column in t:
+                t[column] = t[column].astype(bool)
+    for t in ("order", "ranking"):
+        tables[t]["n"] = tables[t]["n"].astype(int)
     drift = None
     names = [k for k in ds.data_vars if k.startswith(DRIFT_PREFIX)]
     if names:
         drift = ds[names].rename({k: k.removeprefix(DRIFT_PREFIX) for k in names})
         drift.attrs = {k.removeprefix(DRIFT_PREFIX): v for k, v in ds.attrs.items()
                        if k.startswith(DRIFT_PREFIX)}
-    return FaithStats(tables["aopc"], tables["order"], tables["curves"], drift, attrs)
+    return FaithStats(tables["aopc"], tables["order"], tables["curves"], drift, attrs,
+                      tables["ranking"], tables["vs_random"], tables["self_key"])
 
 
 def stats_path(directory: str | Path, name: str, settings: StatsSettings) -> Path:

@@ -143,6 +143,52 @@ def _faith_page(ds: xr.Dataset) -> Page | None:
                 "this n; the MDE is the smallest mean improvement the store's design detects.")
 
 
+def _ranking_page(ds: xr.Dataset) -> Page | None:
+    """Every metric's normalised AOPC and ranking position, store by store (signed rank)."""
+    if "aopc_minmax" not in ds or not np.isfinite(ds["aopc_minmax"].values).any():
+        return None
+    from attngeom.common import metrics as M
+
+    rank = "signed" if "signed" in ds["rank"].values else str(ds["rank"].values[0])
+    modes = [str(m) for m in ds["mode"].values]
+    metrics = [str(m) for m in ds["metric"].values]
+    labels = [str(x) for x in ds["label"].values]
+    fig = figure(top=0.9, bottom=0.08, hspace=0.5, wspace=0.45)
+    grid = fig.add_gridspec(2, len(modes), height_ratios=[1.3, 1])
+    rows = []
+    for metric in metrics:
+        row = [M.label(metric, "short")]
+        for mode in modes:
+            for i in range(ds.sizes["store"]):
+                at = dict(store=i, metric=metric, mode=mode, rank=rank)
+                pos, mm = ds["ranking_position"].sel(at).item(), ds["aopc_minmax"].sel(at).item()
+                row.append("" if not np.isfinite(mm) else
+                           f"{int(pos) if np.isfinite(pos) else '–'}. {fmt(mm)}")
+        rows.append(row)
+    header = ["metric"] + [f"{mode[:4]}. {label}" for mode in modes for label in labels]
+    n = len(header) - 1
+    table(fig.add_subplot(grid[0, :]), rows, header, [0.18] + [0.82 / n] * n,
+          f"Ranking position (1 = least faithful) and AOPC min–max, {rank} ranking"
+          + (f" {FLAG}" if ds["aopc_minmax"].attrs.get("differs") else ""))
+    for c, mode in enumerate(modes):
+        ax = fig.add_subplot(grid[1, c])
+        for i, label in enumerate(labels):
+            x = ds["aopc_minmax"].sel(store=i, mode=mode, rank=rank).values
+            ax.plot(x, np.arange(len(metrics)), "o", ms=4, label=label)
+        ax.set_yticks(range(len(metrics)), [M.label(m, "short") for m in metrics])
+        ax.set_xlim(-0.05, 1.05)
+        ax.set_xlabel("AOPC min–max over the rankings run")
+        ax.set_title(f"{mode}: {'higher' if mode == 'comprehensiveness' else 'lower'} is more "
+                     "faithful")
+    fig.axes[-1].legend(loc="lower right", fontsize=7, frameon=False)
+    return Page(SECTION, "Faithfulness: every metric ranked, across models", fig,
+                "Each store's AOPC of its loss rescaled per unit between the lowest (0) and the "
+                "highest (1) AOPC of the rankings it ran (random included), mean over units: "
+                "raw AOPC is not comparable across models (Edin et al., ACL 2025), this is "
+                "when the stores ran the same metrics (a † flags stores that did not). The "
+                "number before it is the metric's position in the store's ranking by mean AOPC.")
+
+
 def _table1_page(ds: xr.Dataset) -> Page | None:
     if not (ds["kind"] != "natural").any() or "gu_sink_head_share" not in ds:
         return None
@@ -193,7 +239,8 @@ def write_pdf(ds: xr.Dataset, out: str | os.PathLike, png: str | os.PathLike | N
                       "different depth share the axis (a subset store keeps its place). "
                       "Vertex panel: y clipped to [−0.25, 1.25] (α* lies in [0, 1]; a "
                       "near-flat parabola's CI runs off the axis).")]
-        pages += [p for p in (_faith_page(ds), _table1_page(ds)) if p is not None]
+        pages += [p for p in (_faith_page(ds), _ranking_page(ds), _table1_page(ds))
+                  if p is not None]
         with atomic_file(out) as tmp, PdfPages(tmp, metadata={"Title": "attngeom compare"}) \
                 as pdf:
             for n, page in enumerate(pages, 1):

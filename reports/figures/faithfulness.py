@@ -98,6 +98,17 @@ CAPTIONS = {
              "first Holm level; a step that does not hold is 'equivalent ±δ' when TOST puts "
              "its mean within ±δ, 'inconclusive' when the design cannot tell. Steps between "
              "provably identical rankings are reported, not tested.",
+    "ranking": "Every metric run, random included, ordered per mode and ranking from the least "
+               "to the most faithful by mean AOPC; each adjacent step tested as the paper's "
+               "order is (paired Wilcoxon, two-sided as the order comes from the same data, Holm, "
+               "BCa CI, MDE, TOST).",
+    "random": "Each metric against the random floor: the mean paired per-unit AOPC difference "
+              "(oriented: > 0 is better than random), its BCa CI and one-sided Wilcoxon test "
+              "with Holm over the rows; and the ratio of the mean AOPCs (paired percentile "
+              "bootstrap CI), above 1 better for comprehensiveness, below 1 for sufficiency.",
+    "self key": "ALTI and the norm-based method score the query's own key with its residual, "
+                "which the removal (α_ij ṽ_j only) cannot remove; the _sa variants rank it by "
+                "its attention part.",
 }
 
 
@@ -115,7 +126,42 @@ def table_pages(tabs: list[Table]) -> list[Page]:
     return pages
 
 
+def ranking_figure(stats, variable: str | None = None):
+    """Per (mode, rank): each metric's mean AOPC min-max over the rankings run, with its t
+    interval, metrics in the ranking's order (least faithful at the bottom)."""
+    variable = variable or stats.variables[0]
+    a = stats.aopc[stats.aopc["variable"] == variable]
+    r = stats.ranking[stats.ranking["variable"] == variable]
+    combos = list(dict.fromkeys(zip(a["mode"], a["rank"])))
+    fig = figure(hspace=0.45, wspace=0.45, bottom=0.12)
+    for n, (mode, rank) in enumerate(combos):
+        ax = fig.add_subplot(2, -(-len(combos) // 2), n + 1)
+        steps = r[(r["mode"] == mode) & (r["rank"] == rank)].sort_values("position")
+        order = list(steps["lower"]) + list(steps["higher"].iloc[-1:])
+        cell = a[(a["mode"] == mode) & (a["rank"] == rank)].set_index("metric")
+        order = order or list(cell.index)
+        for y, metric in enumerate(order):
+            row = cell.loc[metric]
+            ax.errorbar(row.minmax_mean, y, xerr=[[row.minmax_mean - row.minmax_ci_low],
+                                                  [row.minmax_ci_high - row.minmax_mean]],
+                        fmt="o", ms=4, color=metric_color(metric), capsize=2)
+        ax.set_yticks(range(len(order)), [M.label(m, "short") for m in order])
+        ax.set_xlim(-0.05, 1.05)
+        ax.set_xlabel(f"AOPC min–max of {variable_label(variable)}")
+        ax.set_title(f"{mode}, {rank}: {'higher' if mode == 'comprehensiveness' else 'lower'} "
+                     "is more faithful")
+    return fig
+
+
 def pages(faith, stats) -> list[Page]:
-    """The curves page and the table pages, from the stored statistics ``stats``."""
-    return [_curves_page(faith, stats)] + table_pages(tables(stats))
+    """The curves page, the ranking figure and the table pages, from the stored statistics."""
+    out = [_curves_page(faith, stats)]
+    if len(stats.ranking) and "minmax_mean" in stats.aopc:
+        variable = stats.variables[-1]
+        out.append(Page(SECTION, "Faithfulness: every metric ranked", ranking_figure(
+            stats, variable), f"Mean AOPC of {variable_label(variable)} rescaled per unit "
+            "between the lowest (0) and the highest (1) AOPC of the rankings run on it, with "
+            "its t interval; metrics in the order of the ranking table (least faithful at the "
+            "bottom for comprehensiveness and sufficiency alike)."))
+    return out + table_pages(tables(stats))
 

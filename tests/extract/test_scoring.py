@@ -225,8 +225,9 @@ def test_run_writes_a_labeled_file_and_records_it(tiny_dir, tmp_path, tok):
     lines = text.splitlines()
     aopc_at = next(i for i, ln in enumerate(lines) if ln.startswith("AOPC"))
     side = lines[aopc_at + 1]                                          # column header
-    assert [c.strip() for c in side.split("|")] == ["metric", "comp. signed", "comp. magnitude",
-                                                     "suff. signed", "suff. magnitude"]
+    assert [c.strip() for c in side.split("|")] == [
+        "metric", "comp. signed", "min–max", "comp. magnitude", "min–max", "suff. signed",
+        "min–max", "suff. magnitude", "min–max"]
     assert "The paper's order on the AOPC of ΔPPL" in text and "semantic drift" in text
     assert not (out / "faithfulness.partial").exists()
 

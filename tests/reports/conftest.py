@@ -44,7 +44,7 @@ def dense_store(tiny, tmp_path_factory):
     extract(str(tiny["model"]), str(tiny["data"]), store,
             ExtractConfig(mode="dense", max_length=16, shard_size=4), progress=False)
     cfg = FaithConfig(metrics=("attention", "value_weighted", "value_weighted_normalized",
-                               "contribution"), ranks=("signed", "magnitude"),
+                               "contribution", "random"), ranks=("signed", "magnitude"),
                       fractions=(0.2, 0.5), max_length=16, block_size=5, batch_size=5)
     faithfulness(str(tiny["model"]), str(tiny["data"]), store, cfg, progress=False,
                  log=lambda m: None)

@@ -118,8 +118,14 @@ def test_faithfulness_cells_are_the_stored_statistics(ds, stores):
     stats = read(stats_path(stores["dense"] / "analysis", "faithfulness", StatsSettings()))
     aopc = stats.for_variable(stats.aopc)
     for r in aopc.itertuples():                              # copies of the statistics: exact
-        assert ds["aopc"].sel(store=0, metric=r.metric, mode=r.mode, rank=r.rank) == \
-            r.aopc_mean
+        at = dict(store=0, metric=r.metric, mode=r.mode, rank=r.rank)
+        assert ds["aopc"].sel(at) == r.aopc_mean
+        np.testing.assert_array_equal(ds["aopc_minmax"].sel(at), r.minmax_mean)
+    ranking = stats.for_variable(stats.ranking)                # positions: 1 = least faithful
+    for r in ranking.itertuples():
+        at = dict(store=0, mode=r.mode, rank=r.rank)
+        assert ds["ranking_position"].sel(at | {"metric": r.lower}) == r.position
+        assert ds["ranking_position"].sel(at | {"metric": r.higher}) == r.position + 1
     order = stats.for_variable(stats.order)
     assert len(order) and len(order) == ds.sizes["step"]
     for r in order.itertuples():

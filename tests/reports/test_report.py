@@ -255,14 +255,17 @@ def test_the_command_prints_the_pdfs_faithfulness_tables_on_both_loss_scales(tin
     it prints."""
     store, pdf = tmp_path / "store", tmp_path / "report.pdf"
     rc = cli.main(["faithfulness", "--model", str(tiny["model"]), "--data", str(tiny["data"]),
-                   "--out", str(store), "--metrics", "attention,value_weighted,contribution",
-                   "--fractions", "0.2,0.5", "--max-length", "16", "--no-drift", "--quiet"])
+                   "--out", str(store), "--metrics",
+                   "attention,value_weighted,contribution,random", "--fractions", "0.2,0.5",
+                   "--max-length", "16", "--no-drift", "--quiet"])
     printed = _printed_tables(capsys.readouterr().out)
     assert rc == 0 and cli.main(["report", str(store), "--out", str(pdf), "--quiet"]) == 0
     text = pdf_text(pdf)
     orders = [t for t in printed if t.startswith("The paper's order on the AOPC of")]
     assert [t.split(" of ", 1)[1].split(" (")[0] for t in orders] == [
         "ΔPPL", "log(PPL / clean PPL), nats"]
+    for kind in ("Ranking of every metric run by mean AOPC of", "Against random on the AOPC of"):
+        assert len([t for t in printed if t.startswith(kind)]) == 2, kind   # both scales
     tested = 0
     for title, rows in printed.items():
         assert title in text, title
