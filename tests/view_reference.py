@@ -16,8 +16,9 @@ import xarray as xr
 
 import tolerance as tol
 
-# a value the view shows: float16, then 3 significant digits
-SHOWN = tol.rounded(tol.F16) + tol.digits(3)
+# a value the view shows: float16, then 3 significant digits; below float16's normal range
+# (2^-14) fewer, none finer than 10 float16 steps (2^-24): half a unit of the last <= 50 steps
+SHOWN = tol.rounded(tol.F16) + tol.digits(3) + tol.Tol(atol=50 * 2.0 ** -24)
 
 
 def plain(store: Path) -> xr.Dataset:
