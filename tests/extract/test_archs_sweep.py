@@ -6,14 +6,14 @@ independent float64 reference built from the modelling file's own eager attentio
 architecture by the test), within the measurements' rounding bounds (store_helpers). The
 reference first checks itself: sum_h sum_j alpha v~ + b_O must be the named projection's real
 output. Refused ones must
-give their one-line reason. The README's "Supported architectures" table must be the one
-``coverage_table`` writes from these results.
+give their one-line reason. The sweep's results file, ``tests/extract/archs_sweep.json`` (the
+documentation's architecture table is generated from it by ``python docs/generate.py``), must
+hold these results: rewrite it with ``python tests/extract/test_archs_sweep.py --write``.
 """
 
 from __future__ import annotations
 
 import functools
-import re
 import sys
 from pathlib import Path
 
@@ -204,34 +204,34 @@ def coverage_rows() -> list[tuple[str, str, str]]:
     return rows
 
 
-def coverage_table(rows) -> str:
-    """The README's table (markdown) of :func:`coverage_rows`."""
-    cell = lambda s: s.replace("|", "\\|")                              # noqa: E731
-    lines = ["| architecture | status | notes |", "|---|---|---|"]
-    lines += [f"| `{a}` | {cell(s)} | {cell(n)} |" for a, s, n in rows]
-    return "\n".join(lines)
+RESULTS = Path(__file__).resolve().with_name("archs_sweep.json")
 
 
-BEGIN, END = "<!-- architectures:begin -->", "<!-- architectures:end -->"
+def results(rows) -> dict:
+    """The sweep's results file: its rows and the versions it ran with."""
+    import torch
+    import transformers
+
+    return {"transformers": transformers.__version__, "torch": torch.__version__,
+            "rows": [dict(architecture=a, status=s, notes=n) for a, s, n in rows]}
 
 
-def test_readme_table_is_the_sweep():
-    """README.md's "Supported architectures" table is generated from this sweep; rewrite it
-    with ``python tests/extract/test_archs_sweep.py --write``."""
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
-    found = re.search(re.escape(BEGIN) + r"\n(.*?)" + re.escape(END), text, re.S)
-    assert found, "README.md lacks the architectures table markers"
-    assert found.group(1) == coverage_table(coverage_rows()) + "\n", (
-        "README.md's architecture table is stale: run python tests/extract/test_archs_sweep.py "
-        "--write")
+def test_results_file_is_the_sweep():
+    """tests/extract/archs_sweep.json holds this sweep's rows; rewrite it with ``python
+    tests/extract/test_archs_sweep.py --write``."""
+    import json
+
+    recorded = json.loads(RESULTS.read_text(encoding="utf-8"))
+    assert recorded["rows"] == results(coverage_rows())["rows"], (
+        "tests/extract/archs_sweep.json is stale: run python tests/extract/test_archs_sweep.py "
+        "--write, then python docs/generate.py")
 
 
-if __name__ == "__main__":                    # rewrite README.md's table from the sweep
-    readme = ROOT / "README.md"
-    text = readme.read_text(encoding="utf-8")
-    table = coverage_table(coverage_rows())
-    new = re.sub(re.escape(BEGIN) + r"\n.*?" + re.escape(END),
-                 lambda m: f"{BEGIN}\n{table}\n{END}", text, flags=re.S)
+if __name__ == "__main__":                    # rewrite the results file from the sweep
+    import json
+
+    found = results(coverage_rows())
     if "--write" in sys.argv:
-        readme.write_text(new, encoding="utf-8")
-    print(table)
+        RESULTS.write_text(json.dumps(found, indent=1) + "\n", encoding="utf-8")
+    for row in found["rows"]:
+        print(row["architecture"], "|", row["status"], "|", row["notes"])
