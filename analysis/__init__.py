@@ -45,23 +45,38 @@ def run_all(ds: xr.Dataset, out_dir: str | os.PathLike | None = None,
             **changes) -> dict:
     """Run the four analyses in one pass over the store; write them when ``out_dir`` is given.
 
-    ``options`` (:class:`attngeom.common.options.stages.AnalysisOptions`: sink_k, tail_w, epsilon,
-    n_boot, seed, level, layers; default: all defaults), with ``changes`` to any of its fields
-    by keyword (``run_all(ds, out, n_boot=20)``).
-
-    ``scheduler``: None (dask's in-process scheduler), ``"local:N"`` (a dask.distributed
-    ``LocalCluster`` of N worker processes, started and closed here) or ``"tcp://HOST:PORT"``
-    (a running dask scheduler): the store is read and reduced there, with identical results.
-
-    ``fit_workers``: processes that fit each layer's convexity models (OLS, bootstrap, LOWESS)
-    while the next layer is read; None follows dask (0 under the synchronous scheduler, else
-    one fewer than dask's workers, at most 4: :func:`attngeom.analysis.blocks.fit_pool`); the
-    results are identical.
+    Parameters
+    ----------
+    ds : xarray.Dataset
+        An opened attngeom store (dense or compact), or a measurement of ``attngeom.measure``.
+    out_dir : str or os.PathLike, optional
+        Where to write the results (one netCDF file per analysis and ``summary.csv``).
+    options : AnalysisOptions, optional
+        The analyses' options (:class:`attngeom.common.options.stages.AnalysisOptions`: sink_k,
+        tail_w, epsilon, n_boot, seed, level, layers); default all defaults.
+    mixed : bool
+        Also fit the anti-alignment's per-layer MixedLM robustness check.
+    progress : bool
+        Show a progress bar.
+    block_elements : int
+        Cells read per block of the one pass over the store (memory against speed).
+    scheduler : str, optional
+        None (dask's in-process scheduler), ``"local:N"`` (a dask.distributed ``LocalCluster``
+        of N worker processes, started and closed here) or ``"tcp://HOST:PORT"`` (a running dask
+        scheduler): the store is read and reduced there, with identical results.
+    fit_workers : int, optional
+        Processes that fit each layer's convexity models (OLS, bootstrap, LOWESS) while the
+        next layer is read; None follows dask (0 under the synchronous scheduler, else one fewer
+        than dask's workers, at most 4: :func:`attngeom.analysis.blocks.fit_pool`); the results
+        are identical.
+    **changes
+        Changes to any field of ``options`` by keyword (``run_all(ds, out, n_boot=20)``).
 
     Returns
     -------
-    dict with keys ``sinks``, ``convexity``, ``anti_alignment``, ``decomposition``
-    (xarray.Dataset each, provenance in ``attrs``) and ``summary`` (pandas.DataFrame).
+    dict
+        Keys ``sinks``, ``convexity``, ``anti_alignment``, ``decomposition`` (an xarray.Dataset
+        each, provenance in ``attrs``) and ``summary`` (a pandas.DataFrame).
     """
     opts = dataclasses.replace(options or AnalysisOptions(), **changes)
     opts.check()

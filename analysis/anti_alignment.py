@@ -216,15 +216,29 @@ def anti_alignment(ds: xr.Dataset, *, sink_k: int | None = None, level: float = 
 
     Parameters
     ----------
-    ds : an opened attngeom store (dense or compact).
-    sink_k : semantic keys and queries start at k; default the store's k.
-    level : FDR level of ``anti_aligned``; Cohen's d CIs are 1 - level.
-    mixed : also fit the per-layer MixedLM robustness check.
-    mixed_max_sequences, seed : size and seed of the MixedLM's random subset of sequences.
+    ds : xarray.Dataset
+        An opened attngeom store (dense or compact), or a measurement of ``attngeom.measure``.
+    sink_k : int, optional
+        Semantic keys and queries start at k; default the store's k.
+    level : float
+        FDR level of ``anti_aligned``; Cohen's d CIs are 1 - level.
+    mixed : bool
+        Also fit the per-layer MixedLM robustness check.
+    mixed_max_sequences : int
+        Size of the MixedLM's random subset of sequences.
+    seed : int
+        Seed of that subset.
+    layers : str or list of int, optional
+        Only these layers (the range syntax, e.g. ``"0:4,7"``); default all.
+    progress : bool
+        Show a progress bar.
+    block_elements : int
+        Cells read per block of the one pass over the store (memory against speed).
 
     Returns
     -------
-    xarray.Dataset with the variables listed in the module docstring.
+    xarray.Dataset
+        The variables listed in the module docstring, provenance in ``attrs``.
     """
     require(ds, [S.SINK_VALUE_COSINE, S.SINK_RESIDUAL_COSINE], "the anti-alignment analysis")
     info = describe(ds, sink_k, None, layers)

@@ -192,10 +192,24 @@ def _differs(rows: list[dict]) -> dict[str, list[str]]:
 def compare(stores: Sequence[str | Path], labels: Sequence[str] | None = None, *,
             faithfulness: str = "faithfulness",
             settings: StatsSettings = StatsSettings()) -> xr.Dataset:
-    """The stored analyses of ``stores`` side by side (module docstring).
+    """Lay the stored analyses of ``stores`` side by side (see the module docstring).
 
-    ``labels``: one per store (default "model · data"); ``faithfulness``: the result name;
-    ``settings``: which stored faithfulness statistics to read.
+    Parameters
+    ----------
+    stores : sequence of str or Path
+        Store directories, each analysed (``attngeom analyze``) first.
+    labels : sequence of str, optional
+        One per store (default "model · data").
+    faithfulness : str
+        The name of the faithfulness result to read, where a store has one.
+    settings : StatsSettings
+        Which stored faithfulness statistics to read (level, resamples, seed, margins).
+
+    Returns
+    -------
+    xarray.Dataset
+        One ``store`` dimension (coordinates label, model, data, kind, bos, mode, sink_k,
+        tail_w, epsilon, level; ``relative_depth`` over store and layer).
     """
     stores = [Path(s) for s in stores]
     if labels is not None and len(labels) != len(stores):
@@ -325,8 +339,21 @@ def _faith(ds: xr.Dataset, rows: list[dict]) -> None:
 
 
 def table1(ds: xr.Dataset, variable: str = "gu_sink_head_share") -> "pd.DataFrame":
-    """Gu et al.'s Table 1: percent of sink heads, model x input kind (natural, random,
-    repeated, in that order), with BOS choice in the row label where stores differ in it."""
+    """Make Gu et al.'s Table 1: the percent of sink heads, model by input kind.
+
+    Parameters
+    ----------
+    ds : xarray.Dataset
+        The result of :func:`compare`.
+    variable : str
+        The share to tabulate (default Gu et al.'s per-input count).
+
+    Returns
+    -------
+    pandas.DataFrame
+        Rows per model (with the BOS choice in the label where stores differ in it), columns
+        natural, random and repeated, in that order.
+    """
     import pandas as pd
 
     frame = pd.DataFrame({"model": ds["model"].values, "bos": ds["bos"].values,

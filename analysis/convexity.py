@@ -269,19 +269,35 @@ def convexity(ds: xr.Dataset, *, sink_k: int | None = None, n_boot: int = N_BOOT
               seed: int = SEED, level: float = LEVEL, layers=None, grid=DEFAULT_GRID,
               lowess_points: int = LOWESS_POINTS, progress: bool = False,
               block_elements: int = DEFAULT_BLOCK_ELEMENTS) -> xr.Dataset:
-    """Quadratic fit of output_norm on the sink rate per (layer, head) and pooled per layer.
+    """Fit output_norm on the sink rate, a quadratic per (layer, head) and pooled per layer.
 
     Parameters
     ----------
-    ds : an opened attngeom store (dense or compact).
-    sink_k : queries i < k are excluded; default the store's k.
-    n_boot : sequence-cluster bootstrap resamples (0 disables the bootstrap CI).
-    seed : seed of the bootstrap and the LOWESS subsample.
-    level : test level (FDR level for ``convex``; CIs are 1 - level).
+    ds : xarray.Dataset
+        An opened attngeom store (dense or compact), or a measurement of ``attngeom.measure``.
+    sink_k : int, optional
+        Queries i < k are excluded; default the store's k.
+    n_boot : int
+        Sequence-cluster bootstrap resamples of the vertex (0 disables the bootstrap CI).
+    seed : int
+        Seed of the bootstrap and the LOWESS subsample.
+    level : float
+        Test level (FDR level for ``convex``; CIs are 1 - level).
+    layers : str or list of int, optional
+        Only these layers (the range syntax, e.g. ``"0:4,7"``); default all.
+    grid : numpy.ndarray
+        Sink rates at which the pooled fit and the LOWESS curve are evaluated.
+    lowess_points : int
+        Points of the seeded subsample the LOWESS curve is fitted on, per layer.
+    progress : bool
+        Show a progress bar.
+    block_elements : int
+        Cells read per block of the one pass over the store (memory against speed).
 
     Returns
     -------
-    xarray.Dataset with the variables listed in the module docstring.
+    xarray.Dataset
+        The variables listed in the module docstring, provenance in ``attrs``.
     """
     require(ds, [S.ALPHA, S.OUTPUT_NORM], "the convexity analysis")
     info = describe(ds, sink_k, None, layers)

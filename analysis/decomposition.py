@@ -258,13 +258,23 @@ def decomposition(ds: xr.Dataset, *, sink_k: int | None = None, tail_w: int | No
 
     Parameters
     ----------
-    ds : an opened attngeom store (dense or compact).
-    sink_k : sink keys k; a compact store needs its own k.
-    tail_w : tail window w; default the store's ``tail_w`` attribute, else ``vocab.TAIL_W``.
+    ds : xarray.Dataset
+        An opened attngeom store (dense or compact), or a measurement of ``attngeom.measure``.
+    sink_k : int, optional
+        Sink keys k; a compact store needs its own k.
+    tail_w : int, optional
+        Tail window w; default the store's ``tail_w`` attribute, else ``vocab.TAIL_W``.
+    layers : str or list of int, optional
+        Only these layers (the range syntax, e.g. ``"0:4,7"``); default all.
+    progress : bool
+        Show a progress bar.
+    block_elements : int
+        Cells read per block of the one pass over the store (memory against speed).
 
     Returns
     -------
-    xarray.Dataset with the variables listed in the module docstring.
+    xarray.Dataset
+        The variables listed in the module docstring, provenance in ``attrs``.
     """
     info = describe(ds, sink_k, tail_w, layers)
     require(ds, needs(ds), "the decomposition")

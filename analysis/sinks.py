@@ -106,17 +106,27 @@ class SinkAccumulator:
 def sinks(ds: xr.Dataset, *, sink_k: int | None = None, epsilon: float = EPSILON,
           layers=None, progress: bool = False,
           block_elements: int = DEFAULT_BLOCK_ELEMENTS) -> xr.Dataset:
-    """Sink rates per (layer, head) and Gu et al.'s sink heads (mean sink rate > ``epsilon``).
+    """Compute sink rates per (layer, head) and Gu et al.'s sink heads (mean sink rate > ``epsilon``).
 
     Parameters
     ----------
-    ds : an opened attngeom store (dense or compact).
-    sink_k : number of sink keys k (queries i < k are excluded); default the store's.
-    epsilon : sink-head threshold on the mean sink rate.
+    ds : xarray.Dataset
+        An opened attngeom store (dense or compact), or a measurement of ``attngeom.measure``.
+    sink_k : int, optional
+        Number of sink keys k (queries i < k are excluded); default the store's.
+    epsilon : float
+        Sink-head threshold on the mean sink rate.
+    layers : str or list of int, optional
+        Only these layers (the range syntax, e.g. ``"0:4,7"``); default all.
+    progress : bool
+        Show a progress bar.
+    block_elements : int
+        Cells read per block of the one pass over the store (memory against speed).
 
     Returns
     -------
-    xarray.Dataset with the variables listed in the module docstring.
+    xarray.Dataset
+        The variables listed in the module docstring, provenance in ``attrs``.
     """
     require(ds, [S.ALPHA], "the sink analysis")
     info = describe(ds, sink_k, None, layers)

@@ -46,9 +46,20 @@ class Job:
 
 
 def job(**options) -> Job:
-    """A :class:`Job` from keyword options of ``attngeom run`` (``out``, ``model``, ``limit``,
-    ``faith_limit``, ``metrics``, ``n_boot``, ...), with its defaults where not given; an
-    option it does not take is a TypeError, as for any Python function."""
+    """Make the main job's options from keyword options of ``attngeom run``.
+
+    Parameters
+    ----------
+    **options
+        Options of ``attngeom run`` by their Python names (``out``, ``model``, ``limit``,
+        ``faith_limit``, ``metrics``, ``n_boot``, ...); each one not given takes its default. An
+        option it does not take is a TypeError, as for any Python function.
+
+    Returns
+    -------
+    Job
+        The run's own options and each stage's.
+    """
     known = {f.name for f in fields(RunOptions)} | {n for _, only, _ in RUN_STAGES for n in only}
     unknown = sorted(set(options) - known)
     if unknown:
@@ -209,7 +220,20 @@ def steps(job: Job) -> list[tuple[str, Callable[[], str | None], Callable[[], No
 
 
 def run_job(job: Job, log: Callable[[str], None] = print) -> Path:
-    """Run the steps whose outputs are stale (:func:`stale`); return the report's path."""
+    """Run the steps whose outputs are stale (:func:`stale`).
+
+    Parameters
+    ----------
+    job : Job
+        The options, from :func:`job`.
+    log : callable
+        Receives one line per step (default: print).
+
+    Returns
+    -------
+    Path
+        The report's path.
+    """
     job.run.threads = limit_threads(job.run.threads)
     out = Path(job.run.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -97,13 +97,39 @@ def extract(model: str, data: str, out: str | Path, cfg: ExtractConfig | None = 
             trust_remote_code: bool = False, progress: bool = True,
             part: str | tuple[int, int] | None = None, texts=None,
             beyond_context: bool = False, shard: str | tuple[int, int] | None = None) -> dict:
-    """Extract ``data`` through ``model`` into the store ``out``; return the manifest.
+    """Extract ``data`` through ``model`` into the store ``out``, as ``attngeom extract`` does.
 
-    ``part="I/N"`` (``shard=``: its earlier name) extracts only part I (0-based) of N: a
-    contiguous block of whole shard files (see :mod:`attngeom.store.format.parts`); merging the
-    N part stores with ``attngeom store merge`` gives exactly the single-process store. ``beyond_context``:
-    allow ``max_length`` past the model's configured context (refused otherwise, before the
-    store is created, as a store or batch too large for the disk or memory is).
+    Parameters
+    ----------
+    model : str
+        A hub id, a model directory, a ``.gguf`` file or a built-in name.
+    data : str
+        A data spec, as ``--data`` takes it.
+    out : str or Path
+        The store directory: created, or resumed when it holds a partial run of the same
+        settings.
+    cfg : ExtractConfig, optional
+        The extraction options (default: every option's default).
+    trust_remote_code : bool
+        Allow model code from the hub.
+    progress : bool
+        Show progress bars.
+    part : str or tuple of int, optional
+        ``"I/N"`` or ``(I, N)``: extract only part I (0-based) of N, a contiguous block of whole
+        shard files (see :mod:`attngeom.store.format.parts`); merging the N part stores with
+        ``attngeom store merge`` gives exactly the single-process store.
+    texts : TextSet, optional
+        Texts already loaded for ``data`` (the spec is still recorded).
+    beyond_context : bool
+        Allow ``max_length`` past the model's configured context (refused otherwise, before the
+        store is created, as a store or batch too large for the disk or memory is).
+    shard : str or tuple of int, optional
+        The earlier name of ``part``.
+
+    Returns
+    -------
+    dict
+        The finished store's manifest.
     """
     from .loading.models import load
 

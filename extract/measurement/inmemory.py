@@ -61,31 +61,47 @@ def measure(model, inputs, mode: str = ExtractConfig.mode, sink_k: int = Extract
             batch_size: int = ExtractConfig.batch_size, store_text: bool = True,
             shard_size: int | None = None, data: str | None = None,
             progress: bool = False) -> xr.Dataset:
-    """Measure ``model`` on ``inputs`` in memory; the Dataset an opened store of them gives.
+    """Measure ``model`` on ``inputs`` in memory, as an opened store of them would read.
 
     Parameters
     ----------
-    model : a transformers model (any device and dtype, in eval mode or not: it is measured
-        in eval mode and left as it was, also when this raises).
-    inputs : texts (with ``tokenizer``), a mapping with ``input_ids`` [and
-        ``attention_mask``], or a mapping with ``pixel_values``; see the module doc.
-    mode, sink_k, tail_w, batch_size, store_text, shard_size : as the options of
-        ``attngeom extract`` (:class:`attngeom.common.options.stages.ExtractConfig`); ``batch_size``
-        rows per forward pass, ``shard_size`` the sequences per file of a later
-        :func:`attngeom.store.write` (recorded in the config as extract records it).
-    tokenizer : the tokenizer (texts; optional for token ids) or the image processor
-        (pixels; only its class name is recorded).
-    max_length : tokens per text (cut there; the Dataset's positions). Default: texts are cut
-        at extract's default and the positions are those of the longest sequence.
-    data : the name recorded as the data spec (default ``in-memory texts`` / ``token ids`` /
+    model : transformers.PreTrainedModel
+        Any device and dtype, in eval mode or not: it is measured in eval mode and left as it
+        was, also when this raises.
+    inputs : list of str or Mapping
+        Texts (with ``tokenizer``), a mapping with ``input_ids`` [and ``attention_mask``], or
+        a mapping with ``pixel_values``; see the module doc.
+    mode : {"compact", "dense"}
+        The layout, as ``attngeom extract --mode``.
+    sink_k : int
+        Sink keys: the first k positions.
+    tail_w : int
+        Tail window: the w most recent non-sink keys up to each query.
+    tokenizer : object, optional
+        The tokenizer (texts; optional for token ids) or the image processor (pixels; only its
+        class name is recorded).
+    max_length : int, optional
+        Tokens per text (cut there; the Dataset's positions). Default: texts are cut at
+        extract's default and the positions are those of the longest sequence.
+    batch_size : int
+        Rows per forward pass.
+    store_text : bool
+        Keep the token strings (``token``).
+    shard_size : int, optional
+        The sequences per file of a later :func:`attngeom.store.write` (recorded in the config
+        as extract records it).
+    data : str, optional
+        The name recorded as the data spec (default ``in-memory texts`` / ``token ids`` /
         ``pixel_values``); with the file name the texts came from, and the options of an
         ``attngeom extract`` run over that file, the config hash is that store's.
-    progress : show a progress bar.
+    progress : bool
+        Show a progress bar.
 
     Returns
     -------
-    xarray.Dataset with the names, dims, NaN conventions and attrs of
-    ``attngeom.store.open`` (contributions derived), held in memory.
+    xarray.Dataset
+        The names, dims, NaN conventions and attrs of ``attngeom.store.open`` (contributions
+        derived), held in memory.
     """
     from .preserve import unchanged
 

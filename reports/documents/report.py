@@ -233,16 +233,30 @@ def build_report(store: str | os.PathLike, out: str | os.PathLike | None = None,
                  analysis_dir: str | os.PathLike | None = None, *,
                  faithfulness: str = "faithfulness", progress: bool = True, log=print,
                  options: AnalysisOptions | None = None) -> Path:
-    """Run the missing analyses and write the PDF report of ``store``; return its path.
+    """Run the missing analyses and write the PDF report of ``store``.
 
     Parameters
     ----------
-    store : the store directory.
-    out : the PDF path (default ``<store>/report.pdf``).
-    analysis_dir : analysis results (default ``<store>/analysis``; computed when missing).
-    faithfulness : name of the recorded faithfulness result to show.
-    options : the analysis options (:class:`attngeom.common.options.stages.AnalysisOptions`), used
+    store : str or os.PathLike
+        The store directory.
+    out : str or os.PathLike, optional
+        The PDF path (default ``<store>/report.pdf``).
+    analysis_dir : str or os.PathLike, optional
+        Analysis results (default ``<store>/analysis``; computed when missing).
+    faithfulness : str
+        Name of the recorded faithfulness result to show.
+    progress : bool
+        Show progress bars while the analyses run.
+    log : callable
+        Receives the lines the command prints (default: print).
+    options : AnalysisOptions, optional
+        The analysis options (:class:`attngeom.common.options.stages.AnalysisOptions`), used
         when the analyses run.
+
+    Returns
+    -------
+    Path
+        The PDF's path.
     """
     data = gather(store, analysis_dir, faithfulness=faithfulness, progress=progress, log=log,
                   options=options)

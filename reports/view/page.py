@@ -77,15 +77,28 @@ class View:
 
 def view(ds: xr.Dataset | str | Path, sequence: int | None = None, *, sequences=None,
          layers=None, heads=None, max_bytes: int = MAX_BYTES) -> View:
-    """An interactive view of ``ds`` (see the module doc).
+    """Make an interactive view of ``ds`` (see the module doc).
 
     Parameters
     ----------
-    ds : a Dataset with the store's variable names and dims, or a store directory.
-    sequence : label of the sequence shown first (default: the first selected).
-    sequences, layers, heads : labels to embed, in the range syntax (``"0:4,7"``) or a list;
-        default all.
-    max_bytes : refuse (ValueError naming a selection that fits) a page larger than this.
+    ds : xarray.Dataset or str or Path
+        A Dataset with the store's variable names and dims, or a store directory.
+    sequence : int, optional
+        Label of the sequence shown first (default: the first selected).
+    sequences : str or list of int, optional
+        Sequence labels to embed, in the range syntax (``"0:4,7"``) or a list; default all.
+    layers : str or list of int, optional
+        Layer labels to embed, likewise.
+    heads : str or list of int, optional
+        Head labels to embed, likewise.
+    max_bytes : int
+        Refuse (a one-line error naming a selection that fits) a page larger than this.
+
+    Returns
+    -------
+    View
+        Rendered inline as a notebook cell's last value; ``.save("view.html")`` writes the
+        self-contained page.
     """
     return build(ds, sequence, sequences=sequences, layers=layers, heads=heads,
                  max_bytes=max_bytes, cli=False)

@@ -43,7 +43,13 @@ PAIR_QUANTITIES = tuple(S.PAIR_VARIABLES) + tuple(S.DERIVED_PAIR_VARIABLES)
 
 @xr.register_dataset_accessor("attngeom")
 class StoreAccessor:
-    """Layout, options and block reads of an attngeom store (``ds.attngeom``)."""
+    """Layout, options and block reads of an attngeom store (``ds.attngeom``).
+
+    Parameters
+    ----------
+    ds : xarray.Dataset
+        An opened store or a measurement (importing ``attngeom.store`` registers the accessor).
+    """
 
     def __init__(self, ds: xr.Dataset):
         self._ds = ds
@@ -113,7 +119,18 @@ class StoreAccessor:
         return np.ones([ds.sizes[d] for d in dims], bool), dims
 
     def elementwise(self, group: str) -> bool:
-        """Whether the store keeps the keys of ``group`` one by one (middle: dense only)."""
+        """Tell whether the store keeps the keys of ``group`` one by one (middle: dense only).
+
+        Parameters
+        ----------
+        group : {"sink", "tail", "middle"}
+            The key group.
+
+        Returns
+        -------
+        bool
+            True when the group's keys are stored one by one.
+        """
         check_group(group)
         return self.all_keys or group != MIDDLE
 
@@ -143,11 +160,24 @@ class StoreAccessor:
 
     def groups(self, k: int | None = None, w: int | None = None, *,
                mask: bool = True) -> KeyGroups:
-        """The key groups of every query with k sink keys and a tail window w.
+        """Make the key groups of every query with k sink keys and a tail window w.
 
-        ``mask``: NaN outside the analyses' cells (queries i < k or beyond the length, keys
-        beyond the length, sequences with non-finite activations); False: only the store's own
-        NaN and the group membership.
+        Parameters
+        ----------
+        k : int, optional
+            Sink keys (default the store's).
+        w : int, optional
+            Tail window (default the store's).
+        mask : bool
+            NaN outside the analyses' cells (queries i < k or beyond the length, keys beyond the
+            length, sequences with non-finite activations); False: only the store's own NaN and the
+            group membership.
+
+        Returns
+        -------
+        KeyGroups
+            The masks (``query_ok``, ``key_ok``, ``semantic_key``), ``sink_rate``, and ``group`` and
+            ``total`` of each quantity by group.
         """
         k, w = self.resolve(k, w)
         return KeyGroups(self._ds, k, w, mask=mask)
@@ -213,12 +243,31 @@ class StoreAccessor:
                    dtype=np.float64) -> xr.Dataset:
         """Read the quantities ``names`` of one layer and a run of sequences into memory.
 
-        Every variable (with ``length``, ``finite`` and ``special`` for the masks) is read in
-        one dask computation; the masks, which have no layer dim, only with the first block of
-        a run of sequences (then kept on this accessor for the other layers' blocks); float
-        variables are cast to ``dtype``; dims are in the schema's
-        order. A dense store's pair variables are read over all keys only when ``groups``
-        goes beyond the sink (else keys < ``k``, default the store's k).
+        Every variable (with ``length``, ``finite`` and ``special`` for the masks) is read in one
+        computation; the masks, which have no layer dim, only with the first block of a run of
+        sequences (then kept on this accessor for the other layers' blocks); dims are in the
+        schema's order.
+
+        Parameters
+        ----------
+        names : iterable of str
+            Stored or derived quantities (``alpha``, ``contribution``, ``ratio``, ...).
+        layer : int, optional
+            The layer label (default: every layer).
+        sequences : slice, optional
+            The run of sequences (default: all).
+        groups : iterable of str
+            The key groups needed; a dense store's pair variables are read over all keys only when
+            they go beyond the sink (else keys < ``k``).
+        k : int, optional
+            Sink keys (default the store's k).
+        dtype : numpy.dtype
+            Float variables are cast to it.
+
+        Returns
+        -------
+        xarray.Dataset
+            The block, in memory.
         """
         import dask
 

@@ -83,7 +83,23 @@ def write_manifest(store: str | Path, manifest: dict) -> None:
 
 
 def read_manifest(store: str | Path) -> dict:
-    """Parse and check a store's manifest; raise StoreError with a one-line reason."""
+    """Parse and check a store's manifest.
+
+    Parameters
+    ----------
+    store : str or Path
+        The store directory.
+
+    Returns
+    -------
+    dict
+        The manifest.
+
+    Raises
+    ------
+    StoreError
+        With a one-line reason when it is missing, unreadable or of another format.
+    """
     path = Path(store) / MANIFEST
     if not Path(store).is_dir():
         raise StoreError(f"{store}: not a store directory (expected a folder with {MANIFEST})")

@@ -41,10 +41,28 @@ FILLS = {"token_id": -1, "special": 0, "token": ""}        # beyond a sequence's
 
 def import_export(export: str | Path, out: str | Path,
                   log: Callable[[str], None] | None = None) -> dict:
-    """Rebuild the store an hf export was made from, at ``out``; return its manifest.
+    """Rebuild the store an hf export was made from, at ``out``.
 
-    Raises StoreError (one line) when the export is not an attngeom hf export, a file is
-    missing or does not match its recorded sha256, or a table the store needs was left out.
+    Parameters
+    ----------
+    export : str or Path
+        The export's folder (as ``store export --format hf`` wrote it, or ``hf download`` left
+        it), with its ``manifest.source.json``.
+    out : str or Path
+        The new store directory.
+    log : callable, optional
+        Receives one line when the store is written.
+
+    Returns
+    -------
+    dict
+        The new store's manifest.
+
+    Raises
+    ------
+    StoreError
+        In one line, when the export is not an attngeom hf export, a file is missing or does not
+        match its recorded sha256, or a table the store needs was left out.
     """
     export, out = Path(export), Path(out)
     source, record = _checked(export)

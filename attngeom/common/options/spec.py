@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import inspect
+import re
+import textwrap
 from dataclasses import field, fields
 from typing import Any, Callable, Sequence
 
@@ -88,6 +91,36 @@ def _show(value: Any) -> str:
     if isinstance(value, (tuple, list)):
         return ",".join(str(v) for v in value)
     return str(value)
+
+
+def _rst(text: str) -> str:
+    """A help text as reStructuredText: code in double backticks, markup characters escaped."""
+    text = text.replace("``", "`").replace("`", "``")
+    text = text.replace("*", "\\*").replace("|", "\\|")
+    return re.sub(r"(\w)_(?=\W|$)", r"\1\\_", text)
+
+
+def documented(cls: type) -> type:
+    """Append to the docstring of the options class ``cls`` a numpydoc Parameters section made
+    from its declarations (help, default, command-line flag), so that the API reference and
+    ``--help`` say the same, typed once."""
+    lines = ["", "Parameters", "----------"]
+    for f in fields(cls):
+        m = f.metadata
+        if "help" not in m:
+            continue
+        kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
+        text = ("False: " if m["kind"] == "negated" else "") + m["help"]
+        text += "" if text.endswith(".") else "."
+        if "default" not in text.lower():
+            text += f" Default ``{_show(f.default)}``."
+        if m["cli"]:
+            text += f" Command line: ``{flag_of(f)}``."
+        lines.append(f"{f.name} : {kind}")
+        lines += textwrap.wrap(_rst(text), 88, initial_indent="    ", subsequent_indent="    ",
+                               break_on_hyphens=False, break_long_words=False)
+    cls.__doc__ = inspect.cleandoc(cls.__doc__ or "") + "\n" + "\n".join(lines) + "\n"
+    return cls
 
 
 # ----------------------------------------------------------------------------- argparse

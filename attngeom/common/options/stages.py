@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from .. import metrics as M
 from .. import vocab as V
-from .spec import (add_arguments, check_fields, flag_of, from_args, identity, mismatches,
+from .spec import (add_arguments, check_fields, documented, flag_of, from_args, identity, mismatches,
                          option, provenance)
 from ..errors import Refusal
 
@@ -48,10 +48,14 @@ DTYPE_HELP = "float32, bfloat16 or float16 (GPU)"
 
 
 # ----------------------------------------------------------------------------- extract
+@documented
 @dataclass
 class ExtractConfig:
-    """Options of an extraction run; all but ``batch_size``/``device``/``dtype`` are recorded in
-    the store's config (``dtype`` with the model)."""
+    """Options of an extraction run (``attngeom extract``).
+
+    All but ``batch_size``, ``device`` and ``dtype`` are recorded in the store's config
+    (``dtype`` with the model).
+    """
 
     mode: str = option(V.COMPACT, "store layout: every (query, key) pair, or sink and tail keys",
                        choices=V.LAYOUTS, record="options")
@@ -77,7 +81,7 @@ class ExtractConfig:
                                     type=int, at_least=1, record="options", auto=True)
     store_text: bool = option(True, "leave token strings out", flag="--no-text", kind="negated",
                               record="options")
-    precision: str = option(V.FLOAT32, "float32, or packed (~0.54x the bytes): alpha and "
+    precision: str = option(V.FLOAT32, "float32, or packed (about half the bytes): alpha and "
                             "cosines as CF-packed int16 (errors <= 7.7e-6 / 3.06e-5), norms with "
                             "14 mantissa bits (relative error <= 3.1e-5), middle_count once per "
                             "layer (store/format/packing.py)", choices=V.PRECISIONS,
@@ -102,10 +106,14 @@ class ExtractConfig:
 NAME = re.compile(r"[A-Za-z0-9_-]+")
 
 
+@documented
 @dataclass
 class FaithConfig:
-    """Options of a faithfulness run; all but ``batch_size``/``device``/``name`` shape the
-    numbers (:meth:`options`, recorded with the result)."""
+    """Options of a faithfulness run (``attngeom faithfulness``).
+
+    All but ``batch_size``, ``device`` and ``name`` shape the numbers (:meth:`options`,
+    recorded with the result).
+    """
 
     task: str = option("lm", "lm (perplexity of texts) or a task scored by accuracy",
                        choices=V.TASKS, record="options")
@@ -164,10 +172,13 @@ class FaithConfig:
 
 
 # ----------------------------------------------------------------------------- analysis
+@documented
 @dataclass
 class AnalysisOptions:
-    """Options of the four analyses (:func:`attngeom.analysis.run_all`); those with
-    ``provenance`` are copied into every result as ``analysis_<name>``."""
+    """Options of the four analyses (``attngeom analyze``, :func:`attngeom.analysis.run_all`).
+
+    Those with ``provenance`` are copied into every result as ``analysis_<name>``.
+    """
 
     sink_k: int | None = option(None, "sink keys k (default: the store's; a compact store "
                                       "needs its own)", type=int, at_least=1, provenance=True)
