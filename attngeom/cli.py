@@ -92,7 +92,19 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    """Run ``attngeom ARGV``; the exit status: 0, 2 (a refusal), 70 (a bug), 130 or 143
+    (stopped by SIGINT or SIGTERM, which unwind from the first line on)."""
+    try:
+        with terminate_unwinds():
+            return _main(list(sys.argv[1:] if argv is None else argv))
+    except KeyboardInterrupt as exc:
+        close_progress_bars()
+        print("attngeom: interrupted; rerun the same command to resume", file=sys.stderr)
+        # 128 + the signal's number, as a shell reports a process the signal ended
+        return 128 + (signal.SIGTERM if isinstance(exc, Terminated) else signal.SIGINT)
+
+
+def _main(argv: list[str]) -> int:
     debug = "--debug" in argv                    # accepted anywhere on the line
     argv = [a for a in argv if a != "--debug"]
     try:
@@ -103,20 +115,13 @@ def main(argv: list[str] | None = None) -> int:
         print(error_line(exc), file=sys.stderr)
         return INTERNAL_EXIT
     args = parser.parse_args(argv)
-    args.debug = debug
     if not getattr(args, "_run", None):
         parser.print_help()
         return 2
     try:
-        with terminate_unwinds():
-            return int(args._run(args) or 0)
-    except KeyboardInterrupt as exc:
-        close_progress_bars()
-        print("attngeom: interrupted; rerun the same command to resume", file=sys.stderr)
-        # 128 + the signal's number, as a shell reports a process the signal ended
-        return 128 + (signal.SIGTERM if isinstance(exc, Terminated) else signal.SIGINT)
+        return int(args._run(args) or 0)
     except Exception as exc:  # one line for users, the traceback with --debug
-        if args.debug:
+        if debug:
             raise
         close_progress_bars()
         print(error_line(exc), file=sys.stderr)

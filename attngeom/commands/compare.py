@@ -26,9 +26,9 @@ def run(args: argparse.Namespace) -> int:
 
     labels = args.labels.split(",") if args.labels else None
     ds = compare(args.stores, labels, faithfulness=args.faithfulness)
-    path = write_pdf(ds, args.out, args.png)
-    print(f"attngeom: wrote {path}")
-    if args.csv:
+    if args.csv:                 # the PDF last: a run stopped before it has not finished
         for f in write_csv(ds, args.csv):
             print(f"attngeom: wrote {f}")
+    path = write_pdf(ds, args.out, args.png)
+    print(f"attngeom: wrote {path}")
     return 0
