@@ -139,6 +139,14 @@ def test_citations_are_the_records_values(tmp_path):
         records.cite("<!--rec:demo:nope:.1f-->1<!--/rec-->", recs)
 
 
+def test_no_line_starts_with_a_citation():
+    """A line that starts with ``<!--`` opens an HTML block in Markdown, which ends the paragraph
+    (and shows the rest raw on GitHub): a citation must follow text on its line."""
+    for path in generate.cited_files():
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            assert not line.startswith("<!--rec:"), f"{path.name}:{n}"
+
+
 def test_status_table_lists_each_target_once_with_its_latest_record():
     recs = [{"id": "a", "date": "2026-01-01", "target": "t1", "issue": "1", "figure": "old",
              "verdict": "v", "values": {}},
