@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -37,6 +38,7 @@ from attngeom.common.atomic import atomic_file, atomic_write_bytes, copy_file
 
 FORMATS = ("zarr", "parquet", "hf")
 SOURCE_MANIFEST = MANIFEST.replace(".json", ".source.json")   # the source manifest, copied
+INCOMPLETE = ".attngeom-export-incomplete"   # in an export being written; removed when done
 EXPORT_RECORD = "export"       # its key for what the export holds: tables, no_text, sha256s
 TABLES = ("per_query", "per_key", "pairs", "sequences", "tokens")
 ZARR_CHUNK_BYTES = 16 << 20
@@ -60,7 +62,11 @@ def export(store: str | Path, out: str | Path, fmt: str, tables=None, no_text: b
     if ds is not None and no_text and "token" in ds:
         ds = ds.drop_vars("token")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise StoreError(f"--out {out} exists and is not empty; choose a new path")
+        if not (out / INCOMPLETE).is_file():
+            raise StoreError(f"--out {out} exists and is not empty; choose a new path")
+        shutil.rmtree(out)                  # what an interrupted export left: start over
+    out.mkdir(parents=True, exist_ok=True)
+    (out / INCOMPLETE).touch()
     written: dict[str, str] = {}                      # hf: config name -> data_files pattern
     if fmt == "zarr":
         _zarr(ds, out)
@@ -80,6 +86,7 @@ def export(store: str | Path, out: str | Path, fmt: str, tables=None, no_text: b
         atomic_write_bytes(out / "README.md", card.encode())
     else:
         atomic_write_bytes(out / README, _export_readme(manifest, fmt, store, no_text).encode())
+    (out / INCOMPLETE).unlink()
     return out
 
 
@@ -123,7 +130,7 @@ def _zarr(ds, out: Path) -> None:
         var.encoding = {}
     ds = ds.chunk(zarr_chunks(ds)) if ds.sizes else ds
     try:
-        ds.to_zarr(out, mode="w-", consolidated=True, zarr_format=2)
+        ds.to_zarr(out, mode="a", consolidated=True, zarr_format=2)   # out: new, or cleared
     except ImportError:
         raise Refusal("--format zarr needs the zarr package; pip install zarr") from None
 

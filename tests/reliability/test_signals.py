@@ -100,6 +100,11 @@ def commands(model: Path, texts: Path, store: Path, dense: Path, export: Path
             _store_files, _not_complete),
         "store import": Command(lambda o: ("store", "import", export, "--out", o),
                                 _store_files, _not_complete),
+        "store export": Command(
+            lambda o: ("store", "export", store, "--format", "hf", "--out", o),
+            lambda o: [o / "manifest.source.json"],
+            lambda o: (o / ".attngeom-export-incomplete").exists()
+            or not (o / "manifest.source.json").exists()),
     }
 
 
@@ -173,7 +178,7 @@ def _without_paths(obj, root: Path):
 
 @pytest.mark.parametrize("point", POINTS)
 @pytest.mark.parametrize("name", ["extract", "faithfulness", "analyze", "report", "compare",
-                                  "run", "store merge", "store import"])
+                                  "run", "store merge", "store import", "store export"])
 def test_a_stopped_command_ends_leaves_no_result_and_reruns_to_the_same(setting, name, point):
     command = setting["commands"][name]
     runs = {(signal.SIGTERM, False): setting["base"] / f"{name}-{point}-term",

@@ -136,7 +136,8 @@ def test_export_errors(made, tmp_path, capsys):
 @pytest.mark.parametrize("fmt", ["parquet", "hf"])
 def test_a_failed_export_leaves_no_partial_table(made, tmp_path, monkeypatch, fmt):
     """Tables go through the writer API (temporary name, fsync, rename): an export that fails
-    midway leaves no file with a final name that is not whole, and no temporaries."""
+    midway leaves no file with a final name that is not whole, no temporaries, and a marker
+    by which the same export, run again, starts the folder over."""
     import attngeom.store.ops.export as export_module
 
     path, _ = made["dense"]
@@ -152,4 +153,7 @@ def test_a_failed_export_leaves_no_partial_table(made, tmp_path, monkeypatch, fm
     with pytest.raises(RuntimeError, match="simulated"):
         export(path, tmp_path / "out", fmt)
     left = [p.name for p in (tmp_path / "out").rglob("*") if p.is_file()]
-    assert left == []                         # the first shard's tables were never whole
+    assert left == [".attngeom-export-incomplete"]   # no table was whole; marked incomplete
+    monkeypatch.setattr(export_module, "_block_tables", real)
+    export(path, tmp_path / "out", fmt)              # the same export again: starts over
+    assert not (tmp_path / "out" / ".attngeom-export-incomplete").exists()
