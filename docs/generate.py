@@ -255,6 +255,8 @@ def architectures_reference() -> str:
 
 # ----------------------------------------------------------------------------- performance
 def performance_page(recs: list[dict]) -> str:
+    from attngeom.commands.bench import SCRIPTS
+
     last = records.latest(recs)
     lines = [NOTE.format(source="benchmarks/records.jsonl"), "", "# Performance", "",
              "Every figure on this page is a benchmark record of `benchmarks/records.jsonl`: "
@@ -265,21 +267,26 @@ def performance_page(recs: list[dict]) -> str:
              "`benchmarks/RESULTS.md` keeps the dated log of every run: the set-up, the noise, "
              "what was changed between runs, and the per-case tables.", "",
              "Benchmarks are scripts, not tests: `attngeom bench "
-             "extract|command|store|analysis|faithfulness|length|gpu|all` "
-             "([reference](reference/cli.md#attngeom-bench)) prints one JSON object per line; "
-             "`python benchmarks/bench_demo.py --record` times the demo and appends its record.",
+             f"{'|'.join(list(SCRIPTS) + ['all'])}` "
+             "([reference](reference/cli.md#attngeom-bench)) prints one JSON object per line, "
+             "and `attngeom bench --record ID WHAT` also appends them to the records as the "
+             "record ID; `python benchmarks/bench_demo.py --record` times the demo and appends "
+             "its record. A figure measured by hand is added as a line of the file, with the "
+             "command that measured it.",
              "", "## Status against the targets", "", records.status_table(recs), ""]
     if "demo" in last:
         d = last["demo"]
         v = d["values"]
         steps = ", ".join(f"{k[:-2]} {v[k]:.0f} s" for k in v
                           if k.endswith("_s") and k != "wall_s")
+        m = d["machine"]
         lines += ["## The demo", "",
-                  f"`make demo` ({md(d['command'])}) took **{v['wall_s']:.0f} s** on "
+                  f"The demo ({md(d['command'])}) took **{v['wall_s']:.0f} s** on "
                   f"{d['date']} ({steps}; peak resident memory {v['peak_rss_mib']} MiB; "
-                  f"{d['machine'].get('cpus')} CPUs, Python {d['machine'].get('python')}, "
-                  f"torch {d['machine'].get('torch')}, transformers "
-                  f"{d['machine'].get('transformers')}).", ""]
+                  f"{m.get('cpus')} CPUs at a load average of {m.get('load_avg_1m', 0):.1f} "
+                  f"when it started, {m.get('threads')} torch thread, Python {m.get('python')}, "
+                  f"torch {m.get('torch')}, transformers {m.get('transformers')}). Rerun it "
+                  f"with `{d.get('script', '')}`.", ""]
     lines += ["## Every record", "", "| record | date | values | measured by |",
               "|---|---|---|---|"]
     for rec in last.values():

@@ -200,6 +200,10 @@ class ViewCommand:
 class BenchCommand:
     """``attngeom bench``: a script of the repository's benchmarks/ folder."""
 
+    record: str | None = option(
+        None, "also append what the benchmark printed to benchmarks/records.jsonl as the record "
+              "ID (its numbers become the record's values; give it before WHAT)",
+        type=str, metavar="ID")
     what: str = option(None, "which benchmark", type=str, positional=True,
                        choices=V.BENCHMARKS + ("all",))
     args: list = option(None, "passed to the script (see `attngeom bench WHAT --help`)",
