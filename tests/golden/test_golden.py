@@ -130,12 +130,12 @@ def bounds(name: str, want) -> dict[str, tol.Tol]:
     return {v: tol.Tol(atol=found[v]) if v in found else tol.Tol() for v in floats}
 
 
-def _close(x: np.ndarray, y: np.ndarray, bound: tol.Tol) -> str | None:
+def _close(x: np.ndarray, y: np.ndarray, bound: tol.Tol, name: str) -> str | None:
     """Why float arrays ``x`` (rebuilt) and ``y`` (golden) differ, or None (same)."""
     try:
-        tol.assert_close(x, y, bound)
+        tol.assert_close(x, y, bound, name)
     except AssertionError as err:
-        return str(err).lstrip(": ").split(": got")[0]
+        return str(err).split(": ", 1)[-1].split(": got")[0]
     return None
 
 
@@ -159,7 +159,7 @@ def compare_summary(name: str, got: str, want: str, found: dict[str, tol.Tol]) -
     for column in (c for c in b.columns if c in a.columns):
         x, y = a[column].to_numpy(), b[column].to_numpy()
         if x.dtype.kind in "fiu" and y.dtype.kind in "fiu":
-            why = _close(x, y, _column_bound(column, found))
+            why = _close(x, y, _column_bound(column, found), f"{name}.summary_csv.{column}")
         else:
             why = None if np.array_equal(x.astype(str), y.astype(str)) else "values differ"
         if why:
@@ -182,7 +182,7 @@ def compare(name: str, got, want) -> list[str]:
             continue
         x, y = np.asarray(a.values), np.asarray(b.values)
         if x.dtype.kind == "f" or y.dtype.kind == "f":
-            why = _close(x, y, found.get(str(var), tol.Tol()))
+            why = _close(x, y, found.get(str(var), tol.Tol()), f"golden {name}.{var}")
             if why:
                 problems.append(f"{name}.{var}: {why}")
         elif not np.array_equal(x, y):
