@@ -7,8 +7,8 @@ command's output (:func:`reliability.signals.temporary_under`). Each must end wi
 interrupted, no process of it left; what it wrote must not read as complete; and the same
 command rerun must finish and write what an uninterrupted run writes (bit for bit, apart from
 timestamps; the suite reruns the SIGTERM one). ``ATTNGEOM_SIGNAL_POINTS=all`` (the stand-ins
-script, ``.ci/standins``) reruns both and adds more points per command: as soon as it has
-started, and once the first output file is complete.
+script, ``.ci/standins``) stops each command at two other points, as soon as it has started and
+once the first output file is complete, and reruns both.
 """
 
 from __future__ import annotations
@@ -118,10 +118,11 @@ def _first_file(out: Path) -> Callable[[], bool]:
                                         for p in out.rglob("*"))
 
 
-POINTS = {"writing": temporary_under}
+# the suite stops each command while it writes; the stand-ins (ATTNGEOM_SIGNAL_POINTS=all) at
+# two more points, each with both reruns
 ALL_POINTS = os.environ.get("ATTNGEOM_SIGNAL_POINTS") == "all"
-if ALL_POINTS:
-    POINTS |= {"first file": _first_file, "at start": _started}
+POINTS = ({"first file": _first_file, "at start": _started} if ALL_POINTS
+          else {"writing": temporary_under})
 
 
 @pytest.fixture(scope="module")
