@@ -47,12 +47,14 @@ def main(argv: list[str] | None = None) -> int:
         return done.returncode
     steps = {name: float(s) for name, s in STEP.findall(log)}
     peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024     # KiB -> MiB
+    where = machine()
     rec = emit({"id": "demo", "date": datetime.date.today().isoformat(),
                 "command": "make demo (attngeom run --out runs/demo), a fresh process",
                 "script": "python benchmarks/bench_demo.py --record",
                 "values": {"wall_s": round(wall, 1), "peak_rss_mib": round(peak),
-                           **{f"{k}_s": v for k, v in steps.items()}},
-                "machine": machine()})
+                           **{f"{k}_s": v for k, v in steps.items()},
+                           "load_avg_1m": round(where.get("load_avg_1m", 0.0), 1)},
+                "machine": where})
     if args.keep is None:
         shutil.rmtree(out, ignore_errors=True)
     if args.record:
