@@ -210,12 +210,22 @@ def measure_peak(fn: Callable[[], object]) -> dict:
 
 
 def run_child_rss(argv: list[str], env: dict | None = None, cwd=None,
-                  rss_limit_mib: float | None = None) -> dict:
+                  rss_limit_mib: float | None = None, as_limit_bytes: int | None = None,
+                  timeout_s: float | None = None) -> dict:
     """Run a command: wall and CPU seconds, exit status, output, and the child's own peak
-    RSS (``os.wait4``, so earlier children do not count)."""
+    RSS (``os.wait4``, so earlier children do not count).
+
+    ``rss_limit_mib``: a watchdog kills the child when its resident set outgrows this.
+    ``as_limit_bytes``: the child's address space is limited (``RLIMIT_AS``), so that an
+    allocation beyond it fails inside the child (alone), with the child's own error.
+    ``timeout_s``: the child is killed after this many seconds (``timed_out``).
+    """
+    def limit():
+        resource.setrlimit(resource.RLIMIT_AS, (as_limit_bytes, as_limit_bytes))
+
     t0 = time.perf_counter()
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
-                            cwd=cwd)
+                            cwd=cwd, preexec_fn=limit if as_limit_bytes else None)
     out_chunks, err_chunks = [], []
     import threading
 
@@ -227,17 +237,21 @@ def run_child_rss(argv: list[str], env: dict | None = None, cwd=None,
                threading.Thread(target=pump, args=(proc.stderr, err_chunks))]
     for t in threads:
         t.start()
-    killed = False
+    killed = timed_out = False
+    watch = bool(rss_limit_mib or timeout_s)
     while True:                             # wait4 keeps this child's own rusage
-        pid, status, usage = os.wait4(proc.pid, os.WNOHANG if rss_limit_mib else 0)
+        pid, status, usage = os.wait4(proc.pid, os.WNOHANG if watch else 0)
         if pid:
             break
+        if timeout_s and time.perf_counter() - t0 > timeout_s and not timed_out:
+            proc.kill()
+            timed_out = True
         try:                                # watchdog: stop a child that outgrows the limit
             with open(f"/proc/{proc.pid}/status") as f:
                 rss = next(int(x.split()[1]) for x in f if x.startswith("VmRSS:")) / 1024
         except (OSError, StopIteration):
             rss = 0
-        if rss > rss_limit_mib and not killed:
+        if rss_limit_mib and rss > rss_limit_mib and not killed:
             proc.kill()
             killed = True
         time.sleep(0.2)
@@ -246,6 +260,7 @@ def run_child_rss(argv: list[str], env: dict | None = None, cwd=None,
         t.join()
     proc.returncode = os.waitstatus_to_exitcode(status)
     return {"argv": argv, "rc": proc.returncode, "wall_s": wall, "killed_over_rss_limit": killed,
+            "timed_out": timed_out,
             "peak_rss_mib": usage.ru_maxrss / 1024, "cpu_s": usage.ru_utime + usage.ru_stime,
             "stdout": b"".join(out_chunks).decode(errors="replace"),
             "stderr": b"".join(err_chunks).decode(errors="replace")}
