@@ -8,7 +8,8 @@ and verdict (:func:`attngeom.analysis.equivalence.equivalence_table`); and the s
 summary; and the floor and the order over every metric run
 (:mod:`attngeom.analysis.faithfulness_floor`): each metric against random, the AOPC min-max over
 the rankings run beside the raw AOPC, the ranking with its adjacent steps tested, and the share
-of removed sets that hold the query's own key. They are written to ``<analysis>/<name>_stats.nc`` by ``attngeom faithfulness`` (into
+of removed sets that hold the query's own key. They are written to
+``<analysis>/<name>_stats.nc`` by ``attngeom faithfulness`` (into
 ``<store>/analysis``), ``attngeom analyze`` and ``attngeom report``, with the settings they
 used (:class:`StatsSettings`) and the sha256 of the result file they came from. :func:`ensure`
 reads them when both match and recomputes them otherwise: never a stale table. Settings other

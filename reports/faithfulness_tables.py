@@ -1,7 +1,8 @@
 """A faithfulness result's stored statistics as titled tables of strings, cell for cell the same in
 ``attngeom faithfulness``'s printout and in the PDF.
 
-:func:`tables` turns the stored statistics (:class:`attngeom.analysis.faithfulness_stats.FaithStats`)
+:func:`tables` turns the stored statistics
+(:class:`attngeom.analysis.faithfulness_stats.FaithStats`)
 into :class:`Table` objects, for every loss the statistics hold (ΔPPL and the log perplexity
 ratio for language modelling, the accuracy loss for multiple choice); :func:`as_text` prints one
 (columns separated by `` | ``), and the PDF draws the same rows

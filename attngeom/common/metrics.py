@@ -14,7 +14,8 @@ store): a built-in metric's are found by its name in the table of
   metric (a head's score needs that head's output only), ``kernel(alpha, dot, norm_sq)`` for the
   ``layer``-scope one (:mod:`attngeom.extract.faithfulness.exact_scores`), ``kernel(rows:
   TokenRows64) -> scores`` for a ``token``-scope one (a score per key with the heads
-  combined, which ranks at token granularity only: :mod:`attngeom.extract.faithfulness.field_scores`).
+  combined, which ranks at token granularity only:
+  :mod:`attngeom.extract.faithfulness.field_scores`).
 
 A metric that needs more than the layer's attention says so (``needs``): ``position`` (where
 each score is: the random floor), ``residual`` (the layer's residual input and the
@@ -220,25 +221,28 @@ _builtin(
 _builtin(
     "random", "rand", "random", "random", "rand", "a seeded random ranking (the floor)",
     "#bbbbbb", nonnegative=True, error_unit=0.0, needs=(POSITION,))
-# the field's methods through attention (issue 43): scores per (query, key), heads combined
+# the field's methods through attention (issue 43): scores per (query, key), heads combined;
+# error units ten times the largest measured on SmolLM2-135M prose (4 texts, every layer, T = 32,
+# 64 and 128: benchmarks/bench_field.py, benchmarks/RESULTS.md), and at least twice the largest
+# on the tests' tiny random models (norm_residual: 0.076 there)
 _builtin(
     "alti", "ALTI", "ALTI", "ALTI", "alti", "ALTI (Ferrando et al. 2022)", "#dd8452",
-    nonnegative=True, error_unit=16.0, scope=TOKEN, needs=(RESIDUAL,))
+    nonnegative=True, error_unit=0.15, scope=TOKEN, needs=(RESIDUAL,))
 _builtin(
     "alti_sa", "ALTI-sa", "ALTI, self key by its attention", "ALTI (sa)", "alti_sa",
     "ALTI, the self key ranked by its attention part only", "#f0b27a", nonnegative=True,
-    error_unit=16.0, scope=TOKEN, needs=(RESIDUAL,))
+    error_unit=0.15, scope=TOKEN, needs=(RESIDUAL,))
 _builtin(
     "norm_residual", "‖T‖", "norm with residual", "norm + residual", "nres",
     "norm-based with residual and LN (Kobayashi et al. 2021)", "#937860", nonnegative=True,
-    error_unit=16.0, scope=TOKEN, needs=(RESIDUAL,))
+    error_unit=0.2, scope=TOKEN, needs=(RESIDUAL,))
 _builtin(
     "norm_residual_sa", "‖T‖-sa", "norm with residual, self key by its attention",
     "norm + residual (sa)", "nres_sa", "norm-based, the self key ranked by its attention "
-    "part only", "#c9b29b", nonnegative=True, error_unit=16.0, scope=TOKEN, needs=(RESIDUAL,))
+    "part only", "#c9b29b", nonnegative=True, error_unit=0.2, scope=TOKEN, needs=(RESIDUAL,))
 _builtin(
     "rollout", "roll", "attention rollout", "rollout", "roll",
-    "attention rollout (Abnar and Zuidema 2020)", "#da8bc3", nonnegative=True, error_unit=4.0,
+    "attention rollout (Abnar and Zuidema 2020)", "#da8bc3", nonnegative=True, error_unit=0.8,
     scope=TOKEN, needs=(BELOW,))
 
 BUILTIN = tuple(_REGISTRY)

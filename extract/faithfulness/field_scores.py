@@ -17,10 +17,11 @@ Each scores the keys of a query with the heads combined (scope ``token``, so the
   (a product kept in the pass's ``carry``, in float32 and float64 from the same weights).
 
 Float32 error. ALTI and the norm-based scores take differences and norms of d-vectors, so
-their error is absolute: ``unit * (Lambda_i + Tk) * M_i`` with Lambda alpha's error scale
-(:func:`~.removal_scores.logit_scale`, largest over heads) and M_i the size of the sums involved
-(``||y_i||_1 + max_j ||T_i(x_j)||_1``, or ``max_j ||T_i(x_j)||_2``). Rollout's product of
-non-negative matrices has a relative error of u (H + T + 2) per layer, summed over layers.
+their error is absolute: ``unit * (Lambda_i + Tk + d) * M_i`` with Lambda alpha's error scale
+(:func:`~.removal_scores.logit_scale`, largest over heads), Tk and d the lengths of the sums
+over keys and over the model dimension, and M_i the size of the sums involved
+(``2 ||y_i||_1 + max_j ||y_i - T_i(x_j)||_1``, or ``max_j ||T_i(x_j)||_2``). Rollout's product
+of non-negative matrices has a relative error of u (H + T + 2) per layer, summed over layers.
 """
 
 from __future__ import annotations
@@ -76,7 +77,8 @@ def terms(alpha: Tensor, vt: Tensor, x: Tensor, queries: Tensor, res,
 
     alpha (B, H, m, Tk) of those queries; vt (B, H, Tk, d); x (B, m, d) their residual input;
     s_a, s_r (B, m) or None."""
-    t = torch.matmul(alpha.permute(0, 3, 2, 1), vt.transpose(1, 2)).transpose(1, 2)
+    t = torch.matmul(alpha.permute(0, 3, 2, 1), vt.transpose(1, 2))      # (B, Tk, m, d)
+    t = t.transpose(1, 2).contiguous()                                   # (B, m, Tk, d)
     if res.after_attention is not None:
         t = res.after_attention.linear(t, s_a[..., None])
     m = torch.arange(len(queries), device=t.device)
@@ -90,14 +92,21 @@ def terms(alpha: Tensor, vt: Tensor, x: Tensor, queries: Tensor, res,
 
 def alti_raw(t: Tensor, own: Tensor | None, queries: Tensor) -> tuple[Tensor, Tensor]:
     """max(0, ||y||_1 - ||y - T_j||_1) (B, m, Tk), the self key by ``own`` when given; and
-    ||y||_1 + max_j ||T_j||_1 (B, m), the size of the error."""
+    2 ||y||_1 + max_j ||y - T_j||_1 (B, m), at least ||y||_1 + max_j ||T_j||_1: the size of the
+    error. Float32 distances by ``torch.cdist`` (no (B, m, Tk, d) temporary); float64 ones
+    term by term, so that a key with T_j = 0 scores exactly 0."""
+    B, m, Tk, d = t.shape
     y = t.sum(2)                                                          # (B, m, d)
     l1 = y.abs().sum(-1)
-    raw = (l1[..., None] - (y[:, :, None] - t).abs().sum(-1)).clamp_min(0)
+    if t.dtype == torch.float64:
+        dist = (y[:, :, None] - t).abs().sum(-1)
+    else:
+        dist = torch.cdist(t.reshape(B * m, Tk, d), y.reshape(B * m, 1, d), p=1).view(B, m, Tk)
+    raw = (l1[..., None] - dist).clamp_min(0)
     if own is not None:
-        m = torch.arange(len(queries), device=t.device)
-        raw[:, m, queries] = (l1 - (y - own).abs().sum(-1)).clamp_min(0)
-    return raw, l1 + t.abs().sum(-1).amax(-1)
+        at = torch.arange(len(queries), device=t.device)
+        raw[:, at, queries] = (l1 - (y - own).abs().sum(-1)).clamp_min(0)
+    return raw, 2 * l1 + dist.amax(-1)
 
 
 def norms(t: Tensor, own: Tensor | None, queries: Tensor) -> tuple[Tensor, Tensor]:
@@ -133,7 +142,7 @@ def _fast_decomposed(name: str, x, unit: float) -> tuple[Tensor, ErrorBound]:
                        None if s_r is None else s_r[:, t0:t0 + step])
         out[:, 0, t0:t0 + step], size[:, t0:t0 + step] = score(
             t, own if attention_part else None, q)
-    absolute = unit * (x.lam.amax(1) + Tk) * size                        # (B, T)
+    absolute = unit * (x.lam.amax(1) + Tk + vt.shape[-1]) * size          # (B, T)
     return (finite(out), ErrorBound(torch.zeros_like(absolute)[:, None],
                                     absolute=finite(absolute)[:, None]))
 

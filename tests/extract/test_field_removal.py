@@ -81,10 +81,13 @@ def _removed(score: np.ndarray, mode: str) -> np.ndarray:
 def _intervened(model, metric: str, mode: str, counts: list):
     state: dict = {}
     residual: dict = {}
+    def keep(n):
+        def hook(module, args, kwargs):
+            residual[n] = kwargs.get("hidden_states", args[0] if args else None)
+        return hook
+
     for n, layer in enumerate(model.model.layers):
-        layer.register_forward_pre_hook(
-            lambda mod, args, kw, n=n: residual.__setitem__(n, kw.get("hidden_states", args[0] if args else None)),
-            with_kwargs=True)
+        layer.register_forward_pre_hook(keep(n), with_kwargs=True)
     order = {id(layer.self_attn): n for n, layer in enumerate(model.model.layers)}
 
     def attention(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
