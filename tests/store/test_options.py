@@ -59,7 +59,7 @@ def test_run_takes_smaller_defaults_and_shares_options_between_stages():
     assert (extract.limit, extract.max_length) == (48, 64)
     assert faith.max_length == 64 and faith.fractions == (0.1, 0.25, 0.5)
     assert faith.metrics == ("attention", "value_weighted", "value_weighted_normalized",
-                             "contribution")
+                             "contribution", "random")      # the floor runs by default
     assert O.from_args(args, C.RunOptions).faith_limit == 3
 
 
