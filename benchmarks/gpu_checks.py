@@ -128,7 +128,7 @@ def inject_oom(module, name: str, rows_of):
 
 
 def stage_extraction(out: Path, root: Path, plan: Plan) -> None:
-    import attngeom.extract.run as run
+    import attngeom.extract.measurement.batches as batches
 
     base = {}
     for mode in ("compact", "dense"):
@@ -142,7 +142,7 @@ def stage_extraction(out: Path, root: Path, plan: Plan) -> None:
                     fail(out, f"extract {mode} {plan.device} {dtype} {row['variable']}",
                          f"max error {row['max_error']:.3g} (tolerance {row['tolerance']:g}), "
                          f"NaN cells equal: {row['nan_cells_equal']}")
-    restore, hits = inject_oom(run, "capture", lambda model, batch, opts: len(batch["input_ids"]))
+    restore, hits = inject_oom(batches, "capture", lambda model, batch, opts: len(batch["input_ids"]))
     try:
         got = extract_store(root, "oom-compact", "compact", plan.device, "float32")
     finally:
