@@ -2,13 +2,21 @@
 
 One forward pass of a random-init SmolLM2-135M-shaped Llama per case, through
 ``attngeom.extract.faithfulness.interventions.Intervener`` (the handler the sweep uses),
-interleaved and repeated against a plain eager and SDPA forward of the same batch, at each length.
+interleaved and repeated against a plain eager and SDPA forward of the same batch, at each length
+and each torch thread count (``--threads 0,1``: the default and one). Every registered metric
+runs, at ``--granularity head`` where it can and ``token`` for the methods that score keys with
+the heads combined (ALTI, the norm-based method, rollout, value zeroing). Value zeroing reruns
+each layer's sublayer once per (query, key) pair (about T / 2 forward passes' worth), so it runs
+on its own smaller batch (``--zeroing-batches``) against an eager forward of that batch.
 ``after`` is the current code; ``before`` (``--before``) the code until 2026-12 kept here as
-:class:`SortedFloat64`: attention, scores and head outputs in float64 and a full stable sort of
-every ranking row at every layer. A sweep costs, per batch, one clean pass, one drift pass and
-one pass per (metric, rank, mode, fraction), so ``ratio_paired`` to eager is the price of each.
+:class:`SortedFloat64` (the paper's metrics only): attention, scores and head outputs in float64
+and a full stable sort of every ranking row at every layer. A sweep costs, per batch, one clean
+pass, one drift pass and one pass per (metric, rank, mode, fraction), so ``ratio_paired`` to
+eager is the price of each. The last table gives every metric's pass, one row each, at every
+length and thread count.
 
-    python benchmarks/bench_faithfulness.py --lengths 128,512 --batches 8,8 --before 128
+    python benchmarks/bench_faithfulness.py --lengths 128,512 --batches 8,4 --threads 0,1 \
+        --zeroing-batches 1,1 --before 128
 """
 
 from __future__ import annotations
@@ -105,9 +113,10 @@ def sorted_float64():
     return SortedFloat64
 
 
-def cases_for(model, batch, metrics, fractions, before: bool) -> dict:
+def cases_for(model, batch, metrics, fractions, before: bool, modes=MODES) -> dict:
     import torch
 
+    from attngeom.common import metrics as M
     from attngeom.extract.faithfulness.interventions import Intervener, Removal, forward_logits
     from attngeom.extract.faithfulness.selection import Workspace
 
@@ -125,16 +134,19 @@ def cases_for(model, batch, metrics, fractions, before: bool) -> dict:
         extra = {"workspace": work} if cls is Intervener else {}
         return lambda: forward_logits(model, batch, cls(model, projections=shared, **extra, **kw))
 
-    cases = {"eager": plain("eager"), "sdpa": plain("sdpa"), "clean/after": through(),
-             "drift/after": through(sink_k=1)}
+    cases = {"eager": plain("eager"), "sdpa": plain("sdpa")}
+    if metrics is None:
+        return cases
+    cases.update({"clean/after": through(), "drift/after": through(sink_k=1)})
     if before:
         cases.update({"clean/before": through(old), "drift/before": through(old, sink_k=1)})
     for metric in metrics:
-        for mode in MODES:
+        granularity = M.get(metric).granularities[0]          # head, or token only
+        for mode in modes:
             for p in fractions:
-                removal = Removal(metric, mode, p)
+                removal = Removal(metric, mode, p, granularity=granularity)
                 cases[f"{metric}@{p:g}/{mode}/after"] = through(removal=removal)
-                if before:
+                if before and metric in M.BUILTIN[:5]:
                     cases[f"{metric}@{p:g}/{mode}/before"] = through(old, removal=removal)
     return cases
 
@@ -163,18 +175,43 @@ def table(stats: dict, length: int, batch: int) -> list[str]:
     return rows
 
 
+def cost_table(cells: dict, columns: list, metrics, modes) -> list[str]:
+    """One row per metric (and the clean, drift and SDPA passes): its pass against eager at
+    every (length, threads, batch), CPU-time ratio with the wall-clock ratio in brackets."""
+    head = " | ".join(f"T = {t}, {n} thread{'s' * (n > 1)} (batch {b})" for t, n, b in columns)
+    rows = ["\n### Every metric's removal pass against an eager forward of the same batch "
+            "(paired median ratio of CPU time; wall clock in brackets)\n",
+            f"| pass | {head} |", "|---|" + "---|" * len(columns)]
+    names = ["sdpa", "clean/after", "drift/after"] + [
+        f"{m}@{p}/{mode}/after" for m in metrics for mode in modes for p in ("0.1",)]
+    for name in names:
+        got = [cells.get((c, name)) for c in columns]
+        if not any(got):
+            continue
+        label = name.removesuffix("/after").replace("@0.1/", ", p = 0.1, ")
+        rows.append(f"| {label} | " + " | ".join(
+            "" if r is None else f"{r['cpu_ratio_paired']:.2f} ({r['wall_ratio_paired']:.2f})"
+            + ("" if r["batch"] == c[2] else f", batch {r['batch']}")
+            for r, c in zip(got, columns)) + " |")
+    return rows
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--layers", type=int, default=30)
     p.add_argument("--lengths", default="128,512")
-    p.add_argument("--batches", default="8,8", help="batch size per length")
+    p.add_argument("--batches", default="8,4", help="batch size per length")
+    p.add_argument("--zeroing-batches", default="1,1",
+                   help="value zeroing's batch size per length (0: leave it out)")
     p.add_argument("--fractions", default="0.1")
+    p.add_argument("--modes", default="comprehensiveness,sufficiency")
     p.add_argument("--metrics", default=None, help="default: every metric")
     p.add_argument("--before", default="", help="lengths at which to time the code before the "
                    "fast path too (comma list, or 'all')")
     p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--zeroing-repeats", type=int, default=1)
     p.add_argument("--warmup", type=int, default=1)
-    p.add_argument("--threads", type=int, default=1, help="torch threads (0: torch's default)")
+    p.add_argument("--threads", default="0", help="torch threads, comma list (0: the default)")
     a = p.parse_args(argv)
     emit({"bench": "faithfulness", "section": "machine", **machine()})
     why = available()
@@ -183,26 +220,47 @@ def main(argv=None) -> int:
         return 0
     import torch
 
-    from attngeom.common.metrics import BUILTIN as METRICS
+    from attngeom.common.metrics import BUILTIN, get
 
-    torch.set_num_threads(a.threads or torch.get_num_threads())
+    default = torch.get_num_threads()
     model = random_llama(SMOLLM2, layers=a.layers)
-    metrics = a.metrics.split(",") if a.metrics else list(METRICS)
+    metrics = a.metrics.split(",") if a.metrics else list(BUILTIN)
+    heavy = [m for m in metrics if "sublayer" in get(m).needs]        # value zeroing
+    light = [m for m in metrics if m not in heavy]
     fractions = [float(x) for x in a.fractions.split(",")]
+    modes = a.modes.split(",")
     lengths = [int(x) for x in a.lengths.split(",")]
     batches = [int(x) for x in a.batches.split(",")]
-    out = []
-    for length, size in zip(lengths, batches):
-        batch = random_tokens(size, length, SMOLLM2["vocab_size"])
-        before = a.before == "all" or str(length) in a.before.split(",")
-        cases = cases_for(model, batch, metrics, fractions, before)
-        times = interleaved(cases, a.repeats, warmup=a.warmup, log=log)
-        stats = summarize(times, "eager", length * size)
-        for name, rec in stats.items():
-            emit({"bench": "faithfulness", "case": name, "layers": a.layers, "length": length,
-                  "batch": size, "threads": torch.get_num_threads(), "baseline": "eager", **rec})
-        out += table(stats, length, size)
-    print("\n".join(out), flush=True)
+    zeroing = [int(x) for x in a.zeroing_batches.split(",")]
+    out, cells, columns = [], {}, []
+    for threads in (int(x) for x in a.threads.split(",")):
+        torch.set_num_threads(threads or default)
+        n = torch.get_num_threads()
+        for length, size, small in zip(lengths, batches, zeroing):
+            runs = [(light, size, a.repeats, a.warmup)]
+            if heavy and small:
+                runs.append((heavy, small, a.zeroing_repeats, 0))
+            for which, batch_size, repeats, warmup in runs:
+                batch = random_tokens(batch_size, length, SMOLLM2["vocab_size"])
+                before = which is light and (a.before == "all"
+                                             or str(length) in a.before.split(","))
+                cases = cases_for(model, batch, which, fractions, before, modes)
+                if which is heavy:                 # no clean, drift, SDPA: the light run's
+                    cases = {k: v for k, v in cases.items()
+                             if k == "eager" or k.split("@")[0] in heavy}
+                cases["eager"]()
+                times = interleaved(cases, repeats, warmup=warmup, log=log)
+                stats = summarize(times, "eager", length * batch_size)
+                for name, rec in stats.items():
+                    emit({"bench": "faithfulness", "case": name, "layers": a.layers,
+                          "length": length, "batch": batch_size, "threads": n,
+                          "baseline": "eager", **rec})
+                    cells[((length, n, size), name)] = {**rec, "batch": batch_size}
+                if which is light:
+                    out += table(stats, length, batch_size)
+            columns.append((length, n, size))
+    print("\n".join(out + cost_table(cells, columns, metrics, modes)), flush=True)
+    torch.set_num_threads(default)
     return 0
 
 

@@ -20,8 +20,9 @@ store): a built-in metric's are found by its name in the table of
 A metric that needs more than the layer's attention says so (``needs``): ``position`` (where
 each score is: the random floor), ``residual`` (the layer's residual input and the
 normalisations around it: ALTI, the norm-based method), ``below`` (the layers below in the same
-pass: rollout); the kernels read them from ``FastLayer.context`` / ``rows.context``
-(:class:`attngeom.extract.faithfulness.context.LayerContext`).
+pass: rollout), ``sublayer`` (the rest of the layer after its attention, run by the model's own
+modules on chosen rows: value zeroing); the kernels read them from ``FastLayer.context`` /
+``rows.context`` (:class:`attngeom.extract.faithfulness.context.LayerContext`).
 
 The removal ranking, the recomputed float64 rows, the copy notes, ``faithfulness --metrics``,
 the reports' labels and the view's all read this registry; no other code compares a metric's
@@ -48,6 +49,8 @@ HEAD, LAYER, TOKEN = "head", "layer", "token"
 RESIDUAL = "residual"     # the layer's residual input x and the normalisations around it
 BELOW = "below"           # every layer's attention below it, in the same pass (rollout)
 POSITION = "position"     # where each score is: layer, sequence, head, query, key (random)
+SUBLAYER = "sublayer"     # the layer after its attention, rerun on rows (value zeroing)
+NEEDS = (RESIDUAL, BELOW, POSITION, SUBLAYER)
 GRANULARITIES = ("head", "query", "token")
 
 
@@ -65,7 +68,7 @@ class Metric:
     ranks_like: tuple[tuple[str, str, str], ...] = ()   # (granularity, metric, why)
     error_unit: float = 32.0        # float32 rounding error, in units of the kernel's model
     scope: str = HEAD
-    needs: tuple[str, ...] = ()     # RESIDUAL, BELOW, POSITION
+    needs: tuple[str, ...] = ()     # among NEEDS
     fast: str = ""                  # a plugin's "module:function" of the float32 kernel
     exact: str = ""                 # a plugin's "module:function" of the float64 kernel
     color: str = "#333333"          # figures
@@ -100,9 +103,9 @@ def register(metric: Metric, replace: bool = False) -> Metric:
                          "'module:function'")
     if metric.scope not in (HEAD, LAYER, TOKEN):
         raise Refusal(f"metric '{metric.name}': scope must be '{HEAD}', '{LAYER}' or '{TOKEN}'")
-    if set(metric.needs) - {RESIDUAL, BELOW, POSITION}:
-        raise Refusal(f"metric '{metric.name}': needs must be among '{RESIDUAL}', '{BELOW}', "
-                      f"'{POSITION}'")
+    if set(metric.needs) - set(NEEDS):
+        raise Refusal(f"metric '{metric.name}': needs must be among "
+                      f"{', '.join(repr(n) for n in NEEDS)}")
     if metric.name in _REGISTRY and not replace:
         raise Refusal(f"a metric named '{metric.name}' is registered already; pass "
                          "replace=True to overwrite it")
@@ -244,10 +247,17 @@ _builtin(
     "rollout", "roll", "attention rollout", "rollout", "roll",
     "attention rollout (Abnar and Zuidema 2020)", "#da8bc3", nonnegative=True, error_unit=0.8,
     scope=TOKEN, needs=(BELOW,))
+# value zeroing (issue 44): the layer's output recomputed with each key's values zeroed; about
+# T / 2 passes of the layer per layer, so not among DEFAULT (budget: extract/loading/budget.py)
+_builtin(
+    "value_zeroing", "VZ", "value zeroing", "value zeroing", "vz",
+    "value zeroing (Mohebbi et al. 2023)", "#64b5cd", nonnegative=True, error_unit=80.0,
+    scope=TOKEN, needs=(SUBLAYER,))
 
 BUILTIN = tuple(_REGISTRY)
 PAPER_ORDER = BUILTIN[:4]          # the order the paper expects, tested step by step
 RANDOM = "random"                  # the floor every curve is read against
 DEFAULT = BUILTIN[:5] + (RANDOM,)  # `attngeom faithfulness` runs these unless told otherwise
-FIELD = ("alti", "alti_sa", "norm_residual", "norm_residual_sa", "rollout")   # token only
+FIELD = ("alti", "alti_sa", "norm_residual", "norm_residual_sa", "rollout",
+         "value_zeroing")                                                     # token only
 NONNEGATIVE_REASON = "the score is non-negative, so |score| ranks as score"

@@ -57,6 +57,7 @@ DRIFT_LOW_FRACTION = 0.1  # lowest-norm share of head outputs followed by the dr
 SHARD_BYTES = 256 << 20   # a shard file holds about this much before compression (--shard-size)
 MAX_SHARD_SEQUENCES = 256  # ... and at most this many sequences
 BLOCK_SIZE = 16           # faithfulness texts/items per checkpoint block
+MAX_HOURS = 24.0          # value zeroing's estimated time beyond which a run is refused
 K_SHOT = 5                # MMLU exemplars per prompt
 FAITHFULNESS_NAME = "faithfulness"    # result file <name>.nc
 VIEW_MAX_BYTES = 25_000_000           # size limit of the page `attngeom view` writes

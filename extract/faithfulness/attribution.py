@@ -13,7 +13,13 @@ the layer's own inputs, in float64 (the definitions the removal ranks by,
   ``alti_rollout`` (the paper's input attribution) and ``norm_residual_rollout`` (GlobEnc-style:
   rows normalised to sum 1, then multiplied; Modarressi et al. 2022 also fold in the second
   residual and normalisation, left out here), and attention ``rollout`` (Abnar and Zuidema
-  2020: products of 0.5 I + 0.5 mean_h alpha over layers 0..l).
+  2020: products of 0.5 I + 0.5 mean_h alpha over layers 0..l);
+- ``value_zeroing`` (Mohebbi et al. 2023: the cosine distance between the layer's output at i
+  and its output with key j's values zeroed in every head, the rest of the layer recomputed,
+  :mod:`.zeroing`), normalised over keys as the authors' code does, and its rollout
+  ``value_zeroing_rollout`` (their ``compute_joint_attention`` without residual). About T
+  reruns of each layer's sublayer per text in float64: refused up front beyond ``max_hours``
+  (:func:`~..loading.budget.check_zeroing`).
 
 The layer's output goes on with its float64 attention (rounded to the model's dtype), so later
 layers see what the model computes. Encoders (BERT) and decoders alike; the decomposition of
@@ -30,6 +36,7 @@ import xarray as xr
 
 from attngeom.common import metrics as M
 from attngeom.common.errors import Refusal
+from attngeom.common.vocab import MAX_HOURS
 
 from ..measurement.archs import attention_layers
 from ..measurement.geometry import repeat_kv
@@ -39,8 +46,10 @@ from .field_scores import alti_raw, norms
 from .interventions import Intervener
 
 HEAD_METHODS = M.BUILTIN[:5]
-TOKEN_METHODS = ("alti", "norm_residual", "rollout")
-ROLLED = {"alti_rollout": "alti", "norm_residual_rollout": "norm_residual"}
+TOKEN_METHODS = ("alti", "norm_residual", "rollout", "value_zeroing")
+ROLLED = {"alti_rollout": "alti", "norm_residual_rollout": "norm_residual",
+          "value_zeroing_rollout": "value_zeroing"}
+ZEROING = ("value_zeroing", "value_zeroing_rollout")
 METHODS = HEAD_METHODS + TOKEN_METHODS + tuple(ROLLED)
 
 
@@ -54,12 +63,15 @@ class Recorder:
 
     def __init__(self, model, methods, alti_bias: bool = False):
         from .residual import ResidualTap
+        from .sublayer import BlockTap
 
         self.methods, self.alti_bias = tuple(methods), alti_bias
         self.found = attention_layers(model)
         self.projection = Intervener(model).projection
-        field = any(m in methods for m in ("alti", "norm_residual") + tuple(ROLLED))
+        field = any(m in methods for m in ("alti", "norm_residual", "alti_rollout",
+                                            "norm_residual_rollout"))
         self.tap = ResidualTap(model) if field else None
+        self.blocks = BlockTap(model) if any(m in methods for m in ZEROING) else None
         self.carry: dict = {}
         self.token_mask = None
         self.out: dict[str, list] = {m: [] for m in methods}
@@ -86,14 +98,34 @@ class Recorder:
         if "rollout" in self.methods:
             step_rollout(ctx, alpha)
             self.out["rollout"].append(self.carry["rollout64"])
+        rows = TokenRows64(ctx, torch.zeros(T, dtype=torch.long), torch.arange(T))
+        token = {}                                       # the token methods' (T, Tk) scores
         if self.tap is not None:
-            rows = TokenRows64(ctx, torch.zeros(T, dtype=torch.long), torch.arange(T))
             t, _ = rows.decomposed(0, torch.arange(T))                   # (T, Tk, d)
-            self._field(ctx, t[None], z)
+            token = self._field(ctx, t[None], z)
+        if self.blocks is not None:
+            from .zeroing import exact_value_zeroing
+
+            ctx.sublayer = self.blocks.at(layer)
+            ctx.x = ctx.sublayer.x if ctx.x is None else ctx.x
+            token["value_zeroing"] = _normalised(exact_value_zeroing(rows))
+        self._record(token)
         return z.to(call.query.dtype)
 
-    def _field(self, ctx: LayerContext, t: torch.Tensor, z: torch.Tensor) -> None:
-        """ALTI and the norm-based scores of the layer, and their rollouts (carried)."""
+    def _record(self, token: dict) -> None:
+        """The token methods' scores of the layer, and their rollouts (carried)."""
+        for m, x in token.items():
+            if m in self.methods:
+                self.out[m].append(x)
+        for rolled, m in ROLLED.items():
+            if rolled in self.methods:
+                step = _normalised(token[m]) if m == "norm_residual" else token[m]
+                before = self.carry.get(rolled)
+                self.carry[rolled] = step if before is None else step @ before
+                self.out[rolled].append(self.carry[rolled])
+
+    def _field(self, ctx: LayerContext, t: torch.Tensor, z: torch.Tensor) -> dict:
+        """ALTI and the norm-based scores of the layer (T, Tk)."""
         queries = torch.arange(t.shape[1])
         bias = self._bias(ctx, z) if self.alti_bias else None
         if bias is not None:                              # y_i with the biases: theirs
@@ -102,16 +134,7 @@ class Recorder:
             raw = (l1[..., None] - (y[:, :, None] - t).abs().sum(-1)).clamp_min(0)
         else:
             raw = alti_raw(t, None, queries)[0]
-        layer = {"alti": _normalised(raw)[0], "norm_residual": norms(t, None, queries)[0][0]}
-        for m in ("alti", "norm_residual"):
-            if m in self.methods:
-                self.out[m].append(layer[m])
-        for rolled, m in ROLLED.items():
-            if rolled in self.methods:
-                step = _normalised(layer[m]) if m == "norm_residual" else layer[m]
-                before = self.carry.get(rolled)
-                self.carry[rolled] = step if before is None else step @ before
-                self.out[rolled].append(self.carry[rolled])
+        return {"alti": _normalised(raw)[0], "norm_residual": norms(t, None, queries)[0][0]}
 
     def _bias(self, ctx: LayerContext, z: torch.Tensor) -> torch.Tensor:
         """The block output's bias part at each query: Lr(La(b_O) + beta_a) + beta_r."""
@@ -130,7 +153,7 @@ class Recorder:
 
 
 def scores(model, texts, methods=None, *, tokenizer=None, max_length: int = 512,
-           alti_bias: bool = False) -> xr.Dataset:
+           alti_bias: bool = False, max_hours: float = MAX_HOURS) -> xr.Dataset:
     """Each method's scores of each text: a labeled Dataset (module docstring).
 
     Parameters
@@ -138,7 +161,9 @@ def scores(model, texts, methods=None, *, tokenizer=None, max_length: int = 512,
     model : a transformers model (decoder or encoder); texts : a text or a list of texts
         (with ``tokenizer``), or token ids (a list of lists of int);
     methods : names among :data:`METHODS` (default: all); max_length : tokens per text;
-    alti_bias : y_i of ALTI with the block's biases, as the authors' code.
+    alti_bias : y_i of ALTI with the block's biases, as the authors' code;
+    max_hours : refuse, before computing anything, value zeroing estimated to take longer
+        here (0: no limit).
 
     Returns
     -------
@@ -154,6 +179,8 @@ def scores(model, texts, methods=None, *, tokenizer=None, max_length: int = 512,
     if unknown:
         raise Refusal(f"unknown method {', '.join(unknown)}; use some of {', '.join(METHODS)}")
     ids = _ids(texts, tokenizer, max_length)
+    if any(m in methods for m in ZEROING):
+        _check_cost(model, ids, max_hours)
     device = next(model.parameters()).device
     per_text = []
     with unchanged(model), torch.inference_mode():
@@ -166,6 +193,20 @@ def scores(model, texts, methods=None, *, tokenizer=None, max_length: int = 512,
                       **({"use_cache": False} if _takes_cache(model) else {}))
             per_text.append(handler.out)
     return _dataset(per_text, methods, ids, tokenizer, len(attention_layers(model)))
+
+
+def _check_cost(model, ids, max_hours: float) -> None:
+    """Refuse value zeroing's float64 rows when estimated beyond ``max_hours`` here."""
+    from ..loading.budget import check_zeroing, zeroing_rows
+    from ..measurement.archs import is_causal
+    from .sublayer import rows_per_second
+
+    L = len(attention_layers(model))
+    rows = zeroing_rows(map(len, ids), L, 1, is_causal(model))
+    check_zeroing(rows, rows_per_second(model, float64=True), max_hours,
+                  f"{len(ids)} texts of up to {max(map(len, ids))} tokens x {L} layers, float64",
+                  "fewer texts, a shorter max_length, or methods without value_zeroing",
+                  limit="max_hours")
 
 
 def _takes_cache(model) -> bool:
@@ -224,4 +265,7 @@ def _describe(m: str) -> str:
         return "ALTI: max(0, ||y_i||_1 - ||y_i - T_i(x_j)||_1), normalised over keys j"
     if m == "norm_residual":
         return "||T_i(x_j)||_2: attention, residual and normalisation, linearised"
+    if m == "value_zeroing":
+        return ("value zeroing: 1 - cos(y_i, y_i with key j's values zeroed), the layer's "
+                "outputs; normalised over keys j")
     return M.get(m).paper

@@ -5,9 +5,11 @@ The handler of a removal pass (:class:`~.interventions.Intervener`) or of the sc
 ``FastLayer.context`` and ``Rows64.context``: the layer's index and call (queries, keys, mask:
 float64 attention of any row), the rows' content keys and the seed (a metric that ``needs``
 ``position``: random), the residual input x and the normalisations around the layer
-(``residual``: ALTI, the norm-based method) and ``carry``, a dict that lives for the whole
-forward pass, in which a kernel keeps what it needs from the layers below (``below``:
-rollout). :mod:`attngeom.common.metrics` says which metric needs what.
+(``residual``: ALTI, the norm-based method), the rest of the layer after its attention, run on
+rows by the model's own modules (``sublayer``: value zeroing; its block's input is ``x`` too)
+and ``carry``, a dict that lives for the whole forward pass, in which a kernel keeps what it
+needs from the layers below (``below``: rollout). :mod:`attngeom.common.metrics` says which
+metric needs what.
 """
 
 from __future__ import annotations
@@ -31,7 +33,9 @@ class LayerContext:
 
     query (B, H, T, dh); key, value (B, G, Tk, dh); allowed (B, 1|H, T, Tk); proj W_O (float64);
     rows (B,) int64 content keys of the batch rows; x (B, T, d) the residual input; residual
-    the layer's :class:`~.residual.Residual`; carry the pass's dict (shared by its layers).
+    the layer's :class:`~.residual.Residual`; sublayer its :class:`~.sublayer.SublayerCall`;
+    queries (B, T) bool the real queries (None: all); carry the pass's dict (shared by its
+    layers).
     """
 
     layer: int
@@ -47,6 +51,8 @@ class LayerContext:
     seed: int = SEED
     x: Tensor | None = None
     residual: object = None
+    sublayer: object = None
+    queries: Tensor | None = None
     carry: dict = field(default_factory=dict)
     cache: dict = field(default_factory=dict)          # per layer, for the exact rows
 

@@ -208,6 +208,28 @@ def compute_retrying(model, prepared: Prepared, cfg: FaithConfig, removals: list
                                       "--max-length, fewer --layers")
 
 
+def check_cost(model, prepared: Prepared, removals: list[Removal], cfg: FaithConfig,
+               n_layers: int, causal: bool, log=print) -> None:
+    """Refuse, before anything runs or is written, a run whose passes of a metric that reruns
+    the layer after its attention (``sublayer``: value zeroing) would take longer than
+    ``cfg.max_hours`` here (:func:`..loading.budget.check_zeroing`)."""
+    from ..loading.budget import check_zeroing, zeroing_rows
+    from .sublayer import rows_per_second
+
+    passes = sum(M.SUBLAYER in M.get(r.metric).needs for r in removals)
+    if not passes:
+        return
+    layers = n_layers if cfg.layers is None else len(cfg.layers)
+    lengths = [len(r) for r in prepared.rows]
+    rows = zeroing_rows(lengths, layers, passes, causal)
+    what = (f"{passes} removal passes x {len(lengths)} texts of up to "
+            f"{max(lengths, default=0)} tokens x {layers} layers")
+    seconds = check_zeroing(rows, rows_per_second(model), cfg.max_hours, what,
+                            "fewer texts (--limit), a shorter --max-length or fewer --layers")
+    log(f"faithfulness: value zeroing's passes estimated at {seconds / 60:.3g} minutes here "
+        f"({what})")
+
+
 # ------------------------------------------------------------------------------------ run
 def faithfulness(model: str, data: str, out: str | Path, cfg: FaithConfig | None = None,
                  trust_remote_code: bool = False, progress: bool = True, force: bool = False,
@@ -245,10 +267,11 @@ def faithfulness(model: str, data: str, out: str | Path, cfg: FaithConfig | None
     notes = plan_notes(plan, cfg.granularity)
     for note in notes:
         log(f"attngeom: note: {note}")
+    removals = conditions(cfg, plan)
+    check_cost(loaded.model, prepared, removals, cfg, n_layers, loaded.info["causal"], log)
     partial = open_partial(out, cfg.name, config, force, log)
     if partial is None:                                   # complete with these settings
         return result_path(out, cfg.name)
-    removals = conditions(cfg, plan)
     n = prepared.n_units
     blocks = [(a, min(n, a + cfg.block_size)) for a in range(0, n, cfg.block_size)]
     per_batch = len(removals) + 1 + int(cfg.drift)                  # forward passes

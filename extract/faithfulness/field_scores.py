@@ -35,7 +35,7 @@ from .exact_scores import exact_alpha, finite
 from .selection import ErrorBound
 
 Tensor = torch.Tensor
-CHUNK_BYTES = 64 << 20        # the (B, queries, keys, d) terms of a chunk of queries
+CHUNK_BYTES = 8 << 20         # the (B, queries, keys, d) terms of a chunk of queries (cached)
 
 
 # ------------------------------------------------------------------------------ decomposition
@@ -44,6 +44,12 @@ def value_vectors(value: Tensor, weight: Tensor, n_heads: int) -> Tensor:
     H = n_heads
     w = weight.view(H, -1, weight.shape[-1])                           # (H, dh, d)
     return repeat_kv(value, H).to(weight.dtype) @ w[None]
+
+
+def by_key(vt: Tensor) -> Tensor:
+    """v~ (B, H, Tk, d) as (B, Tk, H, d), contiguous: each key's heads together, the layout in
+    which the sum over heads of every (query, key) is one batched matrix product."""
+    return vt.permute(0, 2, 1, 3).contiguous()
 
 
 def scales(ctx: LayerContext, z: Tensor, weight: Tensor) -> tuple[Tensor | None, Tensor | None]:
@@ -75,9 +81,9 @@ def terms(alpha: Tensor, vt: Tensor, x: Tensor, queries: Tensor, res,
           s_a: Tensor | None, s_r: Tensor | None) -> tuple[Tensor, Tensor]:
     """T_i(x_j) (B, m, Tk, d) and the self key's attention part (B, m, d) of queries (m,).
 
-    alpha (B, H, m, Tk) of those queries; vt (B, H, Tk, d); x (B, m, d) their residual input;
-    s_a, s_r (B, m) or None."""
-    t = torch.matmul(alpha.permute(0, 3, 2, 1), vt.transpose(1, 2))      # (B, Tk, m, d)
+    alpha (B, H, m, Tk) of those queries; vt (B, Tk, H, d) contiguous (:func:`by_key`); x
+    (B, m, d) their residual input; s_a, s_r (B, m) or None."""
+    t = torch.matmul(alpha.permute(0, 3, 2, 1), vt)                      # (B, Tk, m, d)
     t = t.transpose(1, 2).contiguous()                                   # (B, m, Tk, d)
     if res.after_attention is not None:
         t = res.after_attention.linear(t, s_a[..., None])
@@ -130,7 +136,7 @@ def _fast_decomposed(name: str, x, unit: float) -> tuple[Tensor, ErrorBound]:
     alpha = x.alpha
     B, H, T, Tk = alpha.shape
     weight = ctx.proj.weight.to(alpha.dtype)
-    vt = value_vectors(x.value, weight, H)                                # (B, H, Tk, d)
+    vt = by_key(value_vectors(x.value, weight, H))                        # (B, Tk, H, d)
     s_a, s_r = scales(ctx, weighted_values(alpha, x.value, x.blocks), weight)
     xs = ctx.x.to(alpha.dtype)
     out, size = x.out[:, :1], alpha.new_empty(B, T)
@@ -199,7 +205,7 @@ class TokenRows64:
                            ctx.softcap, ctx.sinks, ctx.proj, x=x[i][None],
                            residual=ctx.residual)
         s_a, s_r = scales(one, z[None], ctx.proj.weight.double())
-        t, own = terms(alpha[None], vt[None], x[i][None], i, ctx.residual, s_a, s_r)
+        t, own = terms(alpha[None], by_key(vt[None]), x[i][None], i, ctx.residual, s_a, s_r)
         return t[0], own[0]
 
 

@@ -47,6 +47,7 @@ Sink zeroing (semantic drift). v_j = 0 for the sink keys j < k, alpha kept.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -63,6 +64,7 @@ from .context import LayerContext
 from .exact_scores import ExactScores, exact_alpha, metric_scores  # noqa: F401  (API)
 from .kernels import kernels
 from .residual import ResidualTap
+from .sublayer import BlockTap
 from .removal_scores import fast_scores, logit_scale
 from .selection import Workspace, n_remove, select  # noqa: F401  (n_remove: API)
 from attngeom.common.errors import Refusal
@@ -126,6 +128,7 @@ class Intervener:
         self.kernels = None if removal is None else kernels(removal.metric)
         needs = () if removal is None else M.get(removal.metric).needs
         self.tap = ResidualTap(model) if M.RESIDUAL in needs else None
+        self.blocks = BlockTap(model) if M.SUBLAYER in needs else None
         self.rows: Tensor | None = None
         self.carry: dict = {}
         self.self_counts: Tensor | None = None
@@ -157,12 +160,16 @@ class Intervener:
 
     def context(self, layer: int, call, allowed: Tensor, proj: Projection) -> LayerContext:
         """The layer's :class:`~.context.LayerContext` for the removal's kernels."""
-        x = residual = None
+        x = residual = sublayer = None
         if self.tap is not None:
             x, residual = self.tap.x.get(layer), self.tap.structure[layer]
+        if self.blocks is not None:
+            sublayer = self.blocks.at(layer)
+            x = sublayer.x if x is None else x
         return LayerContext(layer, call.query, call.key, call.value, allowed, call.scaling,
                             call.softcap, call.sinks, proj, rows=self.rows, x=x,
-                            residual=residual, carry=self.carry)
+                            residual=residual, sublayer=sublayer, queries=self.token_mask,
+                            carry=self.carry)
 
     def count_self(self, kept: Tensor, eligible: Tensor) -> None:
         """Add this layer's rows with a removal, and those removing the query's own key."""
@@ -298,11 +305,14 @@ def forward_logits(model: nn.Module, inputs: dict[str, Tensor], handler) -> Tens
     return out.logits
 
 
+@contextlib.contextmanager
 def watching(handler):
-    """The handler's residual tap during one forward pass (a fresh carry), or nothing."""
-    import contextlib
-
+    """The handler's taps (residual, blocks) during one forward pass (a fresh carry)."""
     if hasattr(handler, "carry"):
         handler.carry = {}
-    tap = getattr(handler, "tap", None)
-    return tap if tap is not None else contextlib.nullcontext()
+    with contextlib.ExitStack() as stack:
+        for name in ("tap", "blocks"):
+            tap = getattr(handler, name, None)
+            if tap is not None:
+                stack.enter_context(tap)
+        yield handler

@@ -3,7 +3,7 @@
 The registry (:mod:`attngeom.common.metrics`) is torch-free and describes a metric; the kernels
 that compute its scores are here, in one table from name to functions (:data:`BUILTIN`): the
 float32 ``fast`` kernel of a whole layer with its error bound (:mod:`.removal_scores`,
-:mod:`.field_scores`, :mod:`.random_scores`), the float64 ``exact`` definition
+:mod:`.field_scores`, :mod:`.random_scores`, :mod:`.zeroing`), the float64 ``exact`` definition
 (:mod:`.exact_scores`, ...) and, for a metric that needs the layers below, the ``step`` each
 layer of a pass takes, intervened or not, before its removal (``step(context, alpha)``: it
 keeps what the kernels read in ``context.carry``). A plugin's entry names its kernels as
@@ -23,6 +23,7 @@ from . import exact_scores as E
 from . import field_scores as F
 from . import random_scores as Q
 from . import removal_scores as R
+from . import zeroing as Z
 from attngeom.common.errors import Refusal
 
 
@@ -48,6 +49,7 @@ BUILTIN: dict[str, Kernels] = {
     "norm_residual": Kernels(F.fast_norm_residual, F.exact_norm_residual),
     "norm_residual_sa": Kernels(F.fast_norm_residual_sa, F.exact_norm_residual_sa),
     "rollout": Kernels(F.fast_rollout, F.exact_rollout, F.step_rollout),
+    "value_zeroing": Kernels(Z.fast_value_zeroing, Z.exact_value_zeroing),
 }
 
 

@@ -38,12 +38,14 @@ Exact = Callable[[Tensor, Tensor, "Tensor | None"], Tensor]
 
 @dataclass(frozen=True)
 class ErrorBound:
-    """|score - exact score| <= relative * |score| + absolute per (head, query): ``relative``
-    (B, H, T) and ``absolute`` (B, H, T) or None (0); H is 1 for scores of keys with the heads
-    combined (a metric of scope ``token``)."""
+    """|score - exact score| <= relative |score| + root sqrt(|score|) + absolute per (head,
+    query): ``relative`` (B, H, T), ``absolute`` and ``root`` (B, H, T) or None (0); H is 1 for
+    scores of keys with the heads combined (a metric of scope ``token``). ``root`` bounds a
+    score computed as a squared distance of rounded vectors (value zeroing's)."""
 
     relative: Tensor
     absolute: Tensor | None = None
+    root: Tensor | None = None
 
 
 class Workspace:
@@ -109,16 +111,16 @@ def width_groups(width: Tensor, N: int) -> list[tuple[Tensor, int]]:
 def threshold_select(key: Tensor, n: Tensor, k: Tensor, mode: str,
                      relative: Tensor | None = None, work: Workspace | None = None,
                      keep: bool = False, width: Tensor | None = None,
-                     overwrite: bool = False, absolute: Tensor | None = None
-                     ) -> tuple[Tensor, Tensor]:
+                     overwrite: bool = False, absolute: Tensor | None = None,
+                     root: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """Chosen candidates (R, N) bool and near rows (R,) bool, from one sort of the values.
 
     Parameters
     ----------
     key : (R, N) scores, ineligible candidates at -inf for comprehensiveness and at +inf for
         sufficiency (eligible ones finite); n : (R,) eligible count; k : (R,) how many to
-        remove; relative, absolute : (R,) relative and absolute rounding error of the scores
-        (None: 0; both None: exact);
+        remove; relative, absolute, root : (R,) the scores' rounding error relative to |score|,
+        absolute, and in units of sqrt(|score|) (:class:`ErrorBound`; None: 0; all None: exact);
     keep : give the complement instead, in key's dtype (1 kept, 0 chosen): the factor that
         removes the chosen terms from alpha (a float comparison and product take about half
         the time of a bool one each);
@@ -159,6 +161,8 @@ def threshold_select(key: Tensor, n: Tensor, k: Tensor, mode: str,
     chosen = (torch.ge if chosen_above else torch.lt)(key, hi[:, None], out=out)
     rel = 0.0 if relative is None else relative
     gap = rel * (hi.abs() + lo.abs()) + (0.0 if absolute is None else 2 * absolute)
+    if root is not None:
+        gap = gap + root * (hi.abs().sqrt() + lo.abs().sqrt())
     near = cut & (hi - lo <= gap)
     return chosen, near
 
@@ -254,14 +258,17 @@ def select(score: Tensor, eligible: Tensor, fraction: float, mode: str, rank: st
     N = key.shape[-1]
     rel = None if error is None else error.relative
     absolute = None if error is None else error.absolute
+    root = None if error is None else error.root
     if rel is not None and granularity != "head":
         rel = rel.amax(1)                                  # rows mix heads: the largest bound
         absolute = None if absolute is None else absolute.amax(1)
+        root = None if root is None else root.amax(1)
     k = n_remove(n, fraction).reshape(-1)
     chosen, near = threshold_select(key.reshape(-1, N), n.reshape(-1), k, mode,
                                     None if rel is None else rel.reshape(-1), work, keep,
                                     _widths(eligible, granularity, H), overwrite=True,
-                                    absolute=None if absolute is None else absolute.reshape(-1))
+                                    absolute=None if absolute is None else absolute.reshape(-1),
+                                    root=None if root is None else root.reshape(-1))
     idx = near.nonzero()[:, 0]
     step = max(1, NEAR_CHUNK // N)        # the near rows' float64 copies bounded, not (n, N)
     for part in idx.split(step) if len(idx) else ():

@@ -139,3 +139,30 @@ def directory_bytes(path: Path) -> int:
     return sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file()) \
         if Path(path).is_dir() else 0
 
+
+# ------------------------------------------------------------------ value zeroing's time
+HOUR = 3600.0
+
+
+def zeroing_rows(lengths, n_layers: int, passes: int, causal: bool) -> int:
+    """Rows of the post-attention sublayer value zeroing computes (:mod:`attngeom.extract.
+    faithfulness.zeroing`): one per (query, key) pair a query attends to, T (T + 1) / 2 per
+    causal text of T tokens (T^2 bidirectional), at each of ``n_layers`` layers of each of
+    ``passes`` forward passes."""
+    pairs = sum(t * (t + 1) // 2 if causal else t * t for t in map(int, lengths))
+    return pairs * n_layers * passes
+
+
+def check_zeroing(rows: int, rate: float, max_hours: float, what: str, fix: str,
+                  limit: str = "--max-hours") -> float:
+    """The estimated seconds of ``rows`` sublayer rows at ``rate`` rows/s (measured on this
+    machine: :func:`attngeom.extract.faithfulness.sublayer.rows_per_second`); a Refusal with
+    the estimate and the fix (``fix``) when it exceeds ``max_hours`` (0: no limit; ``limit``
+    names the setting)."""
+    seconds = rows / max(rate, 1e-9)
+    if max_hours and seconds > max_hours * HOUR:
+        raise Refusal(f"value zeroing would take about {seconds / HOUR:.3g} hours here ({what}: "
+                      f"{rows:.3g} rows of a layer's post-attention sublayer at the "
+                      f"{rate:.3g} a second measured), more than {limit} {max_hours:g}; use "
+                      f"{fix}, or a larger {limit}")
+    return seconds

@@ -169,6 +169,12 @@ CASES = {
     "unknown metric": (lambda b, m, t, o: ("faithfulness", "--model", m, "--data", t,
                                            "--out", o, "--metrics", "attention,saliency"),
                        ["--metrics", "attention,saliency"]),
+    "faithfulness: value zeroing out of reach": (
+        lambda b, m, t, o: ("faithfulness", "--model", m, "--data", t, "--out", o,
+                            "--metrics", "value_zeroing", "--granularity", "token",
+                            "--max-hours", "1e-9"),
+        ["value zeroing would take about", "hours here", "--limit", "--max-length",
+         "--layers", "--max-hours 1e-09"]),
     "analyze: not a store": (lambda b, m, t, o: ("analyze", b["empty dir"], "--out", o),
                              ["no manifest.json"]),
     "analyze: other schema version": (lambda b, m, t, o: ("analyze", b["schema 99"], "--out", o),

@@ -111,8 +111,8 @@ NAME = re.compile(r"[A-Za-z0-9_-]+")
 class FaithConfig:
     """Options of a faithfulness run (``attngeom faithfulness``).
 
-    All but ``batch_size``, ``device`` and ``name`` shape the numbers (:meth:`options`,
-    recorded with the result).
+    All but ``batch_size``, ``device``, ``name`` and ``max_hours`` shape the numbers
+    (:meth:`options`, recorded with the result).
     """
 
     task: str = option("lm", "lm (perplexity of texts) or a task scored by accuracy",
@@ -157,6 +157,9 @@ class FaithConfig:
     device: str = option("cpu", "cpu, cuda, cuda:N or mps")
     dtype: str = option("float32", DTYPE_HELP, record="options")
     name: str = option(V.FAITHFULNESS_NAME, "result file <name>.nc")
+    max_hours: float = option(V.MAX_HOURS, "refuse a run whose value-zeroing passes are "
+                              "estimated (on this machine, before it starts) to take longer "
+                              "(hours; 0: no limit)", within=(0, float("inf"), "[)"))
 
     def check(self) -> None:
         """ValueError naming the first bad option (one line, with the fix)."""
