@@ -63,5 +63,5 @@ FAITHFULNESS_NAME = "faithfulness"    # result file <name>.nc
 VIEW_MAX_BYTES = 25_000_000           # size limit of the page `attngeom view` writes
 EXPORT_FORMATS = ("zarr", "parquet", "hf")          # `attngeom store export --format`
 # `attngeom bench WHAT`: the scripts of benchmarks/ (attngeom/commands/bench.py)
-BENCHMARKS = ("extract", "command", "store", "analysis", "faithfulness", "length", "peers",
-              "gpu")
+BENCHMARKS = ("extract", "command", "store", "analysis", "faithfulness", "value_zeroing",
+              "length", "peers", "gpu")
