@@ -58,13 +58,6 @@ numpydoc_validation_checks = {
     "SA01",   # no See Also required
     "PR08", "PR09", "RT05",   # descriptions may start with a symbol or a lowercase name
 }
-# documented but not yet validated: public objects whose modules other work is changing
-# (their docstrings predate the numpydoc sections); validate them once that work lands
-numpydoc_validation_exclude = {
-    r"^attngeom\.extract\.faithfulness\.",
-    r"^attngeom\.common\.metrics\.",
-    r"^attngeom\.store\.io\.",
-}
 
 # the PyData theme, no external resources
 html_theme = "pydata_sphinx_theme"

@@ -56,7 +56,43 @@ GRANULARITIES = ("head", "query", "token")
 
 @dataclass(frozen=True)
 class Metric:
-    """One faithfulness metric (see the module docstring)."""
+    """One faithfulness metric (see the module docstring).
+
+    Parameters
+    ----------
+    name : str
+        The metric's name, as ``--metrics`` takes it.
+    symbol : str
+        Its symbol, in figures' legends and the view (``"α‖ṽ‖"``).
+    words : str
+        Its name in tables and sentences (``"value-weighted"``).
+    short : str
+        Its name in narrow figure panels.
+    abbrev : str
+        Its abbreviation in column names of compact tables (``"vw"``).
+    paper : str
+        The paper's (or its source's) name for it.
+    nonnegative : bool
+        Every score is >= 0, so ranking by absolute value is ranking by score.
+    ranks_like : tuple of (str, str, str)
+        ``(granularity, metric, why)``: a metric whose ranking this one provably equals at
+        that granularity (its results are then copied, not recomputed).
+    error_unit : float
+        The float32 rounding error, in units of the kernel's error model.
+    scope : str
+        ``"head"``, ``"layer"`` or ``"token"``: what a score needs (its head's output, every
+        head's output) or is (one per query and key, heads combined).
+    needs : tuple of str
+        What the kernels read besides the layer's attention, among :data:`NEEDS`.
+    fast : str
+        A plugin's float32 kernel, ``"module:function"``.
+    exact : str
+        A plugin's float64 kernel, ``"module:function"``.
+    color : str
+        Its color in figures.
+    builtin : bool
+        Its kernels are found by name in :mod:`attngeom.extract.faithfulness.kernels`.
+    """
 
     name: str
     symbol: str                     # "α‖ṽ‖": figures' legends, the view
@@ -97,7 +133,26 @@ _REGISTRY: dict[str, Metric] = {}
 
 
 def register(metric: Metric, replace: bool = False) -> Metric:
-    """Add ``metric`` to the registry (``replace``: overwrite an entry of the same name)."""
+    """Add ``metric`` to the registry.
+
+    Parameters
+    ----------
+    metric : Metric
+        The entry; one not built in names both its kernels (``fast`` and ``exact``).
+    replace : bool
+        Overwrite an entry of the same name (refused otherwise).
+
+    Returns
+    -------
+    Metric
+        ``metric``, as registered.
+
+    Raises
+    ------
+    attngeom.common.errors.Refusal
+        For a metric without kernels, an unknown ``scope`` or ``needs``, or a name
+        registered already (without ``replace``).
+    """
     if not metric.builtin and (not metric.fast or not metric.exact):
         raise Refusal(f"metric '{metric.name}' names no kernels: give fast= and exact= as "
                          "'module:function'")

@@ -158,17 +158,33 @@ def scores(model, texts, methods=None, *, tokenizer=None, max_length: int = 512,
 
     Parameters
     ----------
-    model : a transformers model (decoder or encoder); texts : a text or a list of texts
-        (with ``tokenizer``), or token ids (a list of lists of int);
-    methods : names among :data:`METHODS` (default: all); max_length : tokens per text;
-    alti_bias : y_i of ALTI with the block's biases, as the authors' code;
-    max_hours : refuse, before computing anything, value zeroing estimated to take longer
-        here (0: no limit).
+    model : transformers.PreTrainedModel
+        A transformers model, decoder or encoder.
+    texts : str, list of str or list of list of int
+        A text or a list of texts (with ``tokenizer``), or token ids.
+    methods : list of str, optional
+        Names among :data:`METHODS` (default: all).
+    tokenizer : transformers.PreTrainedTokenizerBase, optional
+        Tokenizes ``texts`` given as strings; gives the ``token`` coordinate.
+    max_length : int
+        Tokens per text (longer ones are cut).
+    alti_bias : bool
+        Put the block's biases into ALTI's y_i, as the authors' code does.
+    max_hours : float
+        Refuse, before computing anything, value zeroing estimated to take longer here
+        (0: no limit).
 
     Returns
     -------
-    xarray.Dataset over (sequence, layer, [head,] query, key), NaN beyond a text's length,
-    with ``token_id`` (and ``token`` with a tokenizer) over (sequence, position).
+    xarray.Dataset
+        Each method over (sequence, layer, [head,] query, key), NaN beyond a text's length,
+        with ``token_id`` (and ``token`` with a tokenizer) over (sequence, query).
+
+    Raises
+    ------
+    attngeom.common.errors.Refusal
+        For an unknown method, texts without a tokenizer, or value zeroing estimated beyond
+        ``max_hours``.
     """
     from .interventions import watching
     from ..measurement.hooks import attention_handler

@@ -234,8 +234,46 @@ def check_cost(model, prepared: Prepared, removals: list[Removal], cfg: FaithCon
 def faithfulness(model: str, data: str, out: str | Path, cfg: FaithConfig | None = None,
                  trust_remote_code: bool = False, progress: bool = True, force: bool = False,
                  log=print, beyond_context: bool = False) -> Path:
-    """Run the experiment into ``out/<name>.nc``; return the file's path (``beyond_context``:
-    allow ``max_length`` past the model's configured context, refused otherwise)."""
+    """Run the faithfulness experiment into ``out/<name>.nc``, as ``attngeom faithfulness`` does.
+
+    Parameters
+    ----------
+    model : str
+        A hub id, a model directory, a ``.gguf`` file or a built-in name: a causal language
+        model with its language-modelling head.
+    data : str
+        Texts, or the task's records (``.jsonl``, ``hf:...``), as ``--data`` takes them.
+    out : str or Path
+        A store, whose manifest records the result, or a new or empty folder (a results-only
+        store is made there). An interrupted run of the same settings is resumed.
+    cfg : FaithConfig, optional
+        The experiment's options (default: every option's default).
+    trust_remote_code : bool
+        Allow model code from the hub.
+    progress : bool
+        Show a progress bar.
+    force : bool
+        Replace a result, or discard an interrupted run, of other settings (refused otherwise).
+    log : callable
+        Called with each message line (default: :func:`print`).
+    beyond_context : bool
+        Allow ``max_length`` past the model's configured context (refused otherwise).
+
+    Returns
+    -------
+    Path
+        The result file, ``out/<name>.nc``; an existing complete result of the same settings
+        is kept, not recomputed.
+
+    Raises
+    ------
+    attngeom.common.errors.Refusal
+        For a model that is not a causal language model, bad options or data, or value
+        zeroing estimated beyond ``cfg.max_hours``.
+    attngeom.common.errors.StoreError
+        For an ``out`` holding another model's results, a result or interrupted run of other
+        settings (without ``force``), or a folder that is neither a store nor empty.
+    """
     from attngeom.store.format.faithfulness import assemble, block_dataset
 
     from ..loading.budget import check_context, context_length

@@ -35,14 +35,24 @@ def open_store(path: str | Path, partial: bool = False, derived: bool = True) ->
 
     Parameters
     ----------
-    path : the store directory.
-    partial : read the finished shards of an incomplete store (otherwise refused).
-    derived : add ``contribution`` and ``contribution_layer`` computed lazily on read.
+    path : str or Path
+        The store directory.
+    partial : bool
+        Read the finished shards of an incomplete store (otherwise refused).
+    derived : bool
+        Add ``contribution`` and ``contribution_layer``, computed lazily on read.
 
     Returns
     -------
-    xarray.Dataset with dims ``sequence, layer, head, position, query, key`` (+ ``sink``,
-    ``lag`` in compact stores) and the manifest's provenance in ``attrs``.
+    xarray.Dataset
+        Dims ``sequence, layer, head, position, query, key`` (+ ``sink``, ``lag`` in compact
+        stores), the manifest's provenance in ``attrs``.
+
+    Raises
+    ------
+    attngeom.common.errors.StoreError
+        For an incomplete store (without ``partial``), a missing or damaged shard, or a
+        manifest edited or damaged: the message names the fix.
     """
     manifest = read_manifest(path)
     if config_hash(manifest["config"]) != manifest["config_hash"]:

@@ -73,13 +73,24 @@ def write(ds: xr.Dataset, path: str | Path, no_text: bool = False) -> dict:
 
     Parameters
     ----------
-    ds : from ``attngeom.measure`` or ``attngeom.store.open`` (whole: every sequence, layer
-        and head its config describes).
-    path : the store folder to create.
-    no_text : leave token strings out (``store_text`` false, as ``--no-text``).
+    ds : xarray.Dataset
+        From ``attngeom.measure`` or ``attngeom.store.open``, whole: every sequence, layer
+        and head its config describes.
+    path : str or Path
+        The store folder to create.
+    no_text : bool
+        Leave token strings out (``store_text`` false, as ``--no-text``).
 
-    Raises StoreError (one line, with the fix) for a Dataset without attngeom attrs, a cut of
-    one, or a ``path`` that exists and is not empty.
+    Returns
+    -------
+    dict
+        The new store's manifest.
+
+    Raises
+    ------
+    attngeom.common.errors.StoreError
+        One line, with the fix, for a Dataset without attngeom attrs, a cut of one, or a
+        ``path`` that exists and is not empty.
     """
     manifest = manifest_of(ds)
     names = [n for n in stored_names(ds) if not (no_text and n == "token")]
