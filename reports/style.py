@@ -57,7 +57,11 @@ def table(ax, rows, header, widths=None, title: str = "") -> None:
 
 
 def colormap(name: str):
-    """matplotlib's registered colormap ``name``."""
+    """The registered colormap ``name``: matplotlib's, or seaborn's (``rocket_r``, ``mako``...),
+    which seaborn registers with matplotlib when it is imported (here, lazily)."""
+    if name not in matplotlib.colormaps:
+        import seaborn  # noqa: F401  registers its colormaps
+
     return matplotlib.colormaps[name]
 
 
@@ -91,7 +95,9 @@ def figure(**area) -> Figure:
 def heatmap(ax, values: np.ndarray, *, cmap, vmin, vmax, rows, cols, label: str,
             marks: np.ndarray | None = None, mark_label: str = "", xlabel="head",
             ylabel="layer"):
-    """A (rows x cols) heat map with a colour bar and optional markers at ``marks`` cells."""
+    """A (rows x cols) heat map with a colour bar and optional markers at ``marks`` cells
+    (``cmap``: a colormap or its name, matplotlib's or seaborn's)."""
+    cmap = colormap(cmap) if isinstance(cmap, str) else cmap
     mesh = ax.pcolormesh(np.arange(len(cols) + 1), np.arange(len(rows) + 1), values,
                          cmap=cmap, vmin=vmin, vmax=vmax, edgecolors="white", linewidth=0.3)
     ax.set_xticks(np.arange(len(cols)) + 0.5, [str(c) for c in cols])

@@ -7,6 +7,9 @@ significant digits, and looked up in the PDF's text.
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import numpy as np
 import pypdf
 import pytest
@@ -51,6 +54,35 @@ def test_format_is_three_significant_digits():
     values = np.random.default_rng(0).uniform(-4, 5.9, 2000)
     values = np.concatenate([10 ** values, -(10 ** values[:500]), [0.0, 99.95, 0.19]])
     assert [fmt(x) for x in values] == [sig3(x) for x in values]
+
+
+SINK_PAGES = """
+import sys
+import numpy as np, xarray as xr
+from attngeom.reports.figures import sinks
+assert "seaborn" not in sys.modules
+dims, rate = ("layer", "head"), np.linspace(0, 1, 6).reshape(2, 3)
+ds = xr.Dataset({"sink_rate_mean": (dims, rate), "learned_sink_rate_mean": (dims, rate),
+                 "is_sink_head": (dims, rate > 0.5),
+                 "sink_head_fraction": ("layer", [0.3, 0.6]),
+                 "layer_sink_rate_mean": ("layer", [0.2, 0.7]),
+                 "sink_head_count": ("layer", [1, 2])},
+                coords={"layer": [0, 1], "head": [0, 1, 2]})
+pages = sinks.pages(ds)
+import seaborn
+for page in pages:
+    cmap = page.fig.axes[0].collections[0].get_cmap()
+    assert cmap.name == "rocket_r" and cmap(0.3) == seaborn.cm.rocket_r(0.3), cmap.name
+print(len(pages))
+"""
+
+
+def test_sink_heads_pages_draw_seaborns_colormap_without_seaborn_imported_first():
+    # section_pages can run outside style() (which imports seaborn): "rocket_r" is seaborn's
+    out = subprocess.run([sys.executable, "-c", SINK_PAGES], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["2"]
 
 
 def test_full_report_has_every_section_and_embedded_truetype_fonts(full_report):
