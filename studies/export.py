@@ -198,6 +198,15 @@ def export_design1(nc: Path, results: Path, prefix: str, level: float = 0.05) ->
     return _write(files, results, prefix)
 
 
+def export_stats(stats, results: Path, prefix: str) -> list[Path]:
+    """CSVs of a run's stored statistics (:class:`attngeom.analysis.faithfulness_stats.
+    FaithStats`, the numbers ``attngeom compare`` shows), both losses in each: the ranking of
+    every metric with its adjacent steps tested (``_ranking``), each metric against the random
+    floor (``_vs_random``) and the AOPC with its min-max over the rankings run (``_minmax``)."""
+    return _write({"ranking": stats.ranking, "vs_random": stats.vs_random,
+                   "minmax": stats.aopc}, results, prefix)
+
+
 def export_design2(runs: dict[int, Path], results: Path, prefix: str,
                    level: float = 0.05, layer_types: list[str] | None = None) -> list[Path]:
     """CSVs of the single-layer runs ``{layer: result file}``: per (step, layer) tests with

@@ -19,7 +19,8 @@ resumes):
 
 A design-1 variant (``--variant NAME`` with ``--granularity``, ``--metrics``, ``--modes``,
 ``--ranks``, ``--length``, ``--prose-skip``) keeps its texts, runs and CSVs apart from the base
-design's: ``d1_prose_NAME``.
+design's: ``d1_prose_NAME``. At ``--granularity token`` the field's methods rank too; a run
+with ``random`` also writes the ranking of every metric (``d1_*_ranking``, ``_vs_random``).
 
 Before any step runs the plan is printed and written to RESULTS/plan.csv: forward passes per
 step and the hours they take at the seconds per pass timed here on one batch of the study's own
@@ -35,7 +36,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import resource
 import subprocess
 import sys
 from pathlib import Path
@@ -86,8 +86,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--length", type=int, default=128, help="tokens per text (the cut)")
     p.add_argument("--gsm8k-min", type=int, default=96, help="fewest GSM8K tokens after the cut")
     p.add_argument("--fractions", default="0.01,0.02,0.05,0.1,0.2")
-    p.add_argument("--granularity", default="head", choices=("head", "query"),
-                   help="design 1's ranking granularity (query: all four rungs distinct)")
+    p.add_argument("--granularity", default="head", choices=("head", "query", "token"),
+                   help="design 1's ranking granularity (query: all four rungs distinct; "
+                        "token: head-summed scores per key, where the field's methods rank)")
     p.add_argument("--metrics", help="design 1's metrics (default: the four of the paper)")
     p.add_argument("--modes", help="design 1's modes (default comprehensiveness,sufficiency)")
     p.add_argument("--ranks", help="design 1's ranks (default signed,magnitude)")
@@ -101,6 +102,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--design2-layers", default="all", help="layers, e.g. 0:30 or 3,7 (all)")
     p.add_argument("--gu-n", type=int, default=100, help="inputs per kind (0: skip)")
     p.add_argument("--gu-length", type=int, default=64)
+    p.add_argument("--gu-bos", default="auto", choices=("auto", "both"),
+                   help="both: every Gu input also with the BOS prepended where the tokenizer "
+                        "has one but adds none (Qwen2.5)")
+    p.add_argument("--max-hours", type=float,
+                   help="attngeom faithfulness --max-hours (value zeroing's estimated limit)")
     p.add_argument("--geo-n", type=int, default=256, help="WikiText-2 chunks (0: skip)")
     p.add_argument("--geo-max-length", type=int, default=256)
     p.add_argument("--chunk-chars", type=int, default=1400)
@@ -229,7 +235,8 @@ class SecondStudy(study_plan.Planned, survey.Study):
         with plan.Clock() as clock:
             rows, heads = gu_sinks.gu_table(a.model, self.model().tokenizer, a.wikitext,
                                             a.work / "gu", a.gu_n, a.gu_length,
-                                            batch_size=a.batch_size * 2)
+                                            batch_size=a.batch_size * 2,
+                                            both=a.gu_bos == "both")
         rows.insert(0, "model", a.model)
         heads.to_csv(a.results / "gu_sinks_heads.csv", index=False)
         rows.to_csv(done, index=False)
@@ -255,6 +262,8 @@ class SecondStudy(study_plan.Planned, survey.Study):
                "--no-drift", "--quiet"]
         if cfg.layers is not None:
             cmd += ["--layers", ",".join(map(str, cfg.layers))]
+        if self.a.max_hours is not None:
+            cmd += ["--max-hours", str(self.a.max_hours)]
         self.sh(step, *cmd)
         key = "design2" if step.startswith("design2") else "design1"
         # the passes of this invocation: a resumed run skips the units of its finished blocks
@@ -278,6 +287,14 @@ class SecondStudy(study_plan.Planned, survey.Study):
         nc = self.faith_run(f"design1-{tag}{self.a.suffix}", path, self.a.work / f"faith_{name}",
                             name, cfg)
         export.export_design1(nc, self.a.results, name)
+        if "random" in cfg.metrics:           # the ranking of every metric, against the floor
+            from attngeom.analysis.faithfulness_stats import for_store
+
+            stats, _, why = for_store(nc.parent, name)
+            if stats is None:
+                print(f"[study] {name}: no ranking tables ({why})", flush=True)
+            else:
+                export.export_stats(stats, self.a.results, name)
         figures.curves_figure(self.a.results, name)
         self.sizes.append(dict(use=name, data=getattr(self.a, tag), n=cfg.limit,
                                max_length=self.a.length, skip=self.a.prose_skip))
@@ -317,15 +334,6 @@ class SecondStudy(study_plan.Planned, survey.Study):
         self.sizes.append(dict(use=f"geo_prose{self.a.suffix}", data=self.a.prose, n=n,
                                max_length=self.a.length, skip=self.a.prose_skip))
         self.geometry(f"prose{self.a.suffix}", path, "text", self.a.length, n)
-
-    def sh(self, step: str, *cmd: str) -> None:
-        """The CLI step, with its CPU seconds (children's rusage) next to its wall seconds."""
-        before = resource.getrusage(resource.RUSAGE_CHILDREN)
-        super().sh(step, *cmd)
-        after = resource.getrusage(resource.RUSAGE_CHILDREN)
-        self.timings[-1]["cpu_seconds"] = round(after.ru_utime + after.ru_stime
-                                                - before.ru_utime - before.ru_stime, 1)
-        self.write_logs()
 
     def release(self) -> None:
         """Free the in-process model before the CLI steps load their own copy."""

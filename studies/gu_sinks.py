@@ -64,18 +64,22 @@ def measure_alpha0(model, ids: np.ndarray, batch_size: int = 8) -> np.ndarray:
     return np.concatenate(parts)
 
 
-def gu_variants(bos_default: bool, n: int, length: int, seed: int = 0):
+def gu_variants(bos_default: bool, n: int, length: int, seed: int = 0, both: bool = False):
     """(input, bos, design_row, data spec or None for natural text, --bos) of every variant:
     natural text as the tokenizer makes it (the design's row) and, when the tokenizer adds a
     BOS, also without it; random and repeated tokens without BOS (the design's rows) and, for
-    BOS tokenizers, with it. Probe specs are the package's (extract/loading/probes.py)."""
+    BOS tokenizers, with it. ``both``: the BOS rows also for a tokenizer that has a BOS token
+    but does not add it (Qwen2.5: natural text too, with its BOS prepended). Probe specs are
+    the package's (extract/loading/probes.py)."""
     yield "natural", bos_default, True, None, "auto"
     if bos_default:
         yield "natural", False, False, None, "no"
+    elif both:
+        yield "natural", True, False, None, "yes"
     for kind, s in (("random", seed), ("repeated", seed + 1)):
         spec = f"probe:{kind}:{length}:{n}:{s}"
         yield kind, False, True, spec, "auto"
-        if bos_default:
+        if bos_default or both:
             yield kind, True, False, spec, "yes"
 
 
@@ -94,12 +98,13 @@ def natural_file(wikitext: str | Path, out: Path, chunk_chars: int = 1400) -> Pa
 
 
 def gu_table(model: str, tok, wikitext: str, work: Path, n: int = 100, length: int = 64,
-             epsilon: float = EPSILON, batch_size: int = 8, seed: int = 0
+             epsilon: float = EPSILON, batch_size: int = 8, seed: int = 0, both: bool = False
              ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(one row per input variant, per-head scores) of ``model``: each variant is an
     ``attngeom extract`` store (probe specs, or natural text with ``--min-length``) read by
     ``attngeom.analysis.sinks`` (the per-input count and the pooled one); the two other
-    aggregations of :func:`sink_percentages` come from the same store's alpha_i0."""
+    aggregations of :func:`sink_percentages` come from the same store's alpha_i0. ``both``:
+    as :func:`gu_variants`."""
     import texts
 
     from attngeom.analysis import sinks
@@ -108,7 +113,8 @@ def gu_table(model: str, tok, wikitext: str, work: Path, n: int = 100, length: i
 
     natural = natural_file(wikitext, work / "gu_natural.jsonl")
     rows, heads = [], []
-    for kind, bos, design, spec, bos_option in gu_variants(texts.adds_bos(tok), n, length, seed):
+    for kind, bos, design, spec, bos_option in gu_variants(texts.adds_bos(tok), n, length, seed,
+                                                          both):
         store = work / f"gu_{kind}_{'bos' if bos else 'nobos'}"
         cfg = ExtractConfig(max_length=length, sink_k=1, bos=bos_option, batch_size=batch_size,
                             limit=None if spec else n, min_length=None if spec else length)

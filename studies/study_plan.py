@@ -42,7 +42,7 @@ class Planned:
         tok = self.model().tokenizer
         timed = plan.time_measure(self.model().model, texts.random_inputs(tok, a.batch_size * 2,
                                                                           a.gu_length))
-        kinds = 3 + 3 * int(texts.adds_bos(tok))
+        kinds = 3 + 3 * int(texts.adds_bos(tok) or a.gu_bos == "both")
         return plan.Step("gu", a.gu_n, a.batch_size * 2, kinds, timed, a.threads,
                          note=f"{kinds} input kinds x {a.gu_n} inputs, measure passes")
 

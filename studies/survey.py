@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -57,14 +58,15 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--geo-max-length", type=int, default=256)
     p.add_argument("--chunk-chars", type=int, default=1400, help="WikiText chunk size (characters)")
     p.add_argument("--geo-boolq", action="store_true", help="also geometry on BoolQ passages")
-    p.add_argument("--faith-limit", type=int, default=24)
+    p.add_argument("--faith-limit", type=int, default=24, help="prose texts (0: skip)")
     p.add_argument("--gsm8k-limit", type=int, default=None,
                    help="GSM8K texts (default: --faith-limit; 0 skips the GSM8K run)")
     p.add_argument("--faith-max-length", type=int, default=128)
     p.add_argument("--fractions", default="0.1,0.3")
     p.add_argument("--query-limit", type=int, default=0,
                    help="prose texts for an extra query-granularity run (0: skip)")
-    p.add_argument("--mc-limit", type=int, default=100, help="items for the clean MC accuracy")
+    p.add_argument("--mc-limit", type=int, default=100,
+                   help="items for the clean MC accuracy (0: skip)")
     p.add_argument("--mc-sweep-limit", type=int, default=48, help="items for an MC sweep")
     p.add_argument("--mc-max-length", type=int, default=384)
     p.add_argument("--k-shot", type=int, default=1)
@@ -96,10 +98,13 @@ class Study:
                                        ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")})
 
     def sh(self, step: str, *cmd: str) -> None:
-        t0 = time.time()
+        """The CLI step, with its CPU seconds (children's rusage) next to its wall seconds."""
+        t0, before = time.time(), resource.getrusage(resource.RUSAGE_CHILDREN)
         print(f"[study] {step}: attngeom {' '.join(cmd)}", flush=True)
         subprocess.run([self.cli, *cmd], check=True, env=self.env)
-        self.timings.append(dict(step=step, seconds=round(time.time() - t0, 1)))
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        self.timings.append(dict(step=step, seconds=round(time.time() - t0, 1), cpu_seconds=round(
+            after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime, 1)))
         self.write_logs()
 
     @staticmethod
@@ -198,8 +203,10 @@ class Study:
             self.sizes.append(dict(use="geo_boolq", data=a.boolq, n=a.geo_limit,
                                    max_length=a.geo_max_length))
         if a.model not in ENCODERS:  # in order of priority: the cheapest evidence first
-            self.lm_run(store, "faithfulness", a.prose, a.faith_limit)
-            self.mc_runs(store)
+            if a.faith_limit:
+                self.lm_run(store, "faithfulness", a.prose, a.faith_limit)
+            if a.mc_limit:
+                self.mc_runs(store)
         self.report(store)
         if a.model not in ENCODERS:
             gsm8k_limit = a.faith_limit if a.gsm8k_limit is None else a.gsm8k_limit
