@@ -226,8 +226,8 @@ def check_cost(model, prepared: Prepared, removals: list[Removal], cfg: FaithCon
             f"{max(lengths, default=0)} tokens x {layers} layers")
     seconds = check_zeroing(rows, rows_per_second(model), cfg.max_hours, what,
                             "fewer texts (--limit), a shorter --max-length or fewer --layers")
-    log(f"faithfulness: value zeroing's passes estimated at {seconds / 60:.3g} minutes here "
-        f"({what})")
+    log(f"faithfulness: value zeroing's passes estimated here at {seconds / 60:.3g} minutes at "
+        f"least ({what})")
 
 
 # ------------------------------------------------------------------------------------ run

@@ -158,11 +158,13 @@ def check_zeroing(rows: int, rate: float, max_hours: float, what: str, fix: str,
     """The estimated seconds of ``rows`` sublayer rows at ``rate`` rows/s (measured on this
     machine: :func:`attngeom.extract.faithfulness.sublayer.rows_per_second`); a Refusal with
     the estimate and the fix (``fix``) when it exceeds ``max_hours`` (0: no limit; ``limit``
-    names the setting)."""
+    names the setting). A lower bound: the rows re-ranked in float64 near the cut come on top
+    (benchmarks/RESULTS.md: 1.1x the estimate in comprehensiveness, up to 2.4x in sufficiency,
+    whose disturbed layers put more rows near the cut)."""
     seconds = rows / max(rate, 1e-9)
     if max_hours and seconds > max_hours * HOUR:
-        raise Refusal(f"value zeroing would take about {seconds / HOUR:.3g} hours here ({what}: "
-                      f"{rows:.3g} rows of a layer's post-attention sublayer at the "
+        raise Refusal(f"value zeroing would take at least {seconds / HOUR:.3g} hours here "
+                      f"({what}: {rows:.3g} rows of a layer's post-attention sublayer at the "
                       f"{rate:.3g} a second measured), more than {limit} {max_hours:g}; use "
                       f"{fix}, or a larger {limit}")
     return seconds
