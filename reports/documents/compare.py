@@ -16,6 +16,7 @@ import xarray as xr
 
 from attngeom.analysis.compare import table1
 from attngeom.common.atomic import atomic_file, atomic_write_bytes
+from attngeom.common.errors import Refusal
 
 from ..style import Page, figure, style, table
 from ..summary import fmt
@@ -232,13 +233,19 @@ def write_pdf(ds: xr.Dataset, out: str | os.PathLike, png: str | os.PathLike | N
     from .report import decorate
 
     out = Path(out)
+    layered = any(n in ds for n, _ in LAYER_PANELS)     # faithfulness-only stores have none
+    if png is not None and not layered:
+        raise Refusal("--png: the stores hold no per-layer results (faithfulness only), so "
+                      "there is no per-layer figure; leave out --png or compare analysed stores")
     with style():
-        pages = [_table_page(ds),
-                 Page(SECTION, "Per layer, on a shared relative-depth axis", layer_figure(ds),
-                      "Each line is one store; x = layer / (the model's layers − 1), so models of "
-                      "different depth share the axis (a subset store keeps its place). "
-                      "Vertex panel: y clipped to [−0.25, 1.25] (α* lies in [0, 1]; a "
-                      "near-flat parabola's CI runs off the axis).")]
+        pages = [_table_page(ds)]
+        if layered:
+            pages.append(Page(
+                SECTION, "Per layer, on a shared relative-depth axis", layer_figure(ds),
+                "Each line is one store; x = layer / (the model's layers − 1), so models of "
+                "different depth share the axis (a subset store keeps its place). Vertex "
+                "panel: y clipped to [−0.25, 1.25] (α* lies in [0, 1]; a near-flat parabola's "
+                "CI runs off the axis)."))
         pages += [p for p in (_faith_page(ds), _ranking_page(ds), _table1_page(ds))
                   if p is not None]
         with atomic_file(out) as tmp, PdfPages(tmp, metadata={"Title": "attngeom compare"}) \

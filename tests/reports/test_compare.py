@@ -164,3 +164,25 @@ def test_command_writes_pdf_csv_and_png(stores, tmp_path, capsys):
     assert float(rows[1]["gu_sink_head_share"]) == float(sinks["gu_sink_head_share"])
     assert (csv_dir / "table1.csv").is_file() and (csv_dir / "layers.csv").is_file()
     assert "wrote" in capsys.readouterr().out
+
+
+def test_faithfulness_only_stores_compare_without_a_layer_page(tiny, tmp_path, capsys):
+    """Result folders of `attngeom faithfulness` alone (no geometry): the PDF holds the summary
+    and the faithfulness pages, no per-layer page; --png, which is that page, is refused."""
+    runs = []
+    for limit, name in ((4, "a"), (6, "b")):
+        out = tmp_path / name
+        assert main(["faithfulness", "--model", str(tiny["model"]), "--data",
+                     str(tiny["data"]), "--out", str(out), "--max-length", "10", "--limit", str(limit),
+                     "--metrics", "attention,contribution,random", "--fractions", "0.5",
+                     "--no-drift", "--quiet", "--batch-size", "2"]) == 0
+        runs.append(str(out))
+    pdf = tmp_path / "c.pdf"
+    assert main(["compare", *runs, "--out", str(pdf), "--labels", "a,b"]) == 0
+    from pypdf import PdfReader
+
+    text = " ".join(page.extract_text() for page in PdfReader(pdf).pages)
+    assert "Per layer" not in text and "random" in text
+    assert main(["compare", *runs, "--out", str(tmp_path / "d.pdf"), "--png",
+                 str(tmp_path / "d.png")]) != 0
+    assert "--png" in capsys.readouterr().err and not (tmp_path / "d.png").exists()
