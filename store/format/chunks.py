@@ -28,34 +28,47 @@ LEVEL = 1                       # deflate level of every shard variable
 CHUNK_BYTES = 8 * 1024 * 1024   # at most this many bytes per chunk
 BLOCK = 360                     # words per Fletcher-32 block before folding (HDF5's value)
 _WEIGHTS = np.arange(BLOCK, 0, -1, dtype=np.float64)   # word i of a block adds (360 - i)
+SEGMENT = 4096                  # blocks of words a Fletcher-32 pass reads at a time (11 MiB)
 
 
-def fletcher32(data: bytes) -> int:
+def fletcher32(data: bytes, segment: int = SEGMENT) -> int:
     """HDF5's Fletcher-32 checksum (``H5_checksum_fletcher32``) of ``data``.
 
     Big-endian 16-bit words, sums folded to 16 bits after every block of 360 words, as the
-    C code does (the folding decides which of 0 / 65535 a multiple of 65535 becomes).
+    C code does (the folding decides which of 0 / 65535 a multiple of 65535 becomes). The
+    words are read ``segment`` blocks at a time, so that a chunk of hundreds of MB needs a
+    few MB of float64 words, not four times its own size.
     """
     b = np.frombuffer(data, dtype=np.uint8)
     n = len(b) // 2
-    words = (b[0:2 * n:2].astype(np.float64) * 256) + b[1:2 * n:2]      # exact in float64
-    full = n // BLOCK
-    blocks = words[:full * BLOCK].reshape(full, BLOCK)
-    sums = [(BLOCK, int(s), int(ws)) for s, ws in zip(blocks.sum(1), blocks @ _WEIGHTS)]
-    if n % BLOCK:
-        tail = words[full * BLOCK:]
-        sums.append((len(tail), int(tail.sum()), int(tail @ _WEIGHTS[BLOCK - len(tail):])))
     s1 = s2 = 0
-    for count, total, weighted in sums:     # sum2 += sum1 after each word, in closed form
-        s2 += count * s1 + weighted
-        s1 += total
-        s1, s2 = (s1 & 0xFFFF) + (s1 >> 16), (s2 & 0xFFFF) + (s2 >> 16)
+    step = BLOCK * max(1, segment)
+    for lo in range(0, n, step):
+        s1, s2 = _fold_words(b[2 * lo:2 * min(n, lo + step)], s1, s2)
     if len(b) % 2:
         s1 += int(b[-1]) << 8
         s2 += s1
         s1, s2 = (s1 & 0xFFFF) + (s1 >> 16), (s2 & 0xFFFF) + (s2 >> 16)
     s1, s2 = (s1 & 0xFFFF) + (s1 >> 16), (s2 & 0xFFFF) + (s2 >> 16)
     return ((s2 << 16) | s1) & 0xFFFFFFFF
+
+
+def _fold_words(b: np.ndarray, s1: int, s2: int) -> tuple[int, int]:
+    """The sums after the words of ``b`` (an even number of bytes, whole blocks of 360 words
+    but perhaps the last), from sums ``s1``, ``s2``."""
+    n = len(b) // 2
+    words = (b[0::2].astype(np.float64) * 256) + b[1::2]               # exact in float64
+    full = n // BLOCK
+    blocks = words[:full * BLOCK].reshape(full, BLOCK)
+    sums = [(BLOCK, int(s), int(ws)) for s, ws in zip(blocks.sum(1), blocks @ _WEIGHTS)]
+    if n % BLOCK:
+        tail = words[full * BLOCK:]
+        sums.append((len(tail), int(tail.sum()), int(tail @ _WEIGHTS[BLOCK - len(tail):])))
+    for count, total, weighted in sums:     # sum2 += sum1 after each word, in closed form
+        s2 += count * s1 + weighted
+        s1 += total
+        s1, s2 = (s1 & 0xFFFF) + (s1 >> 16), (s2 & 0xFFFF) + (s2 >> 16)
+    return s1, s2
 
 
 @functools.cache
@@ -90,6 +103,13 @@ def fill_value(dtype) -> np.generic:
 def chunk_rows(row_bytes: int, rows: int) -> int:
     """Sequences per chunk: at most ``rows``, at most CHUNK_BYTES per chunk, at least 1."""
     return max(1, min(rows, CHUNK_BYTES // max(row_bytes, 1)))
+
+
+def layer_chunks(cells: tuple[int, ...], itemsize: int, rows: int) -> tuple[int, ...]:
+    """The chunk shape of a (sequence, layer, *cells) variable: :func:`chunk_rows` sequences
+    (at most ``rows``) of one layer."""
+    row_bytes = int(np.prod(cells, dtype=np.int64)) * itemsize
+    return (chunk_rows(row_bytes, rows), 1, *cells)
 
 
 @dataclass
@@ -145,8 +165,7 @@ class ChunkEncoder:
             if x.dtype.kind == "f":
                 x = x.astype(np.float32, copy=False)
             if name not in self.chunks:
-                row_bytes = int(np.prod(x.shape[2:], dtype=np.int64)) * x.itemsize  # one layer
-                self.chunks[name] = (chunk_rows(row_bytes, self.rows), 1, *x.shape[2:])
+                self.chunks[name] = layer_chunks(x.shape[2:], x.itemsize, self.rows)
                 self.layout[name] = tuple(x.shape[1:])
                 self.dtypes[name] = fill_value(x.dtype).dtype
                 self.pending[name], self.done_rows[name], self.futures[name] = [], 0, {}

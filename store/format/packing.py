@@ -95,13 +95,23 @@ def is_packed(name: str, dtype) -> bool:
     return name in PACKED_VARIABLES and np.dtype(dtype) == np.int16
 
 
+PACK_BLOCK = 1 << 20             # values packed at a time (their float64 steps: a few MB)
+
+
 def pack(name: str, x: np.ndarray) -> np.ndarray:
-    """Float values of ``name`` as int16 q: nearest of the grid, clipped; NaN -> FILL."""
+    """Float values of ``name`` as int16 q: nearest of the grid, clipped; NaN -> FILL
+    (computed in float64, :data:`PACK_BLOCK` values at a time)."""
     p = PACKED_VARIABLES[name]
-    x = np.asarray(x, dtype=np.float64)
-    finite = np.isfinite(x)
-    q = np.rint((np.clip(x, p.low, p.high) - float(p.add_offset)) / float(p.scale_factor))
-    return np.where(finite, np.clip(q, -p.qmax, p.qmax), FILL).astype(np.int16)
+    x = np.asarray(x)
+    out = np.empty(x.shape, dtype=np.int16)
+    flat, packed = x.reshape(-1), out.reshape(-1)
+    for lo in range(0, flat.size, PACK_BLOCK):
+        block = flat[lo:lo + PACK_BLOCK].astype(np.float64)
+        q = np.rint((np.clip(block, p.low, p.high) - float(p.add_offset))
+                    / float(p.scale_factor))
+        packed[lo:lo + PACK_BLOCK] = np.where(np.isfinite(block), np.clip(q, -p.qmax, p.qmax),
+                                              FILL)
+    return out
 
 
 def bitround(x: np.ndarray, keep: int = KEEP_BITS) -> np.ndarray:

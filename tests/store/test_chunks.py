@@ -46,6 +46,16 @@ def test_fletcher32_random_lengths_match_the_c_loop():
         assert fletcher32(data) == fletcher32_loop(data)
 
 
+def test_fletcher32_read_in_segments_matches_the_c_loop():
+    """The words are read a few blocks at a time (memory): every segment size, block-aligned
+    or not at the end, odd lengths, gives the checksum of the whole."""
+    rng = np.random.default_rng(1)
+    for n in (720 * 3, 720 * 3 + 1, 720 * 5 + 333, 4000, 7201):
+        data = rng.integers(0, 256, size=n, dtype=np.uint8).tobytes()
+        want = fletcher32_loop(data)
+        assert [fletcher32(data, segment=s) for s in (1, 2, 3, 4096)] == [want] * 4, n
+
+
 def _hdf5_chunks(x: np.ndarray, chunks: tuple[int, ...]) -> dict:
     """Chunk offset -> bytes as HDF5 itself stores ``x`` with shuffle+gzip 1+Fletcher-32."""
     buf = io.BytesIO()
