@@ -179,20 +179,41 @@ def _pairs(alpha: Tensor, dot_head: Tensor, dot_layer: Tensor, on: Tensor, ln: T
     """alpha, cosine, cosine_layer, contribution, contribution_layer (B, H, T, K).
 
     on (B, H, T, 1), ln (B, 1, T, 1), vn broadcastable to (B, H, T, K)."""
-    return {"alpha": alpha, "cosine": dot_head / (on * vn), "cosine_layer": dot_layer / (ln * vn),
-            "contribution": alpha * dot_head / on.square(),
-            "contribution_layer": alpha * dot_layer / ln.square()}
+    return {"alpha": alpha, "cosine": _cosine(dot_head, on, vn),
+            "cosine_layer": _cosine(dot_layer, ln, vn),
+            "contribution": _contribution(alpha, dot_head, on),
+            "contribution_layer": _contribution(alpha, dot_layer, ln)}
+
+
+def _cosine(dot: Tensor, norm: Tensor, vn: Tensor, in_place: bool = False) -> Tensor:
+    """cos(o, v~) = <o, v~> / (||o|| ||v~||); ``in_place``: in ``dot``."""
+    return dot.div_(norm * vn) if in_place else dot / (norm * vn)
+
+
+def _contribution(alpha: Tensor, dot: Tensor, norm: Tensor) -> Tensor:
+    """alpha <o, v~> / ||o||^2 (c with the head output, C with the layer output)."""
+    return alpha * dot / norm.square()
 
 
 def _dense(alpha, zg, u, vf, tok, masks: Masks, opts: Options) -> dict[str, Tensor]:
-    """Every (query, key) pair; NaN where the key is not allowed or the query is padding."""
+    """Every (query, key) pair; NaN where the key is not allowed or the query is padding.
+
+    The values of :func:`_pairs`, each (B, H, T, T) array made once and then changed in place
+    (``alpha`` too), and the contributions only when asked for: a layer of a long text holds
+    about four such arrays at a time, not ten."""
     on = tok["output_norm"][..., None]
     ln = tok["layer_output_norm"][:, None, :, None]
-    pairs = _pairs(alpha, zg @ vf.transpose(-1, -2), u @ vf.transpose(-1, -2), on, ln,
-                   tok["value_norm"][:, :, None, :])
+    vn = tok["value_norm"][:, :, None, :]
     bad = ~(masks.allowed & masks.query[..., None])
-    return {n: x.masked_fill(bad, NAN) for n, x in pairs.items()
-            if opts.derived or n in ("alpha", "cosine", "cosine_layer")}
+    vt = vf.transpose(-1, -2)
+    cosines, contributions = {}, {}
+    for name, x, norm in (("cosine", zg, on), ("cosine_layer", u, ln)):
+        dot = x @ vt                                                    # (B, H, T, T)
+        if opts.derived:
+            contributions[name.replace("cosine", "contribution")] = _contribution(
+                alpha, dot, norm).masked_fill_(bad, NAN)
+        cosines[name] = _cosine(dot, norm, vn, in_place=True).masked_fill_(bad, NAN)
+    return {"alpha": alpha.masked_fill_(bad, NAN), **cosines, **contributions}
 
 
 def _compact(q, k, v, alpha, lse, sink_alpha, sink_dots, zg, u, tok, masks: Masks, scale,
