@@ -2,7 +2,9 @@
 
 Sequences are split into shards of ``shard_size`` in data order. Each finished shard is
 written atomically and recorded, with its checksum, in the manifest; a rerun of the same
-command skips recorded shards whose file and checksum are intact.
+command skips recorded shards whose file and checksum are intact. A compact shard is measured
+whole, then written (:func:`extract_shard`); a dense one is written layer by layer as it is
+measured (:func:`stream_shard`), under a temporary name until it is complete.
 """
 
 from __future__ import annotations
@@ -16,16 +18,18 @@ import xarray as xr
 from tqdm.auto import tqdm
 
 from attngeom.common.options.stages import ExtractConfig, identity
-from attngeom.common.vocab import FLOAT32, MAX_SHARD_SEQUENCES, SHARD_BYTES
+from attngeom.common.vocab import DENSE, FLOAT32, MAX_SHARD_SEQUENCES, SHARD_BYTES
 from attngeom.store.format import schema as S
 from attngeom.store.format.chunks import ChunkEncoder
 from attngeom.store.format.manifest import portable, spec_label
 from attngeom.store.format.packing import stored_attrs
 from attngeom.store.format.parts import check_part, parse_part, part_record
 from attngeom.store.format.shards import build_shard
+from attngeom.store.format.stream import measured_layout
 from attngeom.store.io.writer import StoreWriter
 
-from .loading.data import TextSet, Tokenized, load_texts, texts_sha256, tokenize_texts
+from .loading.data import (Sequences, TextSet, Tokenized, load_texts, texts_sha256,
+                           tokenize_texts)
 from .loading.images import image_tokens, is_image_spec, load_images
 from .loading.probes import ProbeSet, is_probe, probe_set
 from .measurement.batches import BatchSize, Rows, measure_rows
@@ -181,10 +185,12 @@ def extract(model: str, data: str, out: str | Path, cfg: ExtractConfig | None = 
     for index, start in enumerate(range(0, n, shard_size)):
         if start in done or (chosen is not None and index not in chosen):
             continue
-        stop = min(n, start + shard_size)
-        ds, encoded = extract_shard(loaded, texts.texts[start:stop], start, cfg, opts, bar,
-                                    current)
-        writer.add_shard(ds, index, encoded)
+        items = texts.texts[start:min(n, start + shard_size)]
+        if cfg.mode == DENSE:                    # written layer by layer as it is measured
+            stream_shard(writer, index, loaded, items, start, cfg, opts, bar, current)
+        else:
+            ds, encoded = extract_shard(loaded, items, start, cfg, opts, bar, current)
+            writer.add_shard(ds, index, encoded)
     bar.close()
     return writer.finish()
 
@@ -194,7 +200,8 @@ def extract_shard(loaded, items, start: int, cfg: ExtractConfig, opts: Options, 
     """Measure one shard's inputs (:func:`~.measurement.batches.measure_rows`); return the shard
     Dataset of everything but the measured variables, and those already compressed (for
     :meth:`attngeom.store.io.writer.StoreWriter.add_shard`). Each batch is handed to the chunk
-    encoder as it is measured; no second copy of the measured arrays is made."""
+    encoder as it is measured; no second copy of the measured arrays is made. (The run's
+    compact shards; dense ones go through :func:`stream_shard`.)"""
     current = current or BatchSize(cfg.batch_size)
     stored = S.variables_for(cfg.mode, loaded.info.get("learned_sinks", False))
     encoder = ChunkEncoder(min(current.size, len(items)), *encode_workers(cfg.device),
@@ -202,6 +209,28 @@ def extract_shard(loaded, items, start: int, cfg: ExtractConfig, opts: Options, 
                            attrs={n: stored_attrs(n, cfg.precision) for n in stored})
     rows = measure_rows(loaded, items, cfg, opts, encoder, bar, current)
     return shard_dataset(rows, start, cfg), rows.arrays
+
+
+def stream_shard(writer: StoreWriter, index: int, loaded, items, start: int,
+                 cfg: ExtractConfig, opts: Options, bar=None,
+                 current: BatchSize | None = None) -> None:
+    """Measure one shard's inputs into shard file ``index`` layer by layer (dense): each
+    layer of each batch is written as it is measured
+    (:meth:`~attngeom.store.io.writer.StoreWriter.streamed_shard`), so that memory holds one
+    layer of a batch, not the shard. The file is laid out first, from the model's sizes and
+    placeholder per-sequence values (written when the shard is measured)."""
+    current = current or BatchSize(cfg.batch_size)
+    info, n = loaded.info, len(items)
+    layout = measured_layout(cfg.mode, cfg.precision, info.get("learned_sinks", False), n,
+                             info["n_layers"], info["n_heads"], cfg.max_length,
+                             min(current.size, n))
+    blank = Sequences(np.full((n, cfg.max_length), -1, dtype=np.int32), np.zeros(n, np.int32),
+                      np.zeros((n, cfg.max_length), np.int8),
+                      [[] for _ in range(n)] if cfg.store_text else None, np.zeros(n, np.int32))
+    skeleton = shard_dataset(Rows(layout, blank, np.ones(n, np.int32)), start, cfg)
+    with writer.streamed_shard(skeleton, index, layout, encode_workers(cfg.device)) as stream:
+        rows = measure_rows(loaded, items, cfg, opts, stream, bar, current)
+        stream.complete(shard_dataset(rows, start, cfg))
 
 
 def shard_dataset(rows: Rows, start: int, cfg: ExtractConfig) -> xr.Dataset:

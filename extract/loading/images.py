@@ -202,11 +202,12 @@ def image_tokens(loaded, items: list) -> int:
 
 
 def measure_images(loaded, items: list, batch_size: int, opts: "Options",
-                   store_text: bool, bar=None) -> Iterator[tuple[dict, Sequences]]:
+                   store_text: bool, bar=None, layers=None) -> Iterator[tuple[dict, Sequences]]:
     """Measure ``items`` in order, ``batch_size`` images per forward pass.
 
     Yields each batch's arrays (as :func:`attngeom.extract.measurement.capture.capture` returns
-    them) and its :class:`Sequences`.
+    them; ``{}`` with ``layers``, a :class:`~attngeom.extract.measurement.batches.LayerRows`
+    that gets each layer as it is measured) and its :class:`Sequences`.
     """
     from ..measurement.capture import capture
 
@@ -214,8 +215,11 @@ def measure_images(loaded, items: list, batch_size: int, opts: "Options",
     for start in range(0, len(items), batch_size):
         chunk = items[start:start + batch_size]
         pixels = pixel_batch(loaded.tokenizer, chunk)
-        arrays = capture(model, {"pixel_values": pixels.to(param.device, param.dtype)}, opts)
-        T = arrays["value_norm"].shape[-1]
+        arrays = capture(model, {"pixel_values": pixels.to(param.device, param.dtype)}, opts,
+                         each_layer=None if layers is None else layers.add)
+        if layers is not None:
+            layers.commit(len(chunk))
+        T = arrays["value_norm"].shape[-1] if layers is None else layers.width
         names = token_names(model, T, pixels.shape[-2], pixels.shape[-1])
         ids = np.array([image_id(p) for p in pixels.float().numpy()], dtype=np.int64)
         special = np.array([not n.startswith("p(") for n in names], dtype=np.int8)

@@ -9,6 +9,8 @@ public, in-memory ``attngeom.measure`` (:mod:`.inmemory`) builds a labeled Datas
 
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 import torch
 from torch import nn
@@ -18,6 +20,8 @@ from .geometry import Projection, cached_projection
 from .hooks import Call, attention_handler
 from .layer import Masks, Options, measure_layer, prepare_masks
 
+EachLayer = Callable[[int, dict[str, np.ndarray]], None]    # (layer, its (B, ...) arrays)
+
 
 class Measurer:
     """Attention handler that measures each layer.
@@ -25,11 +29,14 @@ class Measurer:
     Masks are prepared once per distinct attention mask of a forward pass; Gram matrices once
     per model (cached on the weight). Each layer's results are copied to host arrays
     preallocated for all layers: at ``collect`` when ``keep_on_device`` (``results`` then
-    holds every layer), else as soon as the layer is done (bounded memory, one copy).
+    holds every layer), else as soon as the layer is done (bounded memory, one copy). With
+    ``each_layer``, each layer's results are handed to it instead, as (B, ...) float32 numpy
+    arrays, as soon as the layer is done, and nothing is kept (``collect`` returns ``{}``).
     """
 
-    def __init__(self, model: nn.Module, opts: Options, keep_on_device: bool = True):
-        self.opts = opts
+    def __init__(self, model: nn.Module, opts: Options, keep_on_device: bool = True,
+                 each_layer: EachLayer | None = None):
+        self.opts, self.each_layer = opts, each_layer
         arch = discover(model)
         self.found: tuple[Layer, ...] = arch.layers
         self.learned_sinks = arch.learned_sinks
@@ -74,7 +81,10 @@ class Measurer:
         if self.learned_sinks and "learned_sink_alpha" not in out:   # a layer without sinks
             out["learned_sink_alpha"] = torch.zeros_like(out["output_norm"]).masked_fill(
                 ~masks.query, float("nan"))
-        if self.keep_on_device:
+        if self.each_layer is not None:
+            self.each_layer(call.index, {n: x.to("cpu", torch.float32).numpy()
+                                         for n, x in out.items()})
+        elif self.keep_on_device:
             self.results[call.index] = out
         else:
             self._to_host(call.index, out)
@@ -103,13 +113,16 @@ def model_inputs(batch: dict, device: torch.device | str) -> dict[str, torch.Ten
 
 
 @torch.inference_mode()
-def capture(model: nn.Module, batch: dict, opts: Options = Options()) -> dict[str, np.ndarray]:
+def capture(model: nn.Module, batch: dict, opts: Options = Options(),
+            each_layer: EachLayer | None = None) -> dict[str, np.ndarray]:
     """Run the model once on ``batch`` and return every layer's measurements.
 
     Parameters
     ----------
     batch : ``input_ids`` and ``attention_mask`` (B, T), right-padded, or ``pixel_values``.
     opts : layout (dense/compact) and sink/tail sizes.
+    each_layer : called with (layer, its arrays) as each layer is measured, the arrays as
+        below without the layer axis; nothing is returned then (one layer held at a time).
 
     Returns
     -------
@@ -119,7 +132,8 @@ def capture(model: nn.Module, batch: dict, opts: Options = Options()) -> dict[st
     device = next(model.parameters()).device
     inputs = model_inputs(batch, device)
     # on an accelerator, compact results stay there until the end (no host sync per layer)
-    handler = Measurer(model, opts, keep_on_device=device.type != "cpu" and opts.mode == "compact")
+    handler = Measurer(model, opts, keep_on_device=device.type != "cpu" and opts.mode == "compact",
+                       each_layer=each_layer)
     mask = inputs.get("attention_mask")
     if mask is not None:
         handler.token_mask = mask.bool()

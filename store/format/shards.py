@@ -5,7 +5,9 @@ the bounded variables CF-packed int16, :mod:`attngeom.store.format.packing`) wit
 chunked by sequence block and layer, and the attributes of :func:`shard_attrs`.
 :func:`write_shard` builds the file in memory and writes it atomically; extraction hands its
 measured variables over already compressed (:mod:`attngeom.store.format.chunks`: HDF5's filter
-pipeline, run in worker threads while the next batch is measured). :func:`layout_problem`
+pipeline, run in worker threads while the next batch is measured); a dense shard is laid out
+the same way, and its measured variables filled layer by layer as they are measured
+(:mod:`attngeom.store.format.stream`). :func:`layout_problem`
 is the one check that a shard has the layout its manifest describes (used when writing,
 opening and validating).
 """
@@ -148,13 +150,17 @@ def write_shard(ds: xr.Dataset, path: str | Path,
     (:class:`attngeom.store.format.chunks.ChunkEncoder`, which records their dims); they are stored
     as they are. ``ds`` need not hold them (when it does, they must have the same shape).
     """
+    with memoryview(shard_bytes(ds, encoded)) as view:     # no copy of the file's bytes
+        atomic_write_bytes(path, view)
+
+
+def shard_bytes(ds: xr.Dataset, encoded: Mapping[str, Encoded] | None = None) -> memoryview:
+    """The bytes of the shard file :func:`write_shard` writes (an ``Encoded`` without chunks
+    gives a variable that :mod:`attngeom.store.format.stream` fills later)."""
     encoded = dict(encoded or {})
     rest = ds.drop_vars([n for n in encoded if n in ds])
     data = netcdf_bytes(rest, encoding(rest))
-    if encoded:
-        data = _with_encoded(data, ds, encoded)
-    with memoryview(data) as view:                   # no copy of the file's bytes
-        atomic_write_bytes(path, view)
+    return _with_encoded(data, ds, encoded) if encoded else data
 
 
 def _with_encoded(data: bytes | memoryview, ds: xr.Dataset,

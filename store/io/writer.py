@@ -11,6 +11,8 @@ Extraction, merge and subset::
     writer = StoreWriter.create(out, config, n_sequences, extra)   # new, or resumed
     done = writer.finished()             # first sequence of every verified shard
     writer.add_shard(ds, index)          # one block of sequences as a Dataset
+    with writer.streamed_shard(ds, index, layout) as stream:   # or written as it is measured
+        ...; stream.complete(ds)
     writer.finish()                      # counts, complete, manifest.json, README.txt
 
 Result files (``attngeom faithfulness``): :mod:`attngeom.store.io.result_files`.
@@ -22,9 +24,10 @@ for a writer that streams into a file of its own).
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 from pathlib import Path
-from typing import Callable, Iterable, Mapping, Sequence
+from typing import Callable, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 import xarray as xr
@@ -34,12 +37,14 @@ from ..format.chunks import Encoded
 from ..format.manifest import (MANIFEST, config_difference, file_sha256, new_manifest,
                                read_manifest, write_manifest)
 from attngeom.common.errors import Refusal, StoreError, write_error
-from attngeom.common.atomic import atomic_write_bytes, copy_file, fsync_dir, temporary_name
+from attngeom.common.atomic import (atomic_file, atomic_write_bytes, copy_file, fsync_dir,
+                                    temporary_name)
 from ..format.packing import precision_of, stored_dataset
 from .readme import write_readme
 from .results import FAITH_ONLY, entries, result_file
 from ..format.shards import (SHARD_DIR, layout_problem, netcdf_bytes, shard_attrs, shard_name,
                      write_shard)
+from ..format.stream import ShardStream
 
 Log = Callable[[str], None]
 
@@ -178,6 +183,37 @@ class StoreWriter:
         form (:func:`attngeom.store.format.shards.write_shard`). Returns the entry.
         """
         encoded = dict(encoded or {})
+        ds = self._prepared(ds, index, encoded)
+        name = shard_name(index)
+        write_shard(ds, self.path / name, encoded)
+        return self._record_shard(ds, name)
+
+    @contextlib.contextmanager
+    def streamed_shard(self, ds: xr.Dataset, index: int, layout: Mapping[str, Encoded],
+                       workers: tuple[int, int] = (0, 1)) -> Iterator[ShardStream]:
+        """Shard ``index`` written while it is measured: a
+        :class:`~attngeom.store.format.stream.ShardStream` laid out from ``ds`` (the shard's
+        Dataset with placeholder per-sequence values, checked as :meth:`add_shard` checks)
+        and ``layout`` (the measured variables, :func:`~attngeom.store.format.stream.
+        measured_layout`), under its temporary name. The block must end with the stream's
+        ``complete(ds)``; then the file is renamed into place and recorded. A block that
+        raises leaves no file and no entry. ``workers``: (threads compressing while the model
+        measures, threads otherwise), as :class:`~attngeom.store.format.chunks.ChunkEncoder`
+        takes them."""
+        ds = self._prepared(ds, index, layout)
+        name = shard_name(index)
+        during, after = workers
+        with atomic_file(self.path / name) as tmp:
+            with ShardStream(tmp, ds, layout, during or after, during > 0) as stream:
+                yield stream
+            if stream.result is None:
+                raise ValueError(f"shard {index}: the stream ended before it was complete")
+        self._record_shard(stream.result, name)
+
+    def _prepared(self, ds: xr.Dataset, index: int, encoded: Mapping[str, Encoded]
+                  ) -> xr.Dataset:
+        """``ds`` in the store's precision with its attributes, after its layout (with the
+        ``encoded`` variables) is checked against the manifest."""
         ds = stored_dataset(ds, self.precision)
         dims = {n: v.dims for n, v in ds.data_vars.items()} | {n: e.dims
                                                                for n, e in encoded.items()}
@@ -186,14 +222,17 @@ class StoreWriter:
         if why:
             raise Refusal(f"shard {index} does not fit the store {self.path}: {why}")
         seq = np.asarray(ds[S.SEQUENCE].values)
-        lo, hi = int(seq[0]), int(seq[0]) + len(seq)
-        if not np.array_equal(seq, np.arange(lo, hi)):
+        if not np.array_equal(seq, np.arange(int(seq[0]), int(seq[0]) + len(seq))):
             raise Refusal(f"shard {index}: sequences must be consecutive, got {seq[:5]}...")
         ds = ds.copy(deep=False)
         ds.attrs = dict(self.attrs)
-        name = shard_name(index)
-        write_shard(ds, self.path / name, encoded)
-        return self._record({"file": name, "sequences": [lo, hi],
+        return ds
+
+    def _record_shard(self, ds: xr.Dataset, name: str) -> dict:
+        """Record the shard file ``name`` holding ``ds`` (its checksum, its counts)."""
+        seq = np.asarray(ds[S.SEQUENCE].values)
+        lo = int(seq[0])
+        return self._record({"file": name, "sequences": [lo, lo + len(seq)],
                              "sha256": file_sha256(self.path / name),
                              "truncated": int(ds["truncated"].sum()),
                              "nonfinite": int((ds["finite"] == 0).sum())})
