@@ -1,4 +1,5 @@
-"""What a run needs before it starts: the model's context, disk for the store, memory a batch.
+"""What a run needs before it starts: the model's context, disk for the store, memory a batch
+(dense: a layer of a batch).
 
 Checked in one line before anything is written (the context against the tokenized texts), so
 that an impossible run fails in a second with
@@ -11,7 +12,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from attngeom.common.vocab import FLOAT32, PACKED
+from attngeom.common.vocab import DENSE, FLOAT32, PACKED
 from attngeom.store.format import schema as S
 from attngeom.store.format.packing import PACKED_VARIABLES
 from attngeom.common.errors import Refusal
@@ -82,8 +83,12 @@ def batch_bytes(mode: str, T: int, longest: int, sink_k: int, tail_w: int, n_lay
                 n_heads: int, batch: int) -> float:
     """Working memory of one batch: its measurements, padded to ``T`` positions, held until
     written (twice: measured and encoded), and one layer's attention workspace over the
-    ``longest`` text (scores, weights and their products: four float32 (head, T, T) arrays)."""
-    held = 2 * sequence_bytes(mode, T, sink_k, tail_w, n_layers, n_heads)
+    ``longest`` text (scores, weights and their products: four float32 (head, T, T) arrays).
+
+    Compact measurements are held for every layer; dense ones are written layer by layer as
+    they are measured (:mod:`attngeom.store.format.stream`), so one layer's are held."""
+    held = 2 * sequence_bytes(mode, T, sink_k, tail_w, 1 if mode == DENSE else n_layers,
+                              n_heads)
     return batch * (held + 4 * FLOAT32_BYTES * n_heads * longest * longest)
 
 

@@ -4,7 +4,8 @@ A tiny llama whose config says 128 positions: a text longer than that at --max-l
 refused by extract and faithfulness once tokenized, before anything is written (nothing is left
 on disk); --beyond-context measures past it; attngeom.measure warns. Disk and memory refusals
 are driven by shrinking what the machine reports (free_disk, available_memory); the estimates
-are checked against the bytes of a real store.
+are checked against the bytes of a real store. A dense batch's memory is one layer's (dense
+shards are written layer by layer): one long text of SmolLM2-135M's sizes fits 24 GiB.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import torch
 
 import tiny_models as tm
 from attngeom.cli import main
+from attngeom.common.errors import Refusal
 from attngeom.extract.loading import budget
 from store_helpers import write_texts
 
@@ -147,3 +149,48 @@ def test_threads_sets_torch_s_threads_and_not_the_content_hash(tiny, tmp_path, m
     finally:
         torch.set_num_threads(before)
     assert hashes[0] == hashes[1]
+
+
+def test_the_dense_estimate_counts_one_layer():
+    """A dense batch's estimate: one layer's measurements, whatever the depth; compact's: all
+    of them. Twice the measured arrays and the workspace of four (head, T, T) arrays."""
+    args = dict(T=64, longest=64, sink_k=1, tail_w=8, n_heads=9)
+    dense = [budget.batch_bytes("dense", n_layers=n, batch=1, **args) for n in (1, 30)]
+    compact = [budget.batch_bytes("compact", n_layers=n, batch=1, **args) for n in (1, 30)]
+    assert dense[0] == dense[1]
+    assert compact[1] - compact[0] == 2 * 29 * budget.sequence_bytes("compact", 64, 1, 8, 1, 9)
+    assert budget.batch_bytes("dense", n_layers=30, batch=4, **args) == 4 * dense[0]
+    pairs = (3 * 9 * 64 + 6 * 9 + 1) * 64 * 4      # alpha, the cosines; 7 per-token variables
+    assert dense[0] == 2 * pairs + 4 * 4 * 9 * 64 * 64
+
+
+@pytest.mark.parametrize("T, refused", [(2048, False), (4096, False), (8192, True)])
+def test_one_long_text_fits_24_gib_in_dense_mode(tmp_path, monkeypatch, T, refused):
+    """SmolLM2-135M's sizes (30 layers, 9 heads), one text of T tokens, batch 1, the 22.1 GiB
+    a 24 GiB machine has available: 2,048 tokens needed 25.9 GiB before streaming (and 4,096
+    104 GiB); now 1.4 and 5.6 GiB. 8,192 (22.5 GiB) is still refused, with the estimate."""
+    monkeypatch.setattr(budget, "available_memory", lambda: 22.1 * budget.GIB)
+    monkeypatch.setattr(budget, "free_disk", lambda out: 1e15)
+    args = (tmp_path / "out", 1, [T], "dense", T, 1, 8, 30, 9, True, False, 1)
+    if not refused:
+        budget.check_budget(*args)
+        return
+    with pytest.raises(Refusal, match=r"a batch of 1 x 8192 tokens \(dense\) needs about "
+                                      r"22.5 GiB of memory"):
+        budget.check_budget(*args)
+
+
+def test_a_dense_run_the_earlier_estimate_refused_runs(tiny, tmp_path, monkeypatch, capsys):
+    """Memory between the dense estimate and the earlier one (every layer of the batch held
+    twice): the run is not refused, and with a little less than the estimate it is."""
+    T, L, H, batch = 64, 2, 4, 2
+    new = budget.batch_bytes("dense", T, T, 1, 8, L, H, batch)
+    old = new + 2 * batch * (L - 1) * budget.sequence_bytes("dense", T, 1, 8, 1, H)
+    data = write_texts(tmp_path / "long.jsonl", (80, 70, 90))         # each cut at T
+    argv = ["extract", "--model", str(tiny["model"]), "--data", str(data), "--mode", "dense",
+            "--max-length", str(T), "--batch-size", str(batch), "--quiet", "--out"]
+    monkeypatch.setattr(budget, "available_memory", lambda: (new + old) / 2)
+    assert main(argv + [str(tmp_path / "fits")]) == 0
+    monkeypatch.setattr(budget, "available_memory", lambda: new * 0.9)
+    _refused(capsys, argv + [str(tmp_path / "refused")], tmp_path / "refused",
+             "a batch of 2 x 64 tokens (dense) needs about", "GiB of memory")
