@@ -22,6 +22,9 @@ SCRIPT = '''import json, sys
 print("progress on stdout is not JSON")
 print(json.dumps({"case": "packed", "bytes": 64.1, "ratio": {"float32": 0.529}, "ok": True}))
 print(json.dumps({"section": "time", "wall_s": 3.5, "machine": {"cpus": 2}}))
+if sys.argv[1:] == ["kill"]:
+    import os, signal
+    os.kill(os.getpid(), signal.SIGTERM)
 sys.exit(int(sys.argv[1]) if len(sys.argv) > 1 else 0)
 '''
 
@@ -48,6 +51,12 @@ def test_record_holds_what_the_benchmark_printed(folder, capsys):
 
 def test_a_failed_benchmark_is_not_recorded(folder):
     assert cli.main(["bench", "--record", "store-try", "store", "1"]) == 1
+    assert not (folder / "records.jsonl").exists()
+
+
+def test_a_benchmark_killed_by_a_signal_is_not_recorded(folder):
+    """A child killed by SIGTERM returns -15 to Python; the command must not read it as 0."""
+    assert cli.main(["bench", "--record", "store-try", "store", "kill"]) == 128 + 15
     assert not (folder / "records.jsonl").exists()
 
 

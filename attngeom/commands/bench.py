@@ -56,18 +56,24 @@ def run(args) -> int:
     for name in names:
         argv = [sys.executable, str(folder / SCRIPTS[name]), *args.args]
         if args.record is None:
-            status = max(status, subprocess.call(argv))
+            status = status or _exit_status(subprocess.call(argv))
             continue
         with subprocess.Popen(argv, stdout=subprocess.PIPE, text=True) as proc:
             for line in proc.stdout:                       # passed through as it comes
                 sys.stdout.write(line)
                 sys.stdout.flush()
                 printed.append(line)
-        status = max(status, proc.returncode)
+        status = status or _exit_status(proc.returncode)
     if args.record is not None and status == 0:
         record(folder, args.record, "attngeom bench " + " ".join([args.what, *args.args]),
                printed)
     return status
+
+
+def _exit_status(returncode: int) -> int:
+    """A child's exit status as a shell gives it: a kill by signal N is 128 + N, not a
+    negative number that would read as success next to 0."""
+    return 128 - returncode if returncode < 0 else returncode
 
 
 def _objects(lines: list[str]) -> list[dict]:
