@@ -303,10 +303,12 @@ _builtin(
     "attention rollout (Abnar and Zuidema 2020)", "#da8bc3", nonnegative=True, error_unit=0.8,
     scope=TOKEN, needs=(BELOW,))
 # value zeroing (issue 44): the layer's output recomputed with each key's values zeroed; about
-# T / 2 passes of the layer per layer, so not among DEFAULT (budget: extract/loading/budget.py)
+# T / 2 passes of the layer per layer, so not among DEFAULT (budget: extract/loading/budget.py);
+# error unit ten times the largest measured, rounded up: 8.04 on SmolLM2-135M prose (1 text,
+# every layer, T = 128: benchmarks/bench_field.py, benchmarks/RESULTS.md; was 80, under 80.4)
 _builtin(
     "value_zeroing", "VZ", "value zeroing", "value zeroing", "vz",
-    "value zeroing (Mohebbi et al. 2023)", "#64b5cd", nonnegative=True, error_unit=80.0,
+    "value zeroing (Mohebbi et al. 2023)", "#64b5cd", nonnegative=True, error_unit=90.0,
     scope=TOKEN, needs=(SUBLAYER,))
 
 BUILTIN = tuple(_REGISTRY)
