@@ -15,7 +15,10 @@ Nothing here is typed twice; each page is generated from the one home of what it
 - ``docs/performance.md`` and the status table of ``benchmarks/RESULTS.md``: the benchmark
   records (``benchmarks/records.jsonl``, ``benchmarks/records.py``);
 - the figures that README.md and the documentation pages cite from those records
-  (``<!--rec:ID:FIELD:FORMAT-->``).
+  (``<!--rec:ID:FIELD:FORMAT-->``);
+- the GPU check's tolerance table in ``docs/howto/gpu-and-hub.md`` (between
+  ``<!-- gpu-tolerances:begin -->`` and ``<!-- gpu-tolerances:end -->``), from the constants
+  ``TOLERANCES`` and ``FAITH_TOL`` that ``benchmarks/gpu_checks.py`` applies.
 
 ``--check`` writes nothing and exits 1 naming the stale files (``tests/docs/test_generated.py``
 runs the same check); ``make docs`` runs the generator before Sphinx.
@@ -295,6 +298,62 @@ def performance_page(recs: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+# ----------------------------------------------------------------------------- GPU tolerances
+GPU_HOWTO = DOCS / "howto" / "gpu-and-hub.md"
+GPU_CHECKS = ROOT / "benchmarks" / "gpu_checks.py"
+TOL_BEGIN, TOL_END = "<!-- gpu-tolerances:begin -->", "<!-- gpu-tolerances:end -->"
+
+
+def _gpu_constants() -> dict:
+    """``TOLERANCES`` and ``FAITH_TOL`` of benchmarks/gpu_checks.py, read from its source (the
+    module itself imports the benchmarks' helpers, and the constants are plain literals)."""
+    import ast
+
+    tree = ast.parse(GPU_CHECKS.read_text(encoding="utf-8"))
+    out: dict = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and \
+                getattr(node.targets[0], "id", None) in ("TOLERANCES", "FAITH_TOL"):
+            expr = ast.Expression(node.value)
+            out[node.targets[0].id] = eval(compile(expr, str(GPU_CHECKS), "eval"), {})
+    return out
+
+
+def _tol(x: float) -> str:
+    """A tolerance as the page writes it: 0.04, 1e-3."""
+    if 0 < x < 0.01 and float(f"{x:.0e}") == x:
+        mant, exp = f"{x:.0e}".split("e")
+        return f"{mant}e{int(exp)}"
+    return f"{x:g}"
+
+
+def gpu_tolerances() -> str:
+    """The tolerance table of the GPU check and its faithfulness sentence."""
+    c = _gpu_constants()
+    groups: dict[tuple, list[str]] = {}
+    for name, key in c["TOLERANCES"].items():
+        groups.setdefault(key, []).append(name)
+    kinds = {"abs": "absolute", "rel": "relative"}
+    lines = ["| variables | error | bfloat16 | float32 |", "|---|---|---|---|"]
+    for (kind, bf16, fp32), names in groups.items():
+        error = "exact" if kind == "abs" and bf16 == fp32 == 0 else kinds[kind]
+        lines.append(f"| {', '.join(names)} | {error} | {_tol(bf16)} | {_tol(fp32)} |")
+    (bc, br), (fc, fr) = c["FAITH_TOL"]["bfloat16"], c["FAITH_TOL"]["float32"]
+    lines += ["", "(relative: |got - want| / max(|want|, 1% of the variable's largest |want|).)",
+              "Faithfulness perplexities against the hook-free float64 reference (relative",
+              f"error): clean within {_tol(fc)} (float32) and {_tol(bc)} (bfloat16), after "
+              f"removal within {_tol(fr)} and {_tol(br)}."]
+    return "\n".join(lines)
+
+
+def with_gpu_tolerances(text: str) -> str:
+    pattern = re.escape(TOL_BEGIN) + r"\n.*?" + re.escape(TOL_END)
+    if not re.search(pattern, text, re.S):
+        raise KeyError(f"no {TOL_BEGIN} ... {TOL_END} block in {GPU_HOWTO.name}")
+    return re.sub(pattern, lambda m: f"{TOL_BEGIN}\n{gpu_tolerances()}\n{TOL_END}", text,
+                  flags=re.S)
+
+
 # ----------------------------------------------------------------------------- all of it
 def cited_files() -> list[Path]:
     """README.md and every documentation source that may cite a record."""
@@ -317,7 +376,9 @@ def outputs() -> dict[Path, str]:
     for path in cited_files():
         if path not in out:
             text = path.read_text(encoding="utf-8")
-            if records.CITE.search(text):
+            if path == GPU_HOWTO:
+                text = with_gpu_tolerances(text)
+            if records.CITE.search(text) or path == GPU_HOWTO:
                 out[path] = records.cite(text, recs)
     return out
 
