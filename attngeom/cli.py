@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import importlib
 import signal
 import sys
@@ -98,10 +99,22 @@ def main(argv: list[str] | None = None) -> int:
         with terminate_unwinds():
             return _main(list(sys.argv[1:] if argv is None else argv))
     except KeyboardInterrupt as exc:
+        signum = signal.SIGTERM if isinstance(exc, Terminated) else signal.SIGINT
+        hook, sys.unraisablehook = sys.unraisablehook, _unraised
+    try:              # the interrupt's frames are released here, after the except block
         close_progress_bars()
-        print("attngeom: interrupted; rerun the same command to resume", file=sys.stderr)
-        # 128 + the signal's number, as a shell reports a process the signal ended
-        return 128 + (signal.SIGTERM if isinstance(exc, Terminated) else signal.SIGINT)
+        gc.collect()
+    finally:
+        sys.unraisablehook = hook
+    print("attngeom: interrupted; rerun the same command to resume", file=sys.stderr)
+    # 128 + the signal's number, as a shell reports a process the signal ended
+    return 128 + signum
+
+
+def _unraised(_) -> None:
+    """Errors of objects the interrupt left half-built (an h5netcdf File stopped inside its
+    ``__init__`` fails in ``__del__``), finalised as the interrupt's frames go: not printed,
+    so that the one line saying what happened stays the last."""
 
 
 def _main(argv: list[str]) -> int:

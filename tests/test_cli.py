@@ -174,3 +174,33 @@ def test_an_error_under_a_progress_bar_starts_its_own_line(tiny, tmp_path, capsy
     errors = [line for line in lines if "attngeom: error:" in line]
     assert len(errors) == 1 and errors[0].startswith("attngeom: error: cannot write "), err
     assert not any("%|" in line for line in lines[lines.index(errors[0]):]), err
+
+
+def test_an_interrupt_ends_on_its_one_line_even_when_a_half_built_object_fails(capsys,
+                                                                               monkeypatch):
+    """An object stopped inside its __init__ (an h5netcdf File interrupted while opening)
+    raises in __del__ when the interrupt's frames go; the last line is still the one saying
+    what happened, and the exit status is SIGINT's."""
+    import attngeom.cli as cli_module
+
+    class HalfBuilt:
+        def __init__(self):
+            raise KeyboardInterrupt                  # before _closed is set
+
+        def __del__(self):
+            if self._closed:                         # AttributeError, as h5netcdf's File
+                pass
+
+    def command(argv):
+        HalfBuilt()
+
+    def printing(unraisable):                        # as Python's own hook, to stderr
+        print(f"Exception ignored in: {unraisable.object!r}\n{unraisable.exc_value!r}",
+              file=sys.stderr)
+
+    monkeypatch.setattr(cli_module, "_main", command)
+    monkeypatch.setattr(sys, "unraisablehook", printing)
+    assert cli_module.main(["info", "x"]) == 130
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("attngeom: interrupted"), err
+    assert sys.unraisablehook is printing                    # restored
