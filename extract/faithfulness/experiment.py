@@ -30,7 +30,8 @@ from attngeom.common.vocab import MAGNITUDE, RANKS, SIGNED
 
 from ..loading.data import Tokenized, batches, pad_token_id
 from .interventions import DriftProbe, Intervener, Removal, forward_logits
-from .resume import HiddenAt, decoder_stack, logits_from, lowest_layer
+from ..measurement.archs import decoder_stack
+from .resume import HiddenAt, logits_from, lowest_layer
 from ..measurement.batches import BatchSize
 from .scoring import PREPARE, Prepared, items_sha256, span_logprobs
 from .context import row_keys

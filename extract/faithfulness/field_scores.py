@@ -72,9 +72,9 @@ def scales(ctx: LayerContext, z: Tensor, weight: Tensor) -> tuple[Tensor | None,
 
 
 def _module(norm, y: Tensor):
-    from .residual import _float64
+    from .residual import float64_copy
 
-    return _float64(norm.module) if y.dtype == torch.float64 else norm.module
+    return float64_copy(norm.module) if y.dtype == torch.float64 else norm.module
 
 
 def terms(alpha: Tensor, vt: Tensor, x: Tensor, queries: Tensor, res,

@@ -29,8 +29,8 @@ from torch import Tensor, nn
 
 from attngeom.common.errors import Refusal
 
-from ..measurement.archs import Layer, attention_layers, forward_options, probe_inputs
-from .resume import decoder_stack
+from ..measurement.archs import (Layer, attention_layers, decoder_stack, forward_options,
+                                 probe_inputs)
 
 SCALE = 1e4                 # probe vectors this large make a norm's epsilon negligible
 
@@ -55,7 +55,7 @@ class Norm:
         float64 copy, which may compute in float32 inside, as Gemma's RMSNorm does)."""
         if self.eps is not None:
             return (self.center(y).square().mean(-1) + self.eps).sqrt()
-        module = self.module if y.dtype != torch.float64 else _float64(self.module)
+        module = self.module if y.dtype != torch.float64 else float64_copy(self.module)
         g = self.gamma.to(y) * self.center(y)
         out = module(y) - self.beta.to(y)
         return (g * g).sum(-1) / (g * out).sum(-1)
@@ -80,7 +80,7 @@ _F64: "weakref.WeakKeyDictionary[nn.Module, nn.Module]" = weakref.WeakKeyDiction
 _FOUND: "weakref.WeakKeyDictionary[nn.Module, tuple[Residual, ...]]" = weakref.WeakKeyDictionary()
 
 
-def _float64(module: nn.Module) -> nn.Module:
+def float64_copy(module: nn.Module) -> nn.Module:
     """A float64 copy of a (small) normalisation module, made once."""
     if module not in _F64:
         _F64[module] = copy.deepcopy(module).double().eval()
@@ -106,7 +106,7 @@ def as_norm(module: nn.Module, d: int) -> Norm | None:
     gamma from a large +-1 vector; then N(y) = gamma P(y) / s + beta checked on random
     vectors)."""
     try:
-        m = _float64(module)
+        m = float64_copy(module)
         zero = torch.zeros(1, d, dtype=torch.float64)
         beta = m(zero)[0]
         y = torch.randn(4, d, dtype=torch.float64, generator=torch.Generator().manual_seed(0))

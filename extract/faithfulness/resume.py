@@ -7,8 +7,8 @@ each removal pass runs the model on them with its decoder stack cut to ``layers[
 (``inputs_embeds``; the handler's call index is offset by ``start``). The model's own forward
 still builds the masks and the position embeddings; nothing is reimplemented.
 
-Whether a model runs this way is discovered, not assumed: :func:`decoder_stack` finds the
-ModuleList whose i-th element holds the i-th attention layer, and the first batch's clean
+Whether a model runs this way is discovered, not assumed: ``measurement.archs.decoder_stack``
+finds the ModuleList whose i-th element holds the i-th attention layer, and the first batch's clean
 logits computed from ``start`` must equal the full pass's bit for bit; otherwise every pass
 runs in full (and the log says why).
 """
@@ -21,20 +21,6 @@ from typing import Iterator
 import torch
 from torch import Tensor, nn
 
-from ..measurement.archs import attention_layers
-
-
-def decoder_stack(model: nn.Module) -> tuple[nn.Module, str, nn.ModuleList] | None:
-    """(owner, attribute, layers): the ModuleList whose i-th element contains the model's i-th
-    attention layer, or None when there is no such list (shared layers, encoders' wrappers)."""
-    found = [layer.module for layer in attention_layers(model)]
-    for owner in model.modules():
-        for name, child in owner.named_children():
-            if not isinstance(child, nn.ModuleList) or len(child) != len(found):
-                continue
-            if all(any(m is a for m in block.modules()) for block, a in zip(child, found)):
-                return owner, name, child
-    return None
 
 
 def lowest_layer(layers) -> int:

@@ -37,9 +37,8 @@ from torch import Tensor, nn
 
 from attngeom.common.errors import Refusal
 
-from ..measurement.archs import attention_layers, forward_options, probe_inputs
+from ..measurement.archs import attention_layers, decoder_stack, forward_options, probe_inputs
 from .residual import Norm, as_norm
-from .resume import decoder_stack
 
 CHUNK_BYTES = 64 << 20          # the working memory of one call of the sublayer on rows
 

@@ -377,3 +377,16 @@ def attention_layers(model: nn.Module) -> list[Layer]:
 
 def is_causal(model: nn.Module) -> bool:
     return discover(model).causal
+
+
+def decoder_stack(model: nn.Module) -> tuple[nn.Module, str, nn.ModuleList] | None:
+    """(owner, attribute, layers): the ModuleList whose i-th element contains the model's i-th
+    attention layer, or None when there is no such list (shared layers, encoders' wrappers)."""
+    found = [layer.module for layer in attention_layers(model)]
+    for owner in model.modules():
+        for name, child in owner.named_children():
+            if not isinstance(child, nn.ModuleList) or len(child) != len(found):
+                continue
+            if all(any(m is a for m in block.modules()) for block, a in zip(child, found)):
+                return owner, name, child
+    return None

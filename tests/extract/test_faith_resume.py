@@ -16,6 +16,7 @@ import torch
 import tiny_models as tm
 from attngeom.extract.faithfulness import experiment as E
 from attngeom.extract.faithfulness import resume
+from attngeom.extract.measurement.archs import decoder_stack
 from attngeom.extract.faithfulness.experiment import compute_block, conditions, ranking_plan
 from attngeom.extract.faithfulness.scoring import prepare_texts
 from attngeom.store.options.stages import FaithConfig
@@ -99,5 +100,5 @@ def test_a_forward_that_differs_from_layer_start_falls_back(monkeypatch):
 
 def test_the_stack_found_is_the_layer_list():
     model = _model("gpt2")
-    owner, name, layers = resume.decoder_stack(model)
+    owner, name, layers = decoder_stack(model)
     assert layers is model.transformer.h and name == "h"
