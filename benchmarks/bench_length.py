@@ -143,10 +143,13 @@ def run_case(case: str, model: str, length: int, padded: bool, threads: int, tmp
 
 
 def exponent(T, y) -> float:
-    """Slope of log y on log T (nan with fewer than two positive points)."""
+    """Slope of log y on log T, the least-squares moment formula (nan with fewer than two
+    positive points)."""
+    from scipy import stats
+
     T, y = np.asarray(T, float), np.asarray(y, float)
     ok = np.isfinite(y) & (y > 0)
-    return float(np.polyfit(np.log(T[ok]), np.log(y[ok]), 1)[0]) if ok.sum() > 1 else np.nan
+    return float(stats.linregress(np.log(T[ok]), np.log(y[ok])).slope) if ok.sum() > 1 else np.nan
 
 
 def table(rows: list[dict], model: str, padded: bool) -> list[str]:

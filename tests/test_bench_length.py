@@ -14,11 +14,15 @@ import bench_length as bl  # noqa: E402
 
 
 def _slope_bound(T: np.ndarray, y: np.ndarray) -> tol.Tol:
-    """A float64 least-squares slope sum (x - mean) y / sum (x - mean)^2 of n = len(T) points:
-    the logs, the means and both sums, gamma(3n + 4) x sum |x - mean| |y| / sum (x - mean)^2."""
+    """A float64 least-squares slope sum (x - mean) y / sum (x - mean)^2 of n = len(T) points
+    (scipy's linregress: the means, then the centred moments): the logs, the means and both
+    sums, gamma(3n + 4) x sum |x - mean| |log y| / sum (x - mean)^2; and the data itself, k T^p
+    rounded within gamma(3) relative (pow within 1 ulp, the product), so log y within gamma(3)
+    absolute: gamma(3) x sum |x - mean| / sum (x - mean)^2."""
     x, y = np.log(T), np.log(y)
     c = np.abs(x - x.mean())
-    return tol.dot(3 * len(T) + 4, (c * np.abs(y)).sum() / (c ** 2).sum(), tol.F64)
+    return (tol.dot(3 * len(T) + 4, (c * np.abs(y)).sum() / (c ** 2).sum(), tol.F64)
+            + tol.dot(3, c.sum() / (c ** 2).sum(), tol.F64))
 
 
 def test_exponent_is_the_log_log_slope():

@@ -293,6 +293,12 @@ LAYOUTS_ANALYSIS = Tol(rtol=1e-3, atol=1e-5, what="LAYOUTS_ANALYSIS")
 # Bound: times the variable's largest |value|.
 ANALYSIS_FLOAT64 = Tol(atol=1e-9, what="ANALYSIS_FLOAT64")
 
+# An interval's ends estimate -/+ q x se take the quantile q from scipy (t.ppf, norm.ppf):
+# against mpmath's root of the regularized incomplete beta (df 1-199, p 0.9-0.999), scipy
+# 1.17.1's t.ppf is within 7.4e-15 relative, the lowest scipy pyproject admits (1.11.1) within
+# 4.6e-9; 11x. Bound: times the interval's half-width.
+QUANTILE = Tol(rtol=5e-8, what="QUANTILE")
+
 # statsmodels' MixedLM (BFGS) stops within its gradient tolerance of the REML optimum: our fit
 # (closed form when balanced, else MixedLM from the ANOVA start) against MixedLM at its
 # defaults or run to gtol=1e-12: 2.8e-5 relative at most, the same in every run; 3.6x.

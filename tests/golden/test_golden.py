@@ -109,13 +109,19 @@ def _faithfulness_bounds(want) -> dict[str, tol.Tol]:
 
 
 def _analysis_bound(var: str, want) -> tol.Tol:
-    """A float64 analysis variable's bound, scaled by its largest |value| (LOWESS: its range)."""
+    """A float64 analysis variable's bound, scaled by its largest |value| (LOWESS: its range);
+    an interval's end adds its quantile's error, scaled by the largest half-width."""
     x = np.asarray(want[var].values, dtype=float)
     if var in LOWESS:
         return tol.LOWESS_DELTA * float(np.nanmax(x) - np.nanmin(x))
     if var in MIXED:
         return tol.MIXEDLM_OPTIMIZER
-    return tol.ANALYSIS_FLOAT64 * float(np.nanmax(np.abs(x), initial=0.0))
+    bound = tol.ANALYSIS_FLOAT64 * float(np.nanmax(np.abs(x), initial=0.0))
+    if var.endswith(("_ci_low", "_ci_high")):
+        stem = var.rsplit("_", 1)[0]
+        half = np.abs(want[f"{stem}_high"].values - want[f"{stem}_low"].values) / 2
+        bound += tol.Tol(atol=tol.QUANTILE.rtol * float(np.nanmax(half, initial=0.0)))
+    return bound
 
 
 def bounds(name: str, want) -> dict[str, tol.Tol]:

@@ -1,8 +1,9 @@
 """Stop a command with a signal, as ``kill PID`` or a batch scheduler does, and watch it end.
 
-:func:`stop` starts ``python -m attngeom ARGS`` in a session of its own, waits until a *point*
-of the run is reached (a predicate polled every millisecond), sends SIGTERM or SIGINT to the
-main process alone or to its whole process group, and returns what happened: the exit status,
+:func:`stop` starts ``attngeom ARGS`` (through ``held_writes.py``, so that a write is seen
+while it lasts) in a session of its own, waits until a *point* of the run is reached (a
+predicate polled every millisecond), sends SIGTERM or SIGINT to the main process alone or to
+its whole process group, and returns what happened: the exit status,
 the last line of stderr and every process the command had started that is still alive
 :data:`GRACE` seconds after the signal. Linux only (it reads ``/proc``).
 """
@@ -21,6 +22,7 @@ from typing import Callable
 
 from reliability.rel_helpers import ENV, ROOT
 
+HELD_WRITES = Path(__file__).with_name("held_writes.py")   # attngeom, each write held a moment
 GRACE = 10.0                # seconds within which no process of the command may be left
 EXIT = {signal.SIGTERM: 143, signal.SIGINT: 130}
 
@@ -83,7 +85,7 @@ def stop(args, point: Callable[[], bool], signum: int, group: bool,
     """Run ``attngeom ARGS`` (or ``argv``), signal it at ``point``; raise when it ends before
     the point."""
     err = tempfile.TemporaryFile("w+")
-    argv = argv or [sys.executable, "-m", "attngeom", *map(str, args)]
+    argv = argv or [sys.executable, str(HELD_WRITES), *map(str, args)]
     proc = subprocess.Popen(argv, cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=err,
                             text=True, start_new_session=True)
     seen: set[int] = set()
