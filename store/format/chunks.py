@@ -34,41 +34,45 @@ SEGMENT = 4096                  # blocks of words a Fletcher-32 pass reads at a 
 def fletcher32(data: bytes, segment: int = SEGMENT) -> int:
     """HDF5's Fletcher-32 checksum (``H5_checksum_fletcher32``) of ``data``.
 
-    Big-endian 16-bit words, sums folded to 16 bits after every block of 360 words, as the
-    C code does (the folding decides which of 0 / 65535 a multiple of 65535 becomes). The
-    words are read ``segment`` blocks at a time, so that a chunk of hundreds of MB needs a
-    few MB of float64 words, not four times its own size.
+    The C code adds big-endian 16-bit words into sum1 and sum1 into sum2 after every word,
+    folding both to 16 bits (which keeps them modulo 65535) after each block of 360 words;
+    a last odd byte is a word of its own. A folded sum is 0 only while every word so far is 0,
+    so the result is, in closed form, sum1 = S1 and sum2 = S2 modulo 65535, each in 1..65535
+    (65535 where the C code's 0 mod 65535 is non-zero), or both 0 for all-zero data, with
+    S1 the sum of the words and S2 = sum_i (N - i) w_i over the N words. The words are read
+    ``segment`` blocks at a time, so that a chunk of hundreds of MB needs a few MB of float64
+    words, not four times its own size.
     """
     b = np.frombuffer(data, dtype=np.uint8)
     n = len(b) // 2
-    s1 = s2 = 0
+    total = n + len(b) % 2                        # N: the words, an odd last byte one more
+    s1 = s2 = 0                                   # S1 exactly; S2 modulo 65535
     step = BLOCK * max(1, segment)
     for lo in range(0, n, step):
-        s1, s2 = _fold_words(b[2 * lo:2 * min(n, lo + step)], s1, s2)
+        w1, w2 = _sums(b[2 * lo:2 * min(n, lo + step)], total - lo)
+        s1, s2 = s1 + w1, (s2 + w2) % 65535
     if len(b) % 2:
-        s1 += int(b[-1]) << 8
-        s2 += s1
-        s1, s2 = (s1 & 0xFFFF) + (s1 >> 16), (s2 & 0xFFFF) + (s2 >> 16)
-    s1, s2 = (s1 & 0xFFFF) + (s1 >> 16), (s2 & 0xFFFF) + (s2 >> 16)
-    return ((s2 << 16) | s1) & 0xFFFFFFFF
+        last = int(b[-1]) << 8                    # weight N - (N - 1) = 1
+        s1, s2 = s1 + last, (s2 + last) % 65535
+    if s1 == 0:
+        return 0
+    return (((s2 - 1) % 65535 + 1) << 16) | ((s1 - 1) % 65535 + 1)
 
 
-def _fold_words(b: np.ndarray, s1: int, s2: int) -> tuple[int, int]:
-    """The sums after the words of ``b`` (an even number of bytes, whole blocks of 360 words
-    but perhaps the last), from sums ``s1``, ``s2``."""
-    n = len(b) // 2
-    words = (b[0::2].astype(np.float64) * 256) + b[1::2]               # exact in float64
-    full = n // BLOCK
+def _sums(b: np.ndarray, after: int) -> tuple[int, int]:
+    """S1 and S2 modulo 65535 of the words of ``b`` (an even number of bytes), the first of
+    which counts ``after`` times in S2 (each later one once less): per block of 360 words its
+    sum and its sum weighted 360..1 (exact in float64: at most 2^33), then each block's sum
+    times the words after the block, in int64 modulo 65535."""
+    words = b.view(">u2").astype(np.float64)                           # big-endian words
+    full, n = len(words) // BLOCK, len(words)
     blocks = words[:full * BLOCK].reshape(full, BLOCK)
-    sums = [(BLOCK, int(s), int(ws)) for s, ws in zip(blocks.sum(1), blocks @ _WEIGHTS)]
-    if n % BLOCK:
-        tail = words[full * BLOCK:]
-        sums.append((len(tail), int(tail.sum()), int(tail @ _WEIGHTS[BLOCK - len(tail):])))
-    for count, total, weighted in sums:     # sum2 += sum1 after each word, in closed form
-        s2 += count * s1 + weighted
-        s1 += total
-        s1, s2 = (s1 & 0xFFFF) + (s1 >> 16), (s2 & 0xFFFF) + (s2 >> 16)
-    return s1, s2
+    sums = np.append(blocks.sum(1), words[full * BLOCK:].sum()).astype(np.int64)
+    weighted = np.append(blocks @ _WEIGHTS, words[full * BLOCK:] @ _WEIGHTS[BLOCK - (n - full * BLOCK):])
+    ends = np.minimum(BLOCK * np.arange(1, full + 2, dtype=np.int64), n)   # each block's end
+    rest = (after - ends) % 65535                                       # the words after it
+    s2 = int((rest * sums % 65535).sum() + (weighted.astype(np.int64) % 65535).sum()) % 65535
+    return int(sums.sum()), s2
 
 
 @functools.cache

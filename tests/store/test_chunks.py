@@ -34,7 +34,9 @@ def fletcher32_loop(data: bytes) -> int:
 
 
 @pytest.mark.parametrize("data", [b"", b"\x01", b"ab", b"\xff" * 721, b"\xff" * 65536,
-                                  bytes(range(256)) * 9 + b"\x07", b"\x00" * 1000])
+                                  bytes(range(256)) * 9 + b"\x07", b"\x00" * 1000,
+                                  b"\xff\xff", b"\x00" * 1001 + b"\xff\xff", b"\x00\x01" * 65535,
+                                  b"\x00" * 720 + b"\x01"])   # non-zero multiples of 65535; an odd byte
 def test_fletcher32_edge_cases_match_the_c_loop(data):
     assert fletcher32(data) == fletcher32_loop(data)
 
