@@ -21,7 +21,7 @@ from attngeom.common.options.ranges import parse_ranges
 from attngeom.common.atomic import atomic_write_bytes
 from attngeom.store.io.writer import write_netcdf
 
-from ._common import with_provenance
+from ._common import shared_docs, with_provenance
 from .anti_alignment import AntiAlignmentAccumulator, anti_alignment
 from .blocks import (DEFAULT_BLOCK_ELEMENTS, default_fit_workers, describe, fit_pool,
                      require, run_pass)
@@ -38,6 +38,7 @@ NEEDED = [S.ALPHA, S.COSINE, S.VALUE_NORM, S.OUTPUT_NORM, S.SINK_VALUE_COSINE,
           S.RESIDUAL_NORM, S.SINK_RESIDUAL_COSINE]
 
 
+@shared_docs
 def run_all(ds: xr.Dataset, out_dir: str | os.PathLike | None = None,
             options: AnalysisOptions | None = None, *, mixed: bool = True,
             progress: bool = True, block_elements: int = DEFAULT_BLOCK_ELEMENTS,
@@ -47,8 +48,7 @@ def run_all(ds: xr.Dataset, out_dir: str | os.PathLike | None = None,
 
     Parameters
     ----------
-    ds : xarray.Dataset
-        An opened attngeom store (dense or compact), or a measurement of ``attngeom.measure``.
+    {ds}
     out_dir : str or os.PathLike, optional
         Where to write the results (one netCDF file per analysis and ``summary.csv``).
     options : AnalysisOptions, optional
@@ -56,10 +56,7 @@ def run_all(ds: xr.Dataset, out_dir: str | os.PathLike | None = None,
         tail_w, epsilon, n_boot, seed, level, layers); default all defaults.
     mixed : bool
         Also fit the anti-alignment's per-layer MixedLM robustness check.
-    progress : bool
-        Show a progress bar.
-    block_elements : int
-        Cells read per block of the one pass over the store (memory against speed).
+    {progress, block_elements}
     scheduler : str, optional
         None (dask's in-process scheduler), ``"local:N"`` (a dask.distributed ``LocalCluster``
         of N worker processes, started and closed here) or ``"tcp://HOST:PORT"`` (a running dask

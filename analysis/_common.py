@@ -1,9 +1,10 @@
 """Small helpers shared by the analyses: false-discovery control, the bootstrap's random
-generator argument, and provenance attributes."""
+generator argument, provenance attributes, and the wording of the parameters they all take."""
 
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import xarray as xr
@@ -68,3 +69,37 @@ def with_provenance(result: xr.Dataset, store_attrs: dict, **params) -> xr.Datas
     result.attrs = {**json_attrs(store_attrs), **result.attrs,
                     **{f"analysis_{k}": v for k, v in json_attrs(params).items()}}
     return result
+
+
+# the parameters (and the result) every analysis documents alike, worded once: see shared_docs
+DOCS = {
+    "ds": """ds : xarray.Dataset
+    An opened attngeom store (dense or compact), or a measurement of ``attngeom.measure``.""",
+    "layers": """layers : str or list of int, optional
+    Only these layers (the range syntax, e.g. ``"0:4,7"``); default all.""",
+    "progress": """progress : bool
+    Show a progress bar.""",
+    "block_elements": """block_elements : int
+    Cells read per block of the one pass over the store (memory against speed).""",
+    "returns": """Returns
+-------
+xarray.Dataset
+    The variables listed in the module docstring, provenance in ``attrs``.""",
+}
+_MARK = re.compile(r"(\s*)\{(\w+(?:, \w+)*)\}\s*")
+
+
+def shared_docs(func):
+    """Fill each docstring line ``{name, ...}`` of ``func`` with the ``DOCS`` entries it names,
+    indented as that line (an unknown name fails at import)."""
+    lines = []
+    for line in (func.__doc__ or "").splitlines():
+        mark = _MARK.fullmatch(line)
+        if not mark:
+            lines.append(line)
+            continue
+        indent, names = mark.groups()
+        lines += [indent + row if row else row
+                  for name in names.split(", ") for row in DOCS[name].splitlines()]
+    func.__doc__ = "\n".join(lines)
+    return func

@@ -35,7 +35,7 @@ from scipy import stats
 from attngeom.store.format import schema as S
 from attngeom.common.vocab import LEVEL, SEED
 
-from ._common import fdr, with_provenance
+from ._common import fdr, shared_docs, with_provenance
 from .blocks import DEFAULT_BLOCK_ELEMENTS, Block, describe, require, run_pass
 
 HEAD_NAMES = ("mean_cos", "sd_cos", "n_sequences", "t_stat", "p_value", "wilcoxon_p_value",
@@ -208,6 +208,7 @@ class AntiAlignmentAccumulator:
         return out
 
 
+@shared_docs
 def anti_alignment(ds: xr.Dataset, *, sink_k: int | None = None, level: float = LEVEL,
                    mixed: bool = True, mixed_max_sequences: int = 500, seed: int = SEED,
                    layers=None, progress: bool = False,
@@ -216,8 +217,7 @@ def anti_alignment(ds: xr.Dataset, *, sink_k: int | None = None, level: float = 
 
     Parameters
     ----------
-    ds : xarray.Dataset
-        An opened attngeom store (dense or compact), or a measurement of ``attngeom.measure``.
+    {ds}
     sink_k : int, optional
         Semantic keys and queries start at k; default the store's k.
     level : float
@@ -228,17 +228,9 @@ def anti_alignment(ds: xr.Dataset, *, sink_k: int | None = None, level: float = 
         Size of the MixedLM's random subset of sequences.
     seed : int
         Seed of that subset.
-    layers : str or list of int, optional
-        Only these layers (the range syntax, e.g. ``"0:4,7"``); default all.
-    progress : bool
-        Show a progress bar.
-    block_elements : int
-        Cells read per block of the one pass over the store (memory against speed).
+    {layers, progress, block_elements}
 
-    Returns
-    -------
-    xarray.Dataset
-        The variables listed in the module docstring, provenance in ``attrs``.
+    {returns}
     """
     require(ds, [S.SINK_VALUE_COSINE, S.SINK_RESIDUAL_COSINE], "the anti-alignment analysis")
     info = describe(ds, sink_k, None, layers)

@@ -34,7 +34,7 @@ from scipy import stats
 from attngeom.store.format import schema as S
 from attngeom.common.vocab import LEVEL, N_BOOT, SEED, SINK
 
-from ._common import bootstrap_rng, fdr, one_sided_from_two, with_provenance
+from ._common import bootstrap_rng, fdr, one_sided_from_two, shared_docs, with_provenance
 from .blocks import DEFAULT_BLOCK_ELEMENTS, Block, describe, require, run_pass
 from .lowess import lowess_at
 
@@ -265,6 +265,7 @@ class ConvexityAccumulator:
         return out
 
 
+@shared_docs
 def convexity(ds: xr.Dataset, *, sink_k: int | None = None, n_boot: int = N_BOOT,
               seed: int = SEED, level: float = LEVEL, layers=None, grid=DEFAULT_GRID,
               lowess_points: int = LOWESS_POINTS, progress: bool = False,
@@ -273,8 +274,7 @@ def convexity(ds: xr.Dataset, *, sink_k: int | None = None, n_boot: int = N_BOOT
 
     Parameters
     ----------
-    ds : xarray.Dataset
-        An opened attngeom store (dense or compact), or a measurement of ``attngeom.measure``.
+    {ds}
     sink_k : int, optional
         Queries i < k are excluded; default the store's k.
     n_boot : int
@@ -283,21 +283,14 @@ def convexity(ds: xr.Dataset, *, sink_k: int | None = None, n_boot: int = N_BOOT
         Seed of the bootstrap and the LOWESS subsample.
     level : float
         Test level (FDR level for ``convex``; CIs are 1 - level).
-    layers : str or list of int, optional
-        Only these layers (the range syntax, e.g. ``"0:4,7"``); default all.
+    {layers}
     grid : numpy.ndarray
         Sink rates at which the pooled fit and the LOWESS curve are evaluated.
     lowess_points : int
         Points of the seeded subsample the LOWESS curve is fitted on, per layer.
-    progress : bool
-        Show a progress bar.
-    block_elements : int
-        Cells read per block of the one pass over the store (memory against speed).
+    {progress, block_elements}
 
-    Returns
-    -------
-    xarray.Dataset
-        The variables listed in the module docstring, provenance in ``attrs``.
+    {returns}
     """
     require(ds, [S.ALPHA, S.OUTPUT_NORM], "the convexity analysis")
     info = describe(ds, sink_k, None, layers)

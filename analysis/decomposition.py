@@ -43,7 +43,7 @@ from attngeom.store.format import schema as S
 from attngeom.store.dataset.accessor import RATIO
 from attngeom.common.vocab import GROUPS, MIDDLE, SINK, TAIL
 
-from ._common import with_provenance
+from ._common import shared_docs, with_provenance
 from .blocks import DEFAULT_BLOCK_ELEMENTS, Block, describe, require, run_pass
 
 PARTS = (S.ALPHA, RATIO, S.COSINE)
@@ -251,6 +251,7 @@ def elementwise_groups(ds: xr.Dataset) -> tuple[str, ...]:
     return tuple(g for g in GROUPS if ds.attngeom.elementwise(g))
 
 
+@shared_docs
 def decomposition(ds: xr.Dataset, *, sink_k: int | None = None, tail_w: int | None = None,
                   layers=None, progress: bool = False,
                   block_elements: int = DEFAULT_BLOCK_ELEMENTS) -> xr.Dataset:
@@ -258,23 +259,14 @@ def decomposition(ds: xr.Dataset, *, sink_k: int | None = None, tail_w: int | No
 
     Parameters
     ----------
-    ds : xarray.Dataset
-        An opened attngeom store (dense or compact), or a measurement of ``attngeom.measure``.
+    {ds}
     sink_k : int, optional
         Sink keys k; a compact store needs its own k.
     tail_w : int, optional
         Tail window w; default the store's ``tail_w`` attribute, else ``vocab.TAIL_W``.
-    layers : str or list of int, optional
-        Only these layers (the range syntax, e.g. ``"0:4,7"``); default all.
-    progress : bool
-        Show a progress bar.
-    block_elements : int
-        Cells read per block of the one pass over the store (memory against speed).
+    {layers, progress, block_elements}
 
-    Returns
-    -------
-    xarray.Dataset
-        The variables listed in the module docstring, provenance in ``attrs``.
+    {returns}
     """
     info = describe(ds, sink_k, tail_w, layers)
     require(ds, needs(ds), "the decomposition")

@@ -31,7 +31,7 @@ import xarray as xr
 from attngeom.store.format import schema as S
 from attngeom.common.vocab import EPSILON, SINK
 
-from ._common import with_provenance
+from ._common import shared_docs, with_provenance
 from .blocks import DEFAULT_BLOCK_ELEMENTS, Block, describe, require, run_pass
 
 
@@ -103,6 +103,7 @@ class SinkAccumulator:
         return out
 
 
+@shared_docs
 def sinks(ds: xr.Dataset, *, sink_k: int | None = None, epsilon: float = EPSILON,
           layers=None, progress: bool = False,
           block_elements: int = DEFAULT_BLOCK_ELEMENTS) -> xr.Dataset:
@@ -110,23 +111,14 @@ def sinks(ds: xr.Dataset, *, sink_k: int | None = None, epsilon: float = EPSILON
 
     Parameters
     ----------
-    ds : xarray.Dataset
-        An opened attngeom store (dense or compact), or a measurement of ``attngeom.measure``.
+    {ds}
     sink_k : int, optional
         Number of sink keys k (queries i < k are excluded); default the store's.
     epsilon : float
         Sink-head threshold on the mean sink rate.
-    layers : str or list of int, optional
-        Only these layers (the range syntax, e.g. ``"0:4,7"``); default all.
-    progress : bool
-        Show a progress bar.
-    block_elements : int
-        Cells read per block of the one pass over the store (memory against speed).
+    {layers, progress, block_elements}
 
-    Returns
-    -------
-    xarray.Dataset
-        The variables listed in the module docstring, provenance in ``attrs``.
+    {returns}
     """
     require(ds, [S.ALPHA], "the sink analysis")
     info = describe(ds, sink_k, None, layers)
