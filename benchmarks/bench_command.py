@@ -1,29 +1,38 @@
-"""The whole ``attngeom extract`` command against a plain eager forward; one JSON object per line.
+"""The whole ``attngeom extract`` command against the plain scripts a user would run instead.
 
-Issue 17's case: a random-init SmolLM2-135M-shaped Llama saved as a directory (with the
-SmolLM2 tokenizer), 16 WikiText-2 articles (``../shared/data/wikitext2_raw_test.jsonl``) cut to
-512 tokens, fp32, one torch thread.
+Issue 46's case (issue 17's before it): a random-init SmolLM2-135M-shaped Llama saved as a
+directory (with the SmolLM2 tokenizer), 16 WikiText-2 articles
+(``../shared/data/wikitext2_raw_test.jsonl``) cut to 512 tokens, fp32, batches of 2. One JSON
+object per line on stdout, progress on stderr.
 
 Sections (``--sections``, default both):
 
-``rounds``   paired rounds, order alternating: (a) the command as a user runs it, a fresh
-             ``python -m attngeom extract --model DIR --data FILE ...`` subprocess (imports,
-             load, tokenize, measure, write: everything), and (b) in this process, a plain
-             eager forward with full logits over the same tokens in the same batches (model
-             loaded once, forward only). Also (c) ``attngeom.cli.main`` in this process (the
-             same code path, imports already paid). And (d) the plain script as a process: a
-             fresh ``python`` that imports torch and transformers, loads the model, tokenizes
-             and runs (b)'s forward once: what any fresh process pays before and around the
-             forward, the floor of (a)/(b). Per round the ratios (a)/(b), (c)/(b), (d)/(b)
-             and (a)/(d); then the medians and spread.
+``rounds``   at each thread count of ``--threads`` (default ``0,1``; 0: torch's default),
+             ``--repeats`` rounds (default 5) of three fresh processes, their order rotated
+             every round (each runs first, second and third in turn): (a) the command as a
+             user runs it, ``python -m attngeom extract --model DIR --data FILE ...``
+             (imports, load, tokenize, measure, compress, write: everything); (b) and (c)
+             ``benchmarks/plain_script.py --attn sdpa`` and ``--attn eager``: the standalone
+             script a researcher writes (torch and transformers only: load the model with
+             that attention, tokenize the same texts as the command, run the same batches
+             with full logits, under ``inference_mode``). Per round: each process's wall and
+             CPU seconds and peak resident set, the plain scripts' own forward seconds, and
+             the ratios command / sdpa process (target <= 1.25) and command / eager process
+             (target <= 1.10), wall and CPU; then the medians and [min, max]. The command's
+             store is checked once per run to hold the very token ids the plain scripts ran
+             (their printed hash, compared every round): the run stops otherwise.
 ``startup``  1 text of 8 tokens: the command in a fresh subprocess with a timer around each
              phase (imports; transformers' modeling modules, which the first model load
              would import; load model: config / weights / tokenizer / discovery /
              fingerprint, load texts, store creation, first batch measured, write), and the
              bare ``import torch, transformers`` in another.
 
-    python benchmarks/bench_command.py                       # ~6 min on 2 cores
-    python benchmarks/bench_command.py --sections rounds --threads 1,0 --batch-size 2
+``eager_forward`` (the plain eager forward in this process) is what
+``bench_faithfulness_command.py`` times against.
+
+    python benchmarks/bench_command.py                  # ~15 min on 2 cores (2 x 5 rounds)
+    python benchmarks/bench_command.py --sections rounds --threads 0 --repeats 5
+    python benchmarks/bench_command.py --sections rounds --limit 2 --max-length 64 --repeats 1
     python benchmarks/bench_command.py --sections startup
 """
 
@@ -33,7 +42,6 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -108,93 +116,122 @@ def eager_forward(model_path: Path, limit: int, max_length: int, batch_size: int
     return run, sum(len(x) for x in tokenized.ids)
 
 
-def section_rounds(args, model: Path, tmp: Path) -> None:
-    """The paired rounds at each thread count of ``--threads`` (0: torch's default)."""
-    import torch
-
-    default = torch.get_num_threads()
-    for threads in args.threads:
-        torch.set_num_threads(threads or default)
-        _rounds(args, model, tmp, threads)
-    torch.set_num_threads(default)
+LEGS = ("command", "sdpa", "eager")          # the command, plain_script.py --attn sdpa / eager
+PLAIN = Path(__file__).resolve().with_name("plain_script.py")
 
 
-def _rounds(args, model: Path, tmp: Path, threads: int) -> None:
-    import torch
+def plain_args(model: Path, limit: int, max_length: int, batch_size: int, attn: str) -> list[str]:
+    """``benchmarks/plain_script.py`` over the command's texts, as a fresh process."""
+    return [sys.executable, str(PLAIN), "--model", str(model), "--data", str(DATA), "--limit",
+            str(limit), "--max-length", str(max_length), "--batch-size", str(batch_size),
+            "--attn", attn]
 
-    from attngeom.cli import main as cli_main
-    forward, tokens = eager_forward(model, args.limit, args.max_length, args.batch_size)
-    forward()                                               # warm-up (allocator, kernels)
-    rows = []
-    for r in range(args.repeats):
-        got: dict[str, float] = {}
 
-        def sub():
-            out = tmp / f"sub{r}"
-            res = run_child_rss([sys.executable, "-m", "attngeom", *command_args(
-                model, args.limit, args.max_length, out, args.batch_size)],
-                env=child_env(threads))
-            if res["rc"] != 0:
-                raise SystemExit("attngeom extract failed: " + res["stderr"][-500:])
-            got["command_s"] = res["wall_s"]
-            got["command_cpu_s"] = res["cpu_s"]
-            shutil.rmtree(out, ignore_errors=True)
+def ids_sha256(ids: list[list[int]]) -> str:
+    """The hash plain_script.py prints of its token ids (each text's own, a JSON list)."""
+    import hashlib
 
-        def inproc():
-            out = tmp / f"in{r}"
-            import contextlib
-            import io
-            t0, c0 = time.perf_counter(), time.process_time()
-            with contextlib.redirect_stdout(io.StringIO()):
-                rc = cli_main(command_args(model, args.limit, args.max_length, out,
-                                           args.batch_size))
-            got["in_process_s"] = time.perf_counter() - t0
-            got["in_process_cpu_s"] = time.process_time() - c0
-            assert rc == 0, rc
-            shutil.rmtree(out, ignore_errors=True)
+    return hashlib.sha256(json.dumps(ids).encode()).hexdigest()
 
-        def plain():
-            res = run_child_rss([sys.executable, __file__, "--child", "plain", "--model",
-                                 str(model), "--limit", str(args.limit), "--max-length",
-                                 str(args.max_length), "--batch-size", str(args.batch_size)],
-                                env=child_env(threads))
-            if res["rc"] != 0:
-                raise SystemExit("the plain script failed: " + res["stderr"][-500:])
-            got["plain_process_s"] = res["wall_s"]
 
-        def eager():
-            t0, c0 = time.perf_counter(), time.process_time()
-            forward()
-            got["eager_s"] = time.perf_counter() - t0
-            got["eager_cpu_s"] = time.process_time() - c0
+def store_ids(store: Path) -> list[list[int]]:
+    """Each sequence's token ids as the store holds them (``token_id`` >= 0)."""
+    from attngeom.store import open as open_store
 
-        got["load_avg_1m"] = os.getloadavg()[0]               # before the round: quiet?
-        steps = [sub, eager, inproc, plain] if r % 2 == 0 else [plain, eager, inproc, sub]
-        if not args.in_process:
-            steps.remove(inproc)
-        if not args.plain:
-            steps.remove(plain)
-        for step in steps:
-            step()
-        got["ratio_command"] = got["command_s"] / got["eager_s"]
-        got["ratio_command_cpu"] = got["command_cpu_s"] / got["eager_cpu_s"]
-        if args.plain:
-            got["ratio_plain_process"] = got["plain_process_s"] / got["eager_s"]
-            got["ratio_command_to_plain_process"] = got["command_s"] / got["plain_process_s"]
-        if args.in_process:
-            got["ratio_in_process"] = got["in_process_s"] / got["eager_s"]
-            got["ratio_in_process_cpu"] = got["in_process_cpu_s"] / got["eager_cpu_s"]
-        rows.append(got)
-        log(f"round {r + 1}/{args.repeats}: command {got['command_s']:.1f}s, in-process "
-            f"{got.get('in_process_s', float('nan')):.1f}s, eager {got['eager_s']:.1f}s -> "
-            f"{got['ratio_command']:.2f}x / {got.get('ratio_in_process', float('nan')):.2f}x")
+    ds = open_store(store, derived=False)
+    try:
+        return [[int(t) for t in row if t >= 0] for row in ds["token_id"].values]
+    finally:
+        ds.close()
+
+
+def round_order(r: int) -> list[str]:
+    """Round ``r``'s order of the three processes: rotated each round, so that each runs first,
+    second and third in turn."""
+    k = r % len(LEGS)
+    return list(LEGS[k:] + LEGS[:k])
+
+
+def round_ratios(got: dict) -> dict:
+    """One round's ratios: the command's process over each plain script's process (wall and
+    CPU seconds), and over the forward passes alone as the eager script times them."""
+    return {"ratio_command_to_sdpa_process": got["command_s"] / got["sdpa_s"],
+            "ratio_command_to_eager_process": got["command_s"] / got["eager_s"],
+            "ratio_command_to_sdpa_process_cpu": got["command_cpu_s"] / got["sdpa_cpu_s"],
+            "ratio_command_to_eager_process_cpu": got["command_cpu_s"] / got["eager_cpu_s"],
+            "ratio_command_to_eager_forward": got["command_s"] / got["eager_forward_s"]}
+
+
+def summarize_rounds(rows: list[dict]) -> tuple[dict, dict]:
+    """The median of every figure over the rounds, and [min, max] of every ratio."""
     summary = {k: median(row[k] for row in rows) for k in rows[0]}
     spread = {k: [min(row[k] for row in rows), max(row[k] for row in rows)]
               for k in rows[0] if k.startswith("ratio")}
-    emit({"bench": "command", "section": "rounds", "texts": args.limit,
-          "max_length": args.max_length, "batch_size": args.batch_size, "tokens": tokens,
-          "threads": torch.get_num_threads(), "threads_option": threads or "default",
-          "median": summary, "spread": spread, "target": "command <= 1.25 x eager forward",
+    return summary, spread
+
+
+def run_leg(leg: str, args, model: Path, out: Path, threads: int) -> dict:
+    """One fresh process of ``leg``: its wall and CPU seconds and peak resident set (and, for
+    the plain scripts, what they print: their forward seconds, load seconds, token ids' hash)."""
+    if leg == "command":
+        argv = [sys.executable, "-m", "attngeom", *command_args(
+            model, args.limit, args.max_length, out, args.batch_size)]
+    else:
+        argv = plain_args(model, args.limit, args.max_length, args.batch_size, leg)
+    res = run_child_rss(argv, env=child_env(threads))
+    if res["rc"] != 0:
+        raise SystemExit(f"{leg} failed (exit {res['rc']}): " + res["stderr"][-800:])
+    got = {f"{leg}_s": res["wall_s"], f"{leg}_cpu_s": res["cpu_s"],
+           f"{leg}_peak_rss_mib": res["peak_rss_mib"]}
+    if leg != "command":
+        printed = json_lines(res["stdout"])[-1]
+        got.update({f"{leg}_forward_s": printed["seconds"], f"{leg}_load_s": printed["load_s"],
+                    f"{leg}_ids_sha256": printed["ids_sha256"], "tokens": printed["tokens"]})
+    return got
+
+
+def section_rounds(args, model: Path, tmp: Path) -> None:
+    """The interleaved rounds at each thread count of ``--threads`` (0: torch's default)."""
+    checked: list[str] = []                       # the store's token ids' hash, once checked
+    for threads in args.threads:
+        _rounds(args, model, tmp, threads, checked)
+
+
+def _rounds(args, model: Path, tmp: Path, threads: int, checked: list[str]) -> None:
+    rows = []
+    for r in range(args.repeats):
+        got: dict = {"load_avg_1m": os.getloadavg()[0]}      # before the round: quiet?
+        out = tmp / f"command-{threads}-{r}"
+        for leg in round_order(r):
+            got.update(run_leg(leg, args, model, out, threads))
+        if not checked:                           # once per run: the same tokens in all three
+            stored = ids_sha256(store_ids(out))
+            checked.append(stored)
+            log(f"the command's store holds the plain scripts' tokens: {stored[:12]}")
+        shutil.rmtree(out, ignore_errors=True)
+        hashes = {leg: got.pop(f"{leg}_ids_sha256") for leg in LEGS[1:]}
+        wrong = {leg: h for leg, h in hashes.items() if h != checked[0]}
+        if wrong:
+            raise SystemExit(f"the token ids differ: the command's store {checked[0][:12]}, "
+                             + ", ".join(f"plain_script.py --attn {leg} {h[:12]}"
+                                         for leg, h in wrong.items())
+                             + "; the comparison is void (fix plain_script.py's tokenization)")
+        tokens = got.pop("tokens")
+        got.update(round_ratios(got))
+        rows.append(got)
+        log(f"threads {threads or 'default'}, round {r + 1}/{args.repeats} "
+            f"({', '.join(round_order(r))}): command {got['command_s']:.1f}s, sdpa "
+            f"{got['sdpa_s']:.1f}s, eager {got['eager_s']:.1f}s -> "
+            f"{got['ratio_command_to_sdpa_process']:.2f}x / "
+            f"{got['ratio_command_to_eager_process']:.2f}x")
+    summary, spread = summarize_rounds(rows)
+    emit({"bench": "command", "section": "rounds", "case": f"threads_{threads or 'default'}",
+          "texts": args.limit, "max_length": args.max_length, "batch_size": args.batch_size,
+          "tokens": tokens, "threads_option": threads or "default",
+          "median": summary, "spread": spread,
+          "target": "command <= 1.25 x the sdpa script's process, <= 1.10 x the eager one's",
+          "met": {"sdpa": summary["ratio_command_to_sdpa_process"] <= 1.25,
+                  "eager": summary["ratio_command_to_eager_process"] <= 1.10},
           "rounds": rows, "machine": machine()})
 
 
@@ -209,7 +246,7 @@ PHASES = [
     ("attngeom.extract.loading.models", "weight_fingerprint", "  weight fingerprint"),
     ("attngeom.extract.run", "versions", "versions"),
     ("attngeom.store.io.writer.StoreWriter", "create", "store creation"),
-    ("attngeom.extract.run", "measure_batches", "measure (all batches)"),
+    ("attngeom.extract.run", "measure_rows", "measure (all batches)"),
     ("attngeom.store.io.writer.StoreWriter", "add_shard", "write shard"),
     ("attngeom.store.io.writer.StoreWriter", "finish", "finish store"),
     ("attngeom.store.ops.info", "summary", "summary"),
@@ -300,17 +337,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--limit", type=int, default=16)
     p.add_argument("--max-length", type=int, default=512)
-    p.add_argument("--no-in-process", dest="in_process", action="store_false",
-                   help="skip the in-process attngeom.cli.main leg (shorter rounds)")
-    p.add_argument("--no-plain", dest="plain", action="store_false",
-                   help="skip the plain script as a fresh process (load + one eager forward)")
-    p.add_argument("--threads", type=lambda t: [int(x) for x in t.split(",")], default=[1],
+    p.add_argument("--threads", type=lambda t: [int(x) for x in t.split(",")], default=[0, 1],
                    help="torch threads, comma-separated, each its own rounds (0: torch's "
-                        "default), e.g. 1,0")
-    p.add_argument("--batch-size", type=int, default=4, help="texts per forward pass (both)")
+                        "default, no OMP_NUM_THREADS), e.g. 0,1")
+    p.add_argument("--batch-size", type=int, default=2, help="texts per forward pass (all three)")
     p.add_argument("--cache", default=None, help="where the random model directory is kept "
                    "(default: a folder under the system's temp dir)")
-    p.add_argument("--child", choices=["startup", "plain"], help=argparse.SUPPRESS)
+    p.add_argument("--child", choices=["startup"], help=argparse.SUPPRESS)
     p.add_argument("--child-out", help=argparse.SUPPRESS)
     p.add_argument("--model", help=argparse.SUPPRESS)
     return p
@@ -320,9 +353,6 @@ def main(argv=None) -> int:
     args = parser().parse_args(argv)
     if args.child == "startup":
         _child_startup(args)
-        return 0
-    if args.child == "plain":                  # the plain script: load, tokenize, one forward
-        eager_forward(Path(args.model), args.limit, args.max_length, args.batch_size)[0]()
         return 0
     sections = [s for s in args.sections.split(",") if s]
     bad = [s for s in sections if s not in SECTIONS]
