@@ -197,6 +197,15 @@ def without_text(config: dict, no_text: bool = True) -> dict:
     return config
 
 
+def carried(source: dict, *also: str) -> dict:
+    """What a store made from another (merged, cut, saved, imported) keeps of that store's
+    manifest ``source``: its provenance (``versions``, ``sources`` and the keys ``also``) and
+    its count of the empty texts skipped."""
+    kept = {k: source[k] for k in ("versions", "sources", *also) if k in source}
+    kept["counts"] = {"skipped_empty": source.get("counts", {}).get("skipped_empty", 0)}
+    return kept
+
+
 def config_difference(a: dict, b: dict, prefix: str = "") -> str | None:
     """First differing key path between two configs, as 'path: a != b', or None."""
     for key in sorted(set(a) | set(b)):

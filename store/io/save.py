@@ -20,13 +20,12 @@ import numpy as np
 import xarray as xr
 
 from ..format import schema as S
-from ..format.manifest import config_hash, without_text
+from ..format.manifest import carried, config_hash, without_text
 from attngeom.common.errors import StoreError
 from ..format.shards import layout_problem
 from .writer import StoreWriter
 
 MANIFEST_ATTR = "attngeom_manifest"
-KEPT = ("versions", "sources", "in_memory")      # provenance carried into the new manifest
 
 
 def manifest_of(ds: xr.Dataset) -> dict:
@@ -96,8 +95,7 @@ def write(ds: xr.Dataset, path: str | Path, no_text: bool = False) -> dict:
     names = [n for n in stored_names(ds) if not (no_text and n == "token")]
     _check_whole(ds, manifest, names)
     config = without_text(manifest["config"], "token" not in names)
-    extra = {k: manifest[k] for k in KEPT if k in manifest}
-    extra["counts"] = {"skipped_empty": manifest.get("counts", {}).get("skipped_empty", 0)}
+    extra = carried(manifest, "in_memory")
     n = int(manifest["n_sequences"])
     size = int(config["options"]["shard_size"])
     writer = StoreWriter.new(path, config, n, extra)

@@ -23,7 +23,7 @@ import xarray as xr
 
 from attngeom.common.errors import StoreError
 from ..format import schema as S
-from ..format.manifest import config_hash, file_sha256, parse_manifest, without_text
+from ..format.manifest import carried, config_hash, file_sha256, parse_manifest, without_text
 from ..format.shards import expected_labels, expected_variables
 from ..io.results import FAITH_ONLY, entries, is_faith_only
 from ..io.writer import StoreWriter
@@ -69,8 +69,7 @@ def import_export(export: str | Path, out: str | Path,
     no_text = bool(record.get("no_text")) and source["config"]["options"].get("store_text",
                                                                               False)
     config = without_text(source["config"], no_text)
-    extra = {k: source[k] for k in ("versions", "sources") if k in source}
-    extra["counts"] = {"skipped_empty": source.get("counts", {}).get("skipped_empty", 0)}
+    extra = carried(source)
     extra["imported"] = {"from": "hf export", "source_config_hash": source["config_hash"],
                          "no_text": no_text}
     if is_faith_only(source):

@@ -34,8 +34,8 @@ from typing import Sequence
 import numpy as np
 
 from ..format import schema as S
-from ..format.manifest import (canonical, config_difference, config_hash, file_sha256,
-                               read_complete, without_text)
+from ..format.manifest import (canonical, carried, config_difference, config_hash,
+                               file_sha256, read_complete, without_text)
 from attngeom.common.errors import Refusal, StoreError
 from ..io.results import conflict as results_conflict
 from ..io.results import entries as result_entries
@@ -171,10 +171,8 @@ def _merge_one(group: dict, out: Path, copy_files: bool, no_text: bool, record: 
                results: list, inputs: list[Path]) -> dict:
     """Parts of one dataset: shard files linked (or rewritten without text) in place."""
     first = group["members"][0][1]
-    extra = {k: first[k] for k in ("versions", "sources") if k in first}
-    extra["counts"] = {"skipped_empty": first.get("counts", {}).get("skipped_empty", 0)}
     writer = StoreWriter.new(out, group["config"], first["n_sequences"],
-                             dict(extra, merge=record), inputs)
+                             dict(carried(first), merge=record), inputs)
     hashes = {store: m["config_hash"] for store, m in group["members"]}
     for index, (store, e) in enumerate(group["shards"]):
         if hashes[store] == writer.config_hash:

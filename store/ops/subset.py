@@ -7,7 +7,7 @@ from pathlib import Path
 import xarray as xr
 
 from ..format import schema as S
-from ..format.manifest import read_complete, without_text
+from ..format.manifest import carried, read_complete, without_text
 from attngeom.common.errors import Refusal, StoreError
 from attngeom.common.options.ranges import expand, parse_ranges, runs
 from ..format.shards import read_shard, renumbered
@@ -89,9 +89,7 @@ def subset(store: str | Path, out: str | Path, layers=None, heads=None, sequence
         "n_sequences": len(seq_sel), "sequences": runs([origin[position[s]] for s in seq_sel]),
         "dropped_variables": dropped, "added_for_derived": added, "no_text": bool(no_text),
         "faithfulness_kept_whole": sorted(m.get("faithfulness") or {})}
-    extra = {k: m[k] for k in ("versions", "sources") if k in m}
-    extra["counts"] = {"skipped_empty": m.get("counts", {}).get("skipped_empty", 0)}
-    writer = StoreWriter.new(out, config, len(seq_sel), extra, inputs=[src])
+    writer = StoreWriter.new(out, config, len(seq_sel), carried(m), inputs=[src])
     drop = [n for n in present if n in set(dropped)]
     start, index = 0, 0
     for e in entries:

@@ -17,8 +17,9 @@ import tolerance as tol
 from attngeom.cli import main
 from attngeom.store import open_store
 from attngeom.store.format import schema as S
-from attngeom.store.format.manifest import read_manifest
+from attngeom.store.format.manifest import read_manifest, write_manifest
 from attngeom.store.options.ranges import parse_ranges, runs
+from attngeom.store.ops.merge import merge
 from attngeom.store.ops.subset import subset
 from attngeom.store.io.validate import validate
 
@@ -131,3 +132,21 @@ def test_readme_code_opens_the_store_with_plain_xarray(stores, opened, mode):
                                    **tol.relative(4, vs=tol.F32))
     assert dict(scope["ds"].sizes) == dict(ds.sizes)
     assert re.search(r"content hash\s+" + ds.attrs["config_hash"], text)
+
+
+@pytest.mark.parametrize("op", ["subset", "merge", "write"])
+def test_a_store_made_from_another_keeps_its_provenance(copy_store, tmp_path, op):
+    """versions, sources and the count of skipped empty texts travel into the new manifest."""
+    import attngeom.store
+
+    src = copy_store()
+    source = read_manifest(src)
+    write_manifest(src, {**source, "counts": {**source.get("counts", {}), "skipped_empty": 3},
+                         "sources": {"texts": "a made-up provenance entry"}})
+    out = tmp_path / "new"
+    made = {"subset": lambda: subset(src, out, layers="1"),
+            "merge": lambda: merge([src], out),
+            "write": lambda: attngeom.store.write(attngeom.store.open(src), out)}[op]()
+    assert made["versions"] == source["versions"]
+    assert made["sources"] == {"texts": "a made-up provenance entry"}
+    assert made["counts"]["skipped_empty"] == read_manifest(out)["counts"]["skipped_empty"] == 3
