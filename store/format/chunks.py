@@ -116,6 +116,30 @@ def layer_chunks(cells: tuple[int, ...], itemsize: int, rows: int) -> tuple[int,
     return (chunk_rows(row_bytes, rows), 1, *cells)
 
 
+def cut_chunks(parts: list[np.ndarray], rows: int, final: bool
+               ) -> tuple[int, list[tuple[int, np.ndarray]], list[np.ndarray]]:
+    """Cut the rows of ``parts`` (arrays of rows, in order) into chunks of ``rows`` rows.
+
+    Returns the rows cut, the chunks as (first row, block) pairs, and the rows left over: every
+    row when ``final`` (the last chunk then padded with the fill value: an edge chunk is stored
+    at full size), else only whole chunks.
+    """
+    have = sum(len(p) for p in parts)
+    whole = have if final else have - have % rows
+    if not whole:
+        return 0, [], parts
+    x = parts[0] if len(parts) == 1 else np.concatenate(parts)
+    blocks = []
+    for lo in range(0, whole, rows):
+        block = x[lo:lo + rows]
+        if len(block) < rows:
+            fill = np.full((rows - len(block), *block.shape[1:]), fill_value(block.dtype),
+                           block.dtype)
+            block = np.concatenate([block, fill])
+        blocks.append((lo, block))
+    return whole, blocks, ([x[whole:]] if whole < have else [])
+
+
 @dataclass
 class Encoded:
     """One variable's compressed chunks: shape, dims, chunk shape, chunk offset -> bytes,
@@ -181,26 +205,15 @@ class ChunkEncoder:
                 self._submit(name, final=False)
 
     def _submit(self, name: str, final: bool) -> None:
-        rows = self.chunks[name][0]
-        parts = self.pending[name]
-        have = sum(len(p) for p in parts)
-        if have < rows and not (final and have):
-            return
-        x = parts[0] if len(parts) == 1 else np.concatenate(parts)
-        whole = have - have % rows if not final else have
-        for start in range(0, whole, rows):
-            block = x[start:start + rows]
-            if len(block) < rows:                       # edge chunk: stored at full size
-                fill = np.full((rows - len(block), *block.shape[1:]),
-                               fill_value(block.dtype), block.dtype)
-                block = np.concatenate([block, fill])
+        whole, blocks, self.pending[name] = cut_chunks(self.pending[name],
+                                                       self.chunks[name][0], final)
+        for start, block in blocks:
             row0 = self.done_rows[name] + start
-            for layer in range(x.shape[1]):
-                offset = (row0, layer) + (0,) * (x.ndim - 2)
+            for layer in range(block.shape[1]):
+                offset = (row0, layer) + (0,) * (block.ndim - 2)
                 self.futures[name][offset] = self.pool.submit(
                     self._encode, block[:, layer:layer + 1])
         self.done_rows[name] += whole
-        self.pending[name] = [x[whole:]] if whole < have else []
 
     def finish(self) -> dict[str, Encoded]:
         """Encode what is left, wait for every chunk, and return the variables."""

@@ -35,7 +35,7 @@ import xarray as xr
 from attngeom.common.vocab import PACKED
 
 from ..format import schema as S
-from .chunks import Encoded, encode_chunk, fill_value, layer_chunks
+from .chunks import Encoded, cut_chunks, encode_chunk, layer_chunks
 from .packing import PACKED_VARIABLES, stored_attrs
 from .shards import shard_bytes
 
@@ -129,22 +129,12 @@ class ShardStream:
                 final: bool) -> tuple[int, list[np.ndarray]]:
         """Hand the whole chunks of ``parts`` (rows from ``start``) to the workers; return the
         rows left over (all of them, padded, when ``final``)."""
-        rows = self.layout[name].chunks[0]
-        have = sum(len(p) for p in parts)
-        whole = have if final else have - have % rows
-        if not whole:
-            return start, parts
-        x = parts[0] if len(parts) == 1 else np.concatenate(parts)
-        for lo in range(0, whole, rows):
-            block = x[lo:lo + rows]
-            if len(block) < rows:                       # edge chunk: stored at full size
-                fill = np.full((rows - len(block), *block.shape[1:]),
-                               fill_value(block.dtype), block.dtype)
-                block = np.concatenate([block, fill])
-            offset = (start + lo, layer) + (0,) * (x.ndim - 2)
+        whole, blocks, rest = cut_chunks(parts, self.layout[name].chunks[0], final)
+        for lo, block in blocks:
+            offset = (start + lo, layer) + (0,) * (block.ndim - 2)
             self.queue.append((name, offset, self.pool.submit(encode_chunk, block),
                                self.calls))
-        return start + whole, ([x[whole:]] if whole < have else [])
+        return start + whole, rest
 
     def _write(self, keep: int | None) -> None:
         """Store the compressed chunks in the order they were cut (a file of the same bytes

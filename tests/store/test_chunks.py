@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import xarray as xr
 
-from attngeom.store.format.chunks import ChunkEncoder, encode_chunk, fletcher32
+from attngeom.store.format.chunks import ChunkEncoder, cut_chunks, encode_chunk, fletcher32
 from attngeom.store.format.shards import encoding, write_shard
 from attngeom.store.io.writer import write_netcdf
 
@@ -31,6 +31,22 @@ def fletcher32_loop(data: bytes) -> int:
         s1, s2 = (s1 & 0xFFFF) + (s1 >> 16), (s2 & 0xFFFF) + (s2 >> 16)
     s1, s2 = (s1 & 0xFFFF) + (s1 >> 16), (s2 & 0xFFFF) + (s2 >> 16)
     return (s2 << 16) | s1
+
+
+def test_cut_chunks_leaves_partial_chunks_until_final_then_pads_them():
+    rows = np.arange(8 * 2, dtype=np.float32).reshape(8, 2)          # 8 rows cut 3 at a time
+    parts = [rows[:2], rows[2:7], rows[7:]]
+    whole, blocks, rest = cut_chunks(parts, 3, final=False)
+    assert whole == 6 and [lo for lo, _ in blocks] == [0, 3]
+    np.testing.assert_array_equal(np.concatenate([b for _, b in blocks]), rows[:6])
+    np.testing.assert_array_equal(np.concatenate(rest), rows[6:])
+    whole, blocks, rest = cut_chunks(parts, 3, final=True)
+    assert whole == 8 and [lo for lo, _ in blocks] == [0, 3, 6] and rest == []
+    np.testing.assert_array_equal(blocks[2][1][:2], rows[6:])
+    assert blocks[2][1].shape == (3, 2) and np.isnan(blocks[2][1][2]).all()
+    packed = [np.ones((1, 2), np.int16)]                              # int16: the packed fill
+    assert cut_chunks(packed, 3, final=False) == (0, [], packed)
+    assert cut_chunks(packed, 3, final=True)[1][0][1][1:].tolist() == [[-32768] * 2] * 2
 
 
 @pytest.mark.parametrize("data", [b"", b"\x01", b"ab", b"\xff" * 721, b"\xff" * 65536,
