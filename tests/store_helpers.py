@@ -31,6 +31,17 @@ def write_texts(path: Path, n_words=(3, 12, 6, 1, 8), seed: int = 0) -> Path:
     return path
 
 
+def write_images(folder: Path) -> Path:
+    """A new folder of three random RGB PNGs of different sizes (0.png, 1.png, 2.png)."""
+    from PIL import Image
+
+    folder.mkdir()
+    rng = np.random.default_rng(0)
+    for i, (h, w) in enumerate([(12, 12), (20, 16), (9, 30)]):
+        Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(folder / f"{i}.png")
+    return folder
+
+
 def load_tiny(directory: Path, arch: str) -> torch.nn.Module:
     from transformers import AutoModel, AutoModelForCausalLM
 

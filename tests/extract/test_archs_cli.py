@@ -19,7 +19,8 @@ import torch
 import reference as ref
 import tiny_archs as ta
 import tolerance as tol
-from store_helpers import assert_same, measurement_bounds, model_dims, write_texts
+from store_helpers import (assert_same, measurement_bounds, model_dims, write_images,
+                           write_texts)
 
 ROOT = Path(__file__).resolve().parents[2]
 TEXT = ("gpt_oss", "modernbert")
@@ -35,21 +36,11 @@ def _start(*args) -> subprocess.Popen:
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def _images(folder: Path) -> Path:
-    from PIL import Image
-
-    folder.mkdir()
-    rng = np.random.default_rng(0)
-    for i, (h, w) in enumerate([(12, 12), (20, 16), (9, 30)]):
-        Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(folder / f"{i}.png")
-    return folder
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     base = tmp_path_factory.mktemp("archs-cli")
     texts = write_texts(base / "texts.jsonl", (3, 9, 6))
-    images = _images(base / "images")
+    images = write_images(base / "images")
     procs = {}
     for name in TEXT + IMAGES + REFUSED:
         model = ta.save(name, base / name)

@@ -10,7 +10,6 @@ with the naive float64 reference (tests/reference.py) on left-padded token ids.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -25,7 +24,7 @@ import tolerance as tol
 from attngeom import cli
 from attngeom.store.format.manifest import config_difference
 from store_helpers import (PAIR, PER_TOKEN, assert_same, forward_bound, measurement_bounds,
-                           model_dims, write_texts)
+                           model_dims, write_images, write_texts)
 
 N_WORDS = (3, 12, 6)                 # + BOS / CLS..SEP: the second text is cut at MAX_LENGTH
 MAX_LENGTH = 10
@@ -34,22 +33,12 @@ CLI_STORES = {"llama-compact": ("llama", "compact"), "llama-dense": ("llama", "d
               "gpt_oss-compact": ("gpt_oss", "compact")}
 
 
-def _images(folder: Path) -> Path:
-    from PIL import Image
-
-    folder.mkdir()
-    rng = np.random.default_rng(0)
-    for i, (h, w) in enumerate([(12, 12), (20, 16), (9, 30)]):
-        Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(folder / f"{i}.png")
-    return folder
-
-
 @pytest.fixture(scope="module")
 def made(tmp_path_factory):
     """Model directories, the texts, the images and the CLI's stores."""
     base = tmp_path_factory.mktemp("inmemory")
     texts = write_texts(base / "texts.jsonl", N_WORDS)
-    images = _images(base / "images")
+    images = write_images(base / "images")
     dirs = {a: tm.save_tiny(a, base / a) for a in ("llama", "bert", "vit")}
     dirs["gpt_oss"] = ta.save("gpt_oss", base / "gpt_oss")
     stores = {}
