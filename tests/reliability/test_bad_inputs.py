@@ -93,6 +93,10 @@ def E(bad, tiny, texts, out, *extra):                  # noqa: N802 - a command 
     return ("extract", "--model", tiny, "--data", texts, "--out", out, *extra)
 
 
+def F(bad, tiny, texts, out, *extra):                  # noqa: N802 - a command line
+    return ("faithfulness", "--model", tiny, "--data", texts, "--out", out, *extra)
+
+
 # name -> (argument builder, words the one line must contain)
 CASES = {
     "bad mode": (lambda b, m, t, o: E(b, m, t, o, "--mode", "sparse"),
@@ -145,34 +149,26 @@ CASES = {
         lambda b, m, t, o: E(b, m, t, o, "--sink-k", "64", "--max-length", "32"),
         ["--sink-k 64", "not shorter than --max-length 32", "--sink-k below 32"]),
     "faithfulness: sink window as long as the texts": (
-        lambda b, m, t, o: ("faithfulness", "--model", m, "--data", t, "--out", o,
-                            "--sink-k", "32", "--max-length", "32"),
+        lambda b, m, t, o: F(b, m, t, o, "--sink-k", "32", "--max-length", "32"),
         ["--sink-k 32", "not shorter than --max-length 32", "--sink-k below 32"]),
     "run: texts of one token leave no key but the sink": (
         lambda b, m, t, o: ("run", "--model", m, "--data", t, "--out", o, "--max-length", "1"),
         ["--sink-k 1", "not shorter than --max-length 1", "larger --max-length"]),
-    "fraction above 1": (lambda b, m, t, o: ("faithfulness", "--model", m, "--data", t,
-                                             "--out", o, "--fractions", "0.1,1.5"),
+    "fraction above 1": (lambda b, m, t, o: F(b, m, t, o, "--fractions", "0.1,1.5"),
                          ["--fractions", "[0, 1]"]),
-    "fraction below 0": (lambda b, m, t, o: ("faithfulness", "--model", m, "--data", t,
-                                             "--out", o, "--fractions=-0.1"),
+    "fraction below 0": (lambda b, m, t, o: F(b, m, t, o, "--fractions=-0.1"),
                          ["--fractions", "[0, 1]"]),
-    "fraction not a number": (lambda b, m, t, o: ("faithfulness", "--model", m, "--data", t,
-                                                  "--out", o, "--fractions", "a,b"),
+    "fraction not a number": (lambda b, m, t, o: F(b, m, t, o, "--fractions", "a,b"),
                               ["--fractions", "numbers"]),
-    "drift fraction 0": (lambda b, m, t, o: ("faithfulness", "--model", m, "--data", t,
-                                             "--out", o, "--drift-low-fraction", "0"),
+    "drift fraction 0": (lambda b, m, t, o: F(b, m, t, o, "--drift-low-fraction", "0"),
                          ["--drift-low-fraction", "(0, 1]"]),
-    "unknown task": (lambda b, m, t, o: ("faithfulness", "--model", m, "--data", t,
-                                         "--out", o, "--task", "squad"),
+    "unknown task": (lambda b, m, t, o: F(b, m, t, o, "--task", "squad"),
                      ["--task", "invalid choice"]),
-    "unknown metric": (lambda b, m, t, o: ("faithfulness", "--model", m, "--data", t,
-                                           "--out", o, "--metrics", "attention,saliency"),
+    "unknown metric": (lambda b, m, t, o: F(b, m, t, o, "--metrics", "attention,saliency"),
                        ["--metrics", "attention,saliency"]),
     "faithfulness: value zeroing out of reach": (
-        lambda b, m, t, o: ("faithfulness", "--model", m, "--data", t, "--out", o,
-                            "--metrics", "value_zeroing", "--granularity", "token",
-                            "--max-hours", "1e-9"),
+        lambda b, m, t, o: F(b, m, t, o, "--metrics", "value_zeroing", "--granularity", "token",
+                             "--max-hours", "1e-9"),
         ["value zeroing would take at least", "hours here", "--limit", "--max-length",
          "--layers", "--max-hours 1e-09"]),
     "analyze: not a store": (lambda b, m, t, o: ("analyze", b["empty dir"], "--out", o),
