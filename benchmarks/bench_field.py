@@ -127,7 +127,8 @@ class ErrorProbe:
         from attngeom.extract.faithfulness.dense import attention_weights
         from attngeom.extract.faithfulness.field_scores import TokenRows64, step_rollout
         from attngeom.extract.faithfulness.kernels import kernels
-        from attngeom.extract.faithfulness.removal_scores import fast_scores, logit_scale
+        from attngeom.extract.faithfulness.layer_scores import fast_scores
+        from attngeom.extract.faithfulness.removal_scores import logit_scale
 
         layer, (B, H, T, _) = call.index, call.query.shape
         alpha = attention_weights(call.query, call.key, call.allowed, call.scaling,

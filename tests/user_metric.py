@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from attngeom.extract.faithfulness.exact_scores import finite
+from attngeom.extract.faithfulness.base import finite
 from attngeom.extract.faithfulness.selection import ErrorBound
 from attngeom.store.format.metrics import Metric
 

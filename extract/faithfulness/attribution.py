@@ -2,7 +2,7 @@
 
 For each text the model runs once with a handler that computes, at every attention layer from
 the layer's own inputs, in float64 (the definitions the removal ranks by,
-:mod:`.exact_scores`, :mod:`.field_scores`):
+:mod:`.layer_scores`, :mod:`.field_scores`):
 
 - the paper's metrics per head: ``attention``, ``value_weighted``,
   ``value_weighted_normalized``, ``contribution``, ``contribution_layer``
@@ -38,12 +38,18 @@ from attngeom.common import metrics as M
 from attngeom.common.errors import Refusal
 from attngeom.common.vocab import MAX_HOURS
 
-from ..measurement.archs import attention_layers
+from ..measurement.archs import attention_layers, is_causal
 from ..measurement.geometry import repeat_kv
+from ..measurement.hooks import attention_handler
+from ..measurement.preserve import unchanged
+from .base import exact_alpha, finite
 from .context import LayerContext
-from .exact_scores import exact_alpha, finite, metric_scores
-from .field_scores import alti_raw, norms
-from .interventions import Intervener
+from .field_scores import TokenRows64, alti_raw, norms, scales, step_rollout
+from .interventions import Intervener, watching
+from .layer_scores import metric_scores
+from .residual import ResidualTap
+from .sublayer import BlockTap, rows_per_second
+from .zeroing import exact_value_zeroing
 
 HEAD_METHODS = M.BUILTIN[:5]
 TOKEN_METHODS = ("alti", "norm_residual", "rollout", "value_zeroing")
@@ -62,9 +68,6 @@ class Recorder:
     """Attention handler computing the scores of ``methods`` at every layer (one sequence)."""
 
     def __init__(self, model, methods, alti_bias: bool = False):
-        from .residual import ResidualTap
-        from .sublayer import BlockTap
-
         self.methods, self.alti_bias = tuple(methods), alti_bias
         self.found = attention_layers(model)
         self.projection = Intervener(model).projection
@@ -77,8 +80,6 @@ class Recorder:
         self.out: dict[str, list] = {m: [] for m in methods}
 
     def attend(self, call) -> torch.Tensor:
-        from .field_scores import TokenRows64, step_rollout
-
         layer, (B, H, T, _) = call.index, call.query.shape
         mask = (torch.ones(B, T, dtype=torch.bool, device=call.query.device)
                 if self.token_mask is None else self.token_mask.to(call.query.device))
@@ -104,8 +105,6 @@ class Recorder:
             t, _ = rows.decomposed(0, torch.arange(T))                   # (T, Tk, d)
             token = self._field(ctx, t[None], z)
         if self.blocks is not None:
-            from .zeroing import exact_value_zeroing
-
             ctx.sublayer = self.blocks.at(layer)
             ctx.x = ctx.sublayer.x if ctx.x is None else ctx.x
             token["value_zeroing"] = _normalised(exact_value_zeroing(rows))
@@ -138,8 +137,6 @@ class Recorder:
 
     def _bias(self, ctx: LayerContext, z: torch.Tensor) -> torch.Tensor:
         """The block output's bias part at each query: Lr(La(b_O) + beta_a) + beta_r."""
-        from .field_scores import scales
-
         res = ctx.residual
         s_a, s_r = scales(ctx, z, ctx.proj.weight.double())
         b = (res.bias.double() if res.bias is not None
@@ -186,10 +183,6 @@ def scores(model, texts, methods=None, *, tokenizer=None, max_length: int = 512,
         For an unknown method, texts without a tokenizer, or value zeroing estimated beyond
         ``max_hours``.
     """
-    from .interventions import watching
-    from ..measurement.hooks import attention_handler
-    from ..measurement.preserve import unchanged
-
     methods = METHODS if methods is None else tuple(methods)
     unknown = [m for m in methods if m not in METHODS]
     if unknown:
@@ -214,8 +207,6 @@ def scores(model, texts, methods=None, *, tokenizer=None, max_length: int = 512,
 def _check_cost(model, ids, max_hours: float) -> None:
     """Refuse value zeroing's float64 rows when estimated beyond ``max_hours`` here."""
     from ..loading.budget import check_zeroing, zeroing_rows
-    from ..measurement.archs import is_causal
-    from .sublayer import rows_per_second
 
     L = len(attention_layers(model))
     rows = zeroing_rows(map(len, ids), L, 1, is_causal(model))

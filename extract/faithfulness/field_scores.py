@@ -29,9 +29,10 @@ from __future__ import annotations
 import torch
 
 from ..measurement.geometry import repeat_kv
+from .base import exact_alpha, finite
 from .context import LayerContext
 from .dense import weighted_values
-from .exact_scores import exact_alpha, finite
+from .residual import float64_copy
 from .selection import ErrorBound
 
 Tensor = torch.Tensor
@@ -72,8 +73,6 @@ def scales(ctx: LayerContext, z: Tensor, weight: Tensor) -> tuple[Tensor | None,
 
 
 def _module(norm, y: Tensor):
-    from .residual import float64_copy
-
     return float64_copy(norm.module) if y.dtype == torch.float64 else norm.module
 
 

@@ -29,10 +29,10 @@ float32 (or the model's dtype if wider), like the model's own eager attention (t
 of alpha, because torch's CPU ``masked_fill`` is a scalar loop; alpha @ v over blocks of query
 rows that stop at their last allowed key, :func:`~.dense.row_blocks`), in scratch tensors
 reused from layer to layer (:mod:`.dense`). The ranking is that of the float64 scores of the
-layer's inputs (:func:`~.exact_scores.metric_scores`): the scores are computed in float32
-(:func:`~.removal_scores.fast_scores`) with a bound on their relative rounding error, the cut
+layer's inputs (:func:`~.layer_scores.metric_scores`): the scores are computed in float32
+(:func:`~.layer_scores.fast_scores`) with a bound on their relative rounding error, the cut
 is read from one sort of the values (:mod:`.selection`), and a ranking row is re-ranked from
-float64 scores recomputed for it alone (:class:`~.exact_scores.ExactScores`) when the two keys
+float64 scores recomputed for it alone (:class:`~.layer_scores.ExactScores`) when the two keys
 at its cut are closer than the bound (a tie at the cut included). Ties, in float32 and in
 float64, go to the lower position. The removal sets can differ from ranking every row in
 float64 only (1) where a float32 error exceeds its bound (each metric's ``error_unit``, fitted
@@ -54,20 +54,22 @@ import torch
 from torch import nn
 
 from attngeom.common import metrics as M
+from attngeom.common.errors import Refusal
 from attngeom.common.vocab import (DRIFT_LOW_FRACTION, GRANULARITIES, RANKS, REMOVAL_MODES,
                                          SINK_K)
 
 from ..measurement.archs import attention_layers
 from ..measurement.geometry import Projection, norm_from_gram, repeat_kv
-from .dense import attention_weights, row_blocks, weighted_values
+from ..measurement.hooks import attention_handler
+from .base import exact_alpha
 from .context import LayerContext
-from .exact_scores import ExactScores, exact_alpha, metric_scores  # noqa: F401  (API)
+from .dense import attention_weights, row_blocks, weighted_values
 from .kernels import kernels
+from .layer_scores import ExactScores, fast_scores, metric_scores  # noqa: F401  (API)
+from .removal_scores import logit_scale
 from .residual import ResidualTap
-from .sublayer import BlockTap
-from .removal_scores import fast_scores, logit_scale
 from .selection import Workspace, n_remove, select  # noqa: F401  (n_remove: API)
-from attngeom.common.errors import Refusal
+from .sublayer import BlockTap
 
 Tensor = torch.Tensor
 MODES = REMOVAL_MODES                    # the name tests and scripts import
@@ -296,8 +298,6 @@ class DriftProbe:
 @torch.inference_mode()
 def forward_logits(model: nn.Module, inputs: dict[str, Tensor], handler) -> Tensor:
     """Logits (B, T, V) of ``model`` with every attention layer routed through ``handler``."""
-    from ..measurement.hooks import attention_handler
-
     mask = inputs.get("attention_mask")
     handler.token_mask = mask.bool() if mask is not None else None
     with attention_handler(model, handler), watching(handler):

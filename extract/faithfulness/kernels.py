@@ -7,7 +7,9 @@ float32 ``fast`` kernel of a whole layer with its error bound (:mod:`.removal_sc
 (:mod:`.exact_scores`, ...) and, for a metric that needs the layers below, the ``step`` each
 layer of a pass takes, intervened or not, before its removal (``step(context, alpha)``: it
 keeps what the kernels read in ``context.carry``). A plugin's entry names its kernels as
-``"module:function"`` strings, imported on first use (:func:`resolve`).
+``"module:function"`` strings, imported on first use (:func:`resolve`). The kernel modules
+import none of this; the dispatchers that call the kernels by name are above it
+(:mod:`.layer_scores`).
 """
 
 from __future__ import annotations
@@ -18,13 +20,13 @@ from functools import cache
 from typing import Callable
 
 from attngeom.common import metrics
+from attngeom.common.errors import Refusal
 
 from . import exact_scores as E
 from . import field_scores as F
 from . import random_scores as Q
 from . import removal_scores as R
 from . import zeroing as Z
-from attngeom.common.errors import Refusal
 
 
 @dataclass(frozen=True)

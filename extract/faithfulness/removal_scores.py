@@ -1,9 +1,11 @@
-"""The scores a removal ranks keys by, fast: float32 scores of a whole layer and their error.
+"""The scores a removal ranks keys by, fast: the head-local metrics' float32 kernels.
 
-:func:`fast_scores` computes every (head, query, key) score of a layer in float32 (the dtype of
-the layer's attention) and bounds its rounding error (:class:`~.selection.ErrorBound`); the rows
+Each ``fast`` kernel (registered by name in :mod:`.kernels`; called by
+:func:`~.layer_scores.fast_scores`, whose docstring gives the error model) computes every
+(head, query, key) score of a layer in float32 (the dtype of the layer's attention) from a
+:class:`FastLayer` and bounds its rounding error (:class:`~.selection.ErrorBound`); the rows
 whose order the bound leaves open are ranked again from float64 scores
-(:class:`~.exact_scores.ExactScores`, :mod:`.selection`).
+(:class:`~.layer_scores.ExactScores`, :mod:`.selection`).
 """
 
 from __future__ import annotations
@@ -12,11 +14,9 @@ from functools import cached_property
 
 import torch
 
-from attngeom.common import metrics
-
-from .dense import grouped, weighted_values
-from .exact_scores import finite
 from ..measurement.geometry import Projection, repeat_kv, vecdot
+from .base import finite
+from .dense import grouped, weighted_values
 from .selection import ErrorBound
 
 Tensor = torch.Tensor
@@ -79,31 +79,6 @@ class FastLayer:
         return zg, vecdot(zg, z).clamp_min(0).sqrt(), mass
 
 
-def fast_scores(metric: str, alpha: Tensor, value: Tensor, proj: Projection, lam: Tensor,
-                out: Tensor | None = None, blocks=None, context=None
-                ) -> tuple[Tensor, ErrorBound]:
-    """Scores (B, H, T, Tk) in alpha's dtype (into ``out``; ``alpha`` itself for attention;
-    (B, 1, T, Tk) for a metric of scope ``token``) and the size of their rounding error: the
-    metric's registered float32 kernel (:mod:`attngeom.common.metrics`).
-
-    Parameters: see :class:`FastLayer`.
-
-    Error model (each metric's ``error_unit`` is fitted in its units): alpha's relative error is
-    O(u Lambda); the head output o = sum_j alpha v~ has an absolute error
-    O(u Lambda sum_j alpha ||v~||), relative kappa = sum_j alpha ||v~|| / ||o|| times that, which
-    every score divided by or projected on o inherits. At the layer level
-    (contribution_layer) the sum over keys and heads is taken in quadrature, as the roundings
-    of alpha's entries have independent signs: relative u (Lambda_h + sqrt(sum_h' (Lambda_h'
-    s_h')^2) / ||o||), s_h = sqrt(sum_j alpha^2 ||v~||^2); the sum of |terms| overstates it by
-    up to sqrt(Tk) where attention is diffuse, and with it the rows recomputed in float64. The
-    signed scores' error is relative to |score| except near 0 (a key almost orthogonal to o).
-    """
-    from .kernels import kernels
-
-    unit = metrics.get(metric).error_unit * torch.finfo(alpha.dtype).eps / 2
-    return kernels(metric).fast(FastLayer(alpha, value, proj, lam, out, blocks, context), unit)
-
-
 def fast_attention(x: FastLayer, unit: float) -> tuple[Tensor, ErrorBound]:
     """alpha itself; error u Lambda alpha."""
     return x.alpha, ErrorBound(unit * x.lam)
@@ -163,6 +138,6 @@ def _project(alpha: Tensor, g: Tensor, value: Tensor, norm: Tensor, out: Tensor)
 
 
 def _finite_(s: Tensor, norm: Tensor) -> Tensor:
-    """:func:`~.exact_scores.finite` in place, only where an output norm of 0 can have made inf or NaN."""
+    """:func:`~.base.finite` in place, only where an output norm of 0 can have made inf or NaN."""
     return s.nan_to_num_(nan=0.0, posinf=torch.finfo(s.dtype).max,
                          neginf=-torch.finfo(s.dtype).max) if (norm == 0).any() else s

@@ -29,8 +29,8 @@ from torch import Tensor, nn
 
 from attngeom.common.errors import Refusal
 
-from ..measurement.archs import (Layer, attention_layers, decoder_stack, forward_options,
-                                 probe_inputs)
+from ..measurement.archs import Layer, attention_layers, decoder_stack
+from .taps import BlockHooks, first_tensor, per_model, probe_pass
 
 SCALE = 1e4                 # probe vectors this large make a norm's epsilon negligible
 
@@ -82,9 +82,7 @@ _FOUND: "weakref.WeakKeyDictionary[nn.Module, tuple[Residual, ...]]" = weakref.W
 
 def float64_copy(module: nn.Module) -> nn.Module:
     """A float64 copy of a (small) normalisation module, made once."""
-    if module not in _F64:
-        _F64[module] = copy.deepcopy(module).double().eval()
-    return _F64[module]
+    return per_model(_F64, module, lambda m: copy.deepcopy(m).double().eval())
 
 
 def _snap(gamma: Tensor, module: nn.Module) -> Tensor:
@@ -147,11 +145,6 @@ def _epsilon(module: nn.Module, norm: Norm, m: nn.Module) -> float | None:
     return None
 
 
-def _tensor_in(args, kwargs) -> Tensor | None:
-    x = kwargs.get("hidden_states", args[0] if args else None)
-    return x if torch.is_tensor(x) else None
-
-
 @torch.no_grad()
 def _probe(model: nn.Module, layers: list[Layer], blocks) -> list[dict]:
     """One forward pass recording, per layer: x, the attention module's input, W_O's output,
@@ -165,14 +158,14 @@ def _probe(model: nn.Module, layers: list[Layer], blocks) -> list[dict]:
 
     def pre(module, args, kwargs):
         n, key = where[id(module)]
-        rec[n].setdefault(key, _tensor_in(args, kwargs))
+        rec[n].setdefault(key, first_tensor(args, kwargs))
 
     def out(n):
         return lambda module, args, output: rec[n].setdefault("o", output.detach().clone())
 
     def leaf(n):
         def hook(module, args, kwargs):
-            x = _tensor_in(args, kwargs)
+            x = first_tensor(args, kwargs)
             if x is not None:
                 rec[n]["inputs"].append((module, x.detach().clone()))
         return hook
@@ -184,12 +177,7 @@ def _probe(model: nn.Module, layers: list[Layer], blocks) -> list[dict]:
         for m in block.modules():
             if next(m.children(), None) is None and m is not layer.out:
                 handles.append(m.register_forward_pre_hook(leaf(n), with_kwargs=True))
-    inputs = probe_inputs(model, "text")
-    try:
-        model(**inputs, **forward_options(model, inputs))
-    finally:
-        for h in handles:
-            h.remove()
+    probe_pass(model, handles)
     return rec
 
 
@@ -242,31 +230,15 @@ def _structure(model: nn.Module) -> tuple[Residual, ...]:
 
 def residual_structure(model: nn.Module) -> tuple[Residual, ...]:
     """Each attention layer's :class:`Residual`, found once per model (cached)."""
-    found = _FOUND.get(model)
-    if found is None:
-        found = _structure(model)
-        _FOUND[model] = found
-    return found
+    return per_model(_FOUND, model, _structure)
 
 
-class ResidualTap:
+class ResidualTap(BlockHooks):
     """Keeps the residual input x (B, T, d) of each block during a forward pass."""
 
     def __init__(self, model: nn.Module):
-        self.structure = residual_structure(model)
+        super().__init__(residual_structure(model))
         self.x: dict[int, Tensor] = {}
-        self._index = {id(r.block): n for n, r in enumerate(self.structure)}
-        self._handles: list = []
 
-    def __enter__(self) -> "ResidualTap":
-        def keep(module, args, kwargs):
-            self.x[self._index[id(module)]] = _tensor_in(args, kwargs)
-
-        self._handles = [r.block.register_forward_pre_hook(keep, with_kwargs=True)
-                         for r in self.structure]
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for h in self._handles:
-            h.remove()
-        self._handles = []
+    def keep(self, layer: int, args: tuple, kwargs: dict) -> None:
+        self.x[layer] = first_tensor(args, kwargs)

@@ -21,6 +21,9 @@ from typing import Iterator
 import torch
 from torch import Tensor, nn
 
+from ..measurement.hooks import attention_handler
+from .interventions import watching
+
 
 
 def lowest_layer(layers) -> int:
@@ -73,9 +76,6 @@ def logits_from(model: nn.Module, stack, start: int, hidden: Tensor,
                 inputs: dict[str, Tensor], handler) -> Tensor:
     """Logits (B, T, V) of the model run from layer ``start`` on ``hidden`` (B, T, d), with
     ``handler`` seeing the calls of layers ``start, start + 1, ...``."""
-    from ..measurement.hooks import attention_handler
-    from .interventions import watching
-
     mask = inputs.get("attention_mask")
     handler.token_mask = mask.bool() if mask is not None else None
     handler.start = start

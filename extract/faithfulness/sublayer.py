@@ -37,8 +37,9 @@ from torch import Tensor, nn
 
 from attngeom.common.errors import Refusal
 
-from ..measurement.archs import attention_layers, decoder_stack, forward_options, probe_inputs
+from ..measurement.archs import attention_layers, decoder_stack
 from .residual import Norm, as_norm
+from .taps import BlockHooks, first_tensor, per_model, probe_pass
 
 CHUNK_BYTES = 64 << 20          # the working memory of one call of the sublayer on rows
 
@@ -134,16 +135,7 @@ _FOUND: "weakref.WeakKeyDictionary[nn.Module, tuple[Sublayer, ...]]" = \
 
 def sublayer_structure(model: nn.Module) -> tuple[Sublayer, ...]:
     """Each attention layer's :class:`Sublayer`, found and checked once per model (cached)."""
-    found = _FOUND.get(model)
-    if found is None:
-        found = _structure(model)
-        _FOUND[model] = found
-    return found
-
-
-def _first_tensor(args, kwargs) -> Tensor | None:
-    x = kwargs.get("hidden_states", args[0] if args else None)
-    return x if torch.is_tensor(x) else None
+    return per_model(_FOUND, model, _structure)
 
 
 @torch.no_grad()
@@ -166,12 +158,7 @@ def _probe(model: nn.Module, layers, blocks) -> list[dict]:
                 lambda m, a, n=n: keep(n, "z", a[0].detach().clone())),
             layer.module.register_forward_hook(lambda m, a, y, n=n: keep(
                 n, "returns", len(y) if isinstance(y, (tuple, list)) else 0))]
-    inputs = probe_inputs(model, "text")
-    try:
-        model(**inputs, **forward_options(model, inputs))
-    finally:
-        for h in handles:
-            h.remove()
+    probe_pass(model, handles)
     return rec
 
 
@@ -213,7 +200,7 @@ def _structure(model: nn.Module) -> tuple[Sublayer, ...]:
                           "its block; value zeroing cannot rerun the block (use another metric)")
         attention = paths[id(layer.module)]
         inside = any(m is layer.out for m in layer.module.modules())
-        x, z, y = _first_tensor(*rec["call"]), rec["z"], rec["y"]
+        x, z, y = first_tensor(*rec["call"]), rec["z"], rec["y"]
         d, width = x.shape[-1], z.shape[-1]
         sub = Sublayer(block, attention, paths[id(layer.out)], inside, rec.get("returns", 0),
                        _norms(block, attention), d, width, _row_elements(block, d, width),
@@ -246,7 +233,7 @@ class SublayerCall:
 
     def __init__(self, sub: Sublayer, call: tuple):
         self.sub, self.call = sub, call
-        self.x = _first_tensor(*call)                                     # (B, T, d)
+        self.x = first_tensor(*call)                                     # (B, T, d)
 
     def outputs(self, x: Tensor, z: Tensor) -> Tensor:
         """The block's outputs (N, d) at rows x (N, d), z (N, H dv), in the model's dtype."""
@@ -258,30 +245,18 @@ class SublayerCall:
         return self.sub.run(self.call, x.double(), z.double(), float64_block(self.sub))
 
 
-class BlockTap:
+class BlockTap(BlockHooks):
     """Keeps each block's input and arguments during a forward pass (a context manager)."""
 
     def __init__(self, model: nn.Module):
-        self.structure = sublayer_structure(model)
+        super().__init__(sublayer_structure(model))
         self.calls: dict[int, tuple] = {}
-        self._index = {id(s.block): n for n, s in enumerate(self.structure)}
-        self._handles: list = []
+
+    def keep(self, layer: int, args: tuple, kwargs: dict) -> None:
+        self.calls[layer] = (args, kwargs)
 
     def at(self, layer: int) -> SublayerCall:
         return SublayerCall(self.structure[layer], self.calls[layer])
-
-    def __enter__(self) -> "BlockTap":
-        def keep(module, args, kwargs):
-            self.calls[self._index[id(module)]] = (args, kwargs)
-
-        self._handles = [s.block.register_forward_pre_hook(keep, with_kwargs=True)
-                         for s in self.structure]
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for h in self._handles:
-            h.remove()
-        self._handles = []
 
 
 @torch.no_grad()

@@ -31,8 +31,8 @@ from __future__ import annotations
 import torch
 
 from ..measurement.geometry import repeat_kv
+from .base import finite
 from .dense import weighted_values
-from .exact_scores import finite
 from .selection import ErrorBound
 
 Tensor = torch.Tensor

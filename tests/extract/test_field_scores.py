@@ -184,7 +184,8 @@ class _FastAndExact:
         from attngeom.extract.faithfulness.context import LayerContext
         from attngeom.extract.faithfulness.dense import attention_weights
         from attngeom.extract.faithfulness.field_scores import step_rollout
-        from attngeom.extract.faithfulness.removal_scores import fast_scores, logit_scale
+        from attngeom.extract.faithfulness.layer_scores import fast_scores
+        from attngeom.extract.faithfulness.removal_scores import logit_scale
 
         layer, allowed = call.index, call.allowed
         alpha = attention_weights(call.query, call.key, allowed, call.scaling, call.softcap,

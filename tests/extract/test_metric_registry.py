@@ -16,9 +16,10 @@ import tolerance as tol
 import user_metric
 from store_helpers import score_size
 from attngeom.cli import main as cli_main
-from attngeom.extract.faithfulness.exact_scores import metric_scores, rowmm
+from attngeom.extract.faithfulness.base import rowmm
+from attngeom.extract.faithfulness.layer_scores import fast_scores, metric_scores
 from attngeom.extract.faithfulness.experiment import plan_notes, ranking_plan
-from attngeom.extract.faithfulness.removal_scores import fast_scores, logit_scale
+from attngeom.extract.faithfulness.removal_scores import logit_scale
 from attngeom.extract.measurement.geometry import Projection
 from attngeom.store.format import metrics as M
 

@@ -29,9 +29,9 @@ from attngeom.extract.measurement.hooks import attention_handler
 from attngeom.extract.faithfulness.interventions import (GRANULARITIES, MODES, RANKS,
                                                          Intervener, Removal, forward_logits)
 from attngeom.extract.faithfulness.dense import attention_weights
-from attngeom.extract.faithfulness.exact_scores import (ExactScores, exact_alpha, metric_scores,
-                                                        rowmm)
-from attngeom.extract.faithfulness.removal_scores import fast_scores, logit_scale
+from attngeom.extract.faithfulness.base import exact_alpha, rowmm
+from attngeom.extract.faithfulness.layer_scores import ExactScores, fast_scores, metric_scores
+from attngeom.extract.faithfulness.removal_scores import logit_scale
 from attngeom.extract.faithfulness import selection
 from attngeom.extract.faithfulness.selection import (ErrorBound, Workspace, n_remove, select,
                                         threshold_select, width_groups)

@@ -165,7 +165,8 @@ class _FastAndExact:
         from attngeom.extract.faithfulness.context import LayerContext
         from attngeom.extract.faithfulness.dense import attention_weights
         from attngeom.extract.faithfulness.field_scores import TokenRows64
-        from attngeom.extract.faithfulness.removal_scores import fast_scores, logit_scale
+        from attngeom.extract.faithfulness.layer_scores import fast_scores
+        from attngeom.extract.faithfulness.removal_scores import logit_scale
         from attngeom.extract.faithfulness.zeroing import exact_value_zeroing
 
         layer = call.index

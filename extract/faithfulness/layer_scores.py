@@ -1,0 +1,242 @@
+"""A layer's scores by metric name: float32 with their error, the float64 definition, its rows.
+
+The dispatchers above the kernels (:mod:`.kernels`, which finds each metric's by name):
+:func:`fast_scores` is every (head, query, key) score of a layer in float32 and the bound of
+its rounding error; :func:`metric_scores` the same in float64 from the layer's float64
+attention and values (the definition); :class:`ExactScores` evaluates the definition for the
+few ranking rows whose order the float32 scores leave open (:mod:`.selection`), from the layer's
+inputs, with the same bits as :func:`metric_scores` (row-by-row arithmetic,
+:func:`~.base.rowmm`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from attngeom.common import metrics
+
+from ..measurement.geometry import Projection
+from .base import exact_alpha, key_norms, rowmm, value_norms
+from .exact_scores import Rows64
+from .field_scores import TokenRows64
+from .kernels import kernels
+from .removal_scores import FastLayer
+from .selection import ErrorBound
+
+Tensor = torch.Tensor
+
+
+def fast_scores(metric: str, alpha: Tensor, value: Tensor, proj: Projection, lam: Tensor,
+                out: Tensor | None = None, blocks=None, context=None
+                ) -> tuple[Tensor, ErrorBound]:
+    """Scores (B, H, T, Tk) in alpha's dtype (into ``out``; ``alpha`` itself for attention;
+    (B, 1, T, Tk) for a metric of scope ``token``) and the size of their rounding error: the
+    metric's registered float32 kernel (:mod:`attngeom.common.metrics`).
+
+    Parameters: see :class:`FastLayer`.
+
+    Error model (each metric's ``error_unit`` is fitted in its units): alpha's relative error is
+    O(u Lambda); the head output o = sum_j alpha v~ has an absolute error
+    O(u Lambda sum_j alpha ||v~||), relative kappa = sum_j alpha ||v~|| / ||o|| times that, which
+    every score divided by or projected on o inherits. At the layer level
+    (contribution_layer) the sum over keys and heads is taken in quadrature, as the roundings
+    of alpha's entries have independent signs: relative u (Lambda_h + sqrt(sum_h' (Lambda_h'
+    s_h')^2) / ||o||), s_h = sqrt(sum_j alpha^2 ||v~||^2); the sum of |terms| overstates it by
+    up to sqrt(Tk) where attention is diffuse, and with it the rows recomputed in float64. The
+    signed scores' error is relative to |score| except near 0 (a key almost orthogonal to o).
+    """
+    unit = metrics.get(metric).error_unit * torch.finfo(alpha.dtype).eps / 2
+    return kernels(metric).fast(FastLayer(alpha, value, proj, lam, out, blocks, context), unit)
+
+
+def metric_scores(metric: str, alpha: Tensor, vf: Tensor, z: Tensor, proj: Projection,
+                  context=None) -> Tensor:
+    """Score of every (head, query, key): (B, H, T, Tk), in the inputs' dtype (the definition:
+    the metric's registered float64 kernel over the whole layer); (B, 1, T, Tk) for a metric
+    of scope ``token``.
+
+    Parameters
+    ----------
+    alpha : (B, H, T, Tk) clean attention; vf : (B, H, Tk, dh) values per query head;
+    z : (B, H, T, dh) clean head outputs before W_O (``alpha @ vf``); context : the layer's
+    :class:`~.context.LayerContext` (a metric that needs one).
+    """
+    entry, kernel = metrics.get(metric), kernels(metric).exact
+    B, H, T, Tk = alpha.shape
+    if entry.scope == metrics.TOKEN:
+        b, i = (t.reshape(-1) for t in torch.meshgrid(
+            torch.arange(B, device=alpha.device), torch.arange(T, device=alpha.device),
+            indexing="ij"))
+        return kernel(TokenRows64(context, b, i)).view(B, 1, T, Tk)
+    if entry.scope == metrics.LAYER:
+        B, H, T, dh = z.shape
+        o = rowmm(z.transpose(1, 2).reshape(B, T, H * dh), proj.weight)   # (B, T, d)
+        u = rowmm(o, proj.transposed()).reshape(B, T, H, dh).transpose(1, 2)  # o_i (W_O^h)^T
+        layer_sq = o.square().sum(-1)[:, None, :, None]                    # ||o_i||^2
+        return kernel(alpha, rowmm(u, vf.transpose(-1, -2)), layer_sq)
+    at = lambda n: torch.arange(n, device=alpha.device)                 # noqa: E731
+    where = (at(B)[:, None, None], at(H)[None, :, None], at(T)[None, None, :])
+    rows = Rows64(alpha, vf, vf.transpose(-1, -2), proj.gram[None],
+                  lambda: value_norms(vf, proj.gram), z, where, context)
+    return kernel(rows)
+
+
+class ExactScores:
+    """Float64 scores of chosen rows of one layer, from its inputs (see :data:`.selection.Exact`).
+
+    The same bits as :func:`metric_scores` of the whole layer (row by row arithmetic), for a
+    few rows at a time (``CHUNK`` rows x keys at most). Head-local metrics compute only the rows
+    asked for, every (sequence, head) pair's rows in one batch; contribution_layer needs every
+    head's output at a query, so it computes those once per query and the scores of the heads
+    asked for. Keys and values are converted to float64 once per layer and gathered as blocks.
+    """
+
+    CHUNK = 65536          # rows x keys computed at a time (padded rows included)
+
+    def __init__(self, metric: str, query: Tensor, key: Tensor, value: Tensor, allowed: Tensor,
+                 scale: float, softcap: float | None, proj: Projection,
+                 sinks: Tensor | None = None, context=None):
+        self.entry, self.kernel = metrics.get(metric), kernels(metric).exact
+        self.layer_scope = self.entry.scope == metrics.LAYER
+        self.token_scope, self.context = self.entry.scope == metrics.TOKEN, context
+        self.metric, self.q, self.k, self.v, self.allowed = metric, query, key, value, allowed
+        self.scale, self.softcap, self.proj = scale, softcap, proj
+        self.sinks = None if sinks is None else sinks.expand(query.shape[:-1])   # (B, H, T)
+        self.rep = query.shape[1] // key.shape[1]
+        self.norms: dict[tuple[int, int], Tensor] = {}
+        self._kv: tuple[Tensor, Tensor, Tensor] | None = None
+
+    def kv(self) -> tuple[Tensor, Tensor, Tensor]:
+        """k^T (B, G, dh, Tk), v (B, G, Tk, dh) and v^T in float64, contiguous (made once):
+        gathered from these, the operands of :func:`rowmm` need no copy."""
+        if self._kv is None:
+            f64 = dict(dtype=torch.float64, memory_format=torch.contiguous_format)
+            v = self.v.to(**f64)
+            self._kv = (self.k.transpose(-1, -2).to(**f64), v, v.transpose(-1, -2).contiguous())
+        return self._kv
+
+    def take(self, x: Tensor, b: Tensor, g: Tensor) -> Tensor:
+        """``x[b, g]`` for x (B, G, ...) contiguous and b, g (P,): whole blocks copied (advanced
+        indexing gathers element by element, ~5x slower)."""
+        return x.flatten(0, 1).index_select(0, b * x.shape[1] + g)
+
+    def local(self, b: Tensor, h: Tensor, i: Tensor) -> Tensor:
+        """(n, Tk): a head-local metric's scores at rows (b, h, i).
+
+        The rows of each (sequence, head) pair are stacked, padded to the largest pair's count
+        with repeats of its first row, and all pairs computed in one batch (see :meth:`_heads`).
+        """
+        out = self.q.new_empty(len(b), self.k.shape[2], dtype=torch.float64)
+        H = self.q.shape[1]
+        pairs, where = torch.unique(b * H + h, return_inverse=True)       # (P,) b * H + h
+        order = torch.argsort(where, stable=True)                # rows grouped by pair
+        count = torch.bincount(where, minlength=len(pairs))      # (P,)
+        start = torch.cumsum(count, 0) - count
+        slot = torch.arange(len(b), device=b.device) - start[where[order]]
+        for batch in self._batches(count):                       # pairs of similar count
+            at = torch.isin(where[order], batch)
+            rows, pos = order[at], slot[at]
+            index = i[order[start[batch]]][:, None].repeat(1, int(count[batch].max()))
+            place = torch.searchsorted(batch, where[rows])       # (r,) pair within the batch
+            index[place, pos] = i[rows]                          # (Pb, M) query positions
+            out[rows] = self._heads(pairs[batch] // H, pairs[batch] % H, index)[place, pos]
+        return out
+
+    def _batches(self, count: Tensor) -> list[Tensor]:
+        """Pair indices in batches of at most ``CHUNK`` padded rows x keys (at least one pair)."""
+        step, batches, batch = max(1, self.CHUNK // self.k.shape[2]), [], []
+        for p in torch.argsort(count, descending=True, stable=True).tolist():
+            if batch and (len(batch) + 1) * int(count[batch[0]]) > step:
+                batches.append(torch.tensor(sorted(batch)))
+                batch = []
+            batch.append(p)
+        return batches + [torch.tensor(sorted(batch))]
+
+    def _heads(self, b: Tensor, h: Tensor, i: Tensor) -> Tensor:
+        """(P, M, Tk): a head-local metric at queries i (P, M) of heads h (P,) in sequences b."""
+        g = h // self.rep
+        head = h if self.allowed.shape[1] > 1 else torch.zeros_like(h)
+        allowed = self.allowed[b[:, None], head[:, None], i]                    # (P, M, Tk)
+        sinks = None if self.sinks is None else self.sinks[b[:, None], h[:, None], i]
+        kt, v, vt = self.kv()
+        alpha = exact_alpha(self.q[b[:, None], h[:, None], i], self.take(kt, b, g).mT, allowed,
+                            self.scale, self.softcap, sinks)                    # (P, M, Tk)
+        v, vt = self.take(v, b, g), self.take(vt, b, g)                         # (P, Tk, dh)
+        gram = None if self.proj is None else self.proj.gram[h]
+        return self.kernel(Rows64(alpha, v, vt, gram, lambda: self._norms(b, h, v),
+                                  where=(b[:, None], h[:, None], i), context=self.context))
+
+    def _norms(self, b: Tensor, h: Tensor, v: Tensor) -> Tensor:
+        """||v~_j^h|| (P, Tk) of the pairs (b, h), one pair at a time (as :func:`value_norms`)."""
+        for p, key in enumerate(zip(b.tolist(), h.tolist())):
+            if key not in self.norms:
+                self.norms[key] = key_norms(v[p], self.proj.gram[key[1]])
+        return torch.stack([self.norms[key] for key in zip(b.tolist(), h.tolist())])
+
+    def queries(self, b: Tensor, i: Tensor) -> Tensor:
+        """(n, H, Tk): every head's scores at queries (b, i); (n, 1, Tk) for scope token."""
+        n, H = len(b), self.q.shape[1]
+        if self.token_scope:
+            return self.kernel(TokenRows64(self.context, b, i))[:, None]
+        if not self.layer_scope:
+            return self.local(b.repeat_interleave(H), torch.arange(H, device=b.device).repeat(n),
+                              i.repeat_interleave(H)).view(n, H, -1)
+        out = self.q.new_empty(n, H, self.k.shape[2], dtype=torch.float64)
+        for bb in b.unique().tolist():                  # one sequence's keys gathered once
+            rows = (b == bb).nonzero()[:, 0]
+            out[rows] = self._layer_rows(bb, i[rows]).transpose(0, 1)
+        return out
+
+    def _layer_rows(self, b: int, i: Tensor, h: Tensor | None = None) -> Tensor:
+        """A layer-scope metric in sequence b (metric_scores' steps): every head at queries i (m,),
+        (H, m, Tk); or the rows (i, h), (m, Tk), each query's heads' outputs computed once.
+
+        The query heads that read one kv head are stacked ((G, rep * mq, ...)), as in
+        :func:`_grouped`, so that keys and values are never repeated per head."""
+        H, G = self.q.shape[1], self.k.shape[1]
+        query, where = (i, None) if h is None else i.unique(return_inverse=True)
+        mq = len(query)
+        kt, v, vt = (x[b] for x in self.kv())                          # (G, dh, Tk), (G, Tk, dh)
+        by_kv = lambda x: x.expand(H, *x.shape[1:]).reshape(G, -1, *x.shape[2:])  # noqa: E731
+        allowed = by_kv(self.allowed[b][:, query])                      # (G, rep * mq, Tk)
+        sinks = None if self.sinks is None else by_kv(self.sinks[b][:, query])
+        alpha = exact_alpha(by_kv(self.q[b][:, query]), kt.mT, allowed, self.scale,
+                            self.softcap, sinks)                        # (G, rep * mq, Tk)
+        z = rowmm(alpha, v).reshape(H, mq, -1)                            # (H, mq, dh)
+        o = rowmm(z.transpose(0, 1).reshape(mq, -1), self.proj.weight)  # (mq, d)
+        layer_sq = o.square().sum(-1)                                   # ||o_i||^2 (mq,)
+        u = rowmm(o, self.proj.transposed()).reshape(mq, H, -1).transpose(0, 1)  # o_i W_O^T
+        alpha = alpha.reshape(H, mq, -1)
+        if h is None:
+            c = rowmm(u.reshape(G, -1, u.shape[-1]), vt).reshape(H, mq, -1)  # <o_i, v~_j^h>
+            return self.kernel(alpha, c, layer_sq[None, :, None])
+        out = alpha.new_empty(len(i), alpha.shape[-1])
+        for g in (h // self.rep).unique().tolist():     # only the rows asked for, by kv head
+            rows = (h // self.rep == g).nonzero()[:, 0]
+            hh, at = h[rows], where[rows]
+            c = rowmm(u[hh, at], vt[g])                                 # (r, Tk)
+            out[rows] = self.kernel(alpha[hh, at], c, layer_sq[at, None])
+        return out
+
+    def __call__(self, b: Tensor, i: Tensor, h: Tensor | None = None) -> Tensor:
+        if h is None or not self.layer_scope:
+            return self._chunked(b, i, h)
+        order = torch.argsort(b * self.q.shape[2] + i, stable=True)    # a query's rows together
+        out = self.q.new_empty(len(b), self.k.shape[2], dtype=torch.float64)
+        step = max(1, self.CHUNK // self.k.shape[2])
+        for lo in range(0, len(b), step):
+            rows = order[lo:lo + step]
+            for bb in b[rows].unique().tolist():        # one sequence's keys gathered once
+                these = rows[b[rows] == bb]
+                out[these] = self._layer_rows(bb, i[these], h[these])
+        return out
+
+    def _chunked(self, b: Tensor, i: Tensor, h: Tensor | None) -> Tensor:
+        """Rows (b, h, i), or whole queries (b, i) with h None, ``CHUNK`` entries at a time."""
+        H, Tk = self.q.shape[1], self.k.shape[2]
+        per_entry = H if h is None and not (self.layer_scope or self.token_scope) else 1
+        step = max(1, self.CHUNK // Tk // per_entry)
+        parts = [self.queries(b[lo:lo + step], i[lo:lo + step]) if h is None
+                 else self.local(b[lo:lo + step], h[lo:lo + step], i[lo:lo + step])
+                 for lo in range(0, len(b), step)]
+        return torch.cat(parts)
