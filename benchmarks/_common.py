@@ -1,4 +1,5 @@
-"""Shared helpers of the benchmark scripts: models, timing side by side, memory, JSON output.
+"""Shared helpers of the benchmark scripts: models, timing side by side, phases of a command,
+memory, JSON output.
 
 Timing: every case runs in the same process, interleaved (the order rotates each round) and
 repeated, so that noise from other processes hits all cases alike. Each case reports the
@@ -13,6 +14,7 @@ the high-water mark of the measured call above the resident set just before it. 
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import platform
@@ -264,6 +266,51 @@ def run_child_rss(argv: list[str], env: dict | None = None, cwd=None,
             "peak_rss_mib": usage.ru_maxrss / 1024, "cpu_s": usage.ru_utime + usage.ru_stime,
             "stdout": b"".join(out_chunks).decode(errors="replace"),
             "stderr": b"".join(err_chunks).decode(errors="replace")}
+
+
+# ------------------------------------------------------------------------------------ phases
+def time_phases(phases: list[tuple[str, str, str]], t0: float
+                ) -> tuple[dict[str, float], dict[str, float]]:
+    """Wrap each function of ``phases`` (the dotted path of its module or class, its name, a
+    label; a classmethod stays one) with a timer, for a command run in this process.
+
+    Returns ``spent`` (label -> seconds inside it, over every call) and ``ends`` (label ->
+    seconds from ``t0`` to the end of its first call), filled as the calls run.
+    """
+    spent: dict[str, float] = {}
+    ends: dict[str, float] = {}
+
+    def timed(fn, label):
+        def wrapper(*a, **kw):
+            s = time.perf_counter()
+            try:
+                return fn(*a, **kw)
+            finally:
+                spent[label] = spent.get(label, 0.0) + time.perf_counter() - s
+                ends.setdefault(label, time.perf_counter() - t0)
+        return wrapper
+
+    for path, attr, label in phases:
+        owner = _resolve(path)
+        raw = owner.__dict__[attr]
+        method = isinstance(raw, classmethod)
+        wrapped = timed(raw.__func__ if method else raw, label)
+        setattr(owner, attr, classmethod(wrapped) if method else wrapped)
+    return spent, ends
+
+
+def _resolve(path: str):
+    """The module, or the class inside a module, at the dotted ``path``."""
+    parts = path.split(".")
+    for i in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:i]))
+        except ModuleNotFoundError:
+            continue
+        for name in parts[i:]:
+            obj = getattr(obj, name)
+        return obj
+    raise ImportError(path)
 
 
 def json_lines(text: str) -> list[dict]:

@@ -49,7 +49,8 @@ from pathlib import Path
 from statistics import median
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import REPO, SMOLLM2, emit, json_lines, log, machine, run_child_rss  # noqa: E402
+from _common import (REPO, SMOLLM2, emit, json_lines, log, machine,  # noqa: E402
+                     run_child_rss, time_phases)
 
 DATA = REPO.parent / "shared" / "data" / "wikitext2_raw_test.jsonl"
 if not DATA.is_file():                          # a worktree: /work/wt/X -> /work/shared
@@ -253,21 +254,6 @@ PHASES = [
 ]
 
 
-def _resolve(path: str):
-    import importlib
-
-    parts = path.split(".")
-    for i in range(len(parts), 0, -1):
-        try:
-            obj = importlib.import_module(".".join(parts[:i]))
-        except ModuleNotFoundError:
-            continue
-        for name in parts[i:]:
-            obj = getattr(obj, name)
-        return obj
-    raise ImportError(path)
-
-
 def _child_startup(args) -> None:
     """Internal: the command in this fresh process, each phase timed from the process start."""
     t0 = time.perf_counter()
@@ -285,24 +271,7 @@ def _child_startup(args) -> None:
     import transformers.modeling_utils  # noqa: F401
     AutoModelForCausalLM._model_mapping[type(AutoConfig.from_pretrained(args.model))]
     t_modeling = time.perf_counter() - t0
-    spent: dict[str, float] = {}
-    first: dict[str, float] = {}
-
-    def timed(fn, label):
-        def wrapper(*a, **kw):
-            s = time.perf_counter()
-            try:
-                return fn(*a, **kw)
-            finally:
-                spent[label] = spent.get(label, 0.0) + time.perf_counter() - s
-                first.setdefault(label, time.perf_counter() - t0)
-        return wrapper
-
-    for path, attr, label in PHASES:
-        owner = _resolve(path)
-        raw = owner.__dict__[attr]
-        wrapped = timed(raw.__func__ if isinstance(raw, classmethod) else raw, label)
-        setattr(owner, attr, classmethod(wrapped) if isinstance(raw, classmethod) else wrapped)
+    spent, first = time_phases(PHASES, t0)
     import contextlib
     import io
     with contextlib.redirect_stdout(io.StringIO()):

@@ -34,7 +34,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import (SMOLLM2, emit, interleaved, json_lines, log, machine,  # noqa: E402
-                     measure_peak, random_llama, random_tokens, run_child_rss, summarize)
+                     measure_peak, random_llama, random_tokens, run_child_rss, summarize,
+                     time_phases)
 
 CASES = ("sdpa", "sdpa_nologits", "eager", "compact", "compact_derived", "dense", "naive")
 SECTIONS = ("time", "memory", "command", "phases")
@@ -214,7 +215,7 @@ def section_command(args) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-# phases of the whole command: module attribute -> label
+# phases of the whole command: (module or class, function, label), timed by time_phases
 PHASES = [
     ("attngeom.extract.run", "load_texts", "load texts"),
     ("attngeom.extract.loading.models", "load", "load model (incl. fingerprint)"),
@@ -229,35 +230,19 @@ PHASES = [
     ("attngeom.store.io.writer", "write_manifest", "write manifest"),
     ("attngeom.store.io.writer", "read_manifest", "read manifest (resume)"),
     ("attngeom.store.ops.info", "summary", "summary"),
+    # inside capture: the model call vs collecting to numpy
+    ("attngeom.extract.measurement.capture.Measurer", "collect", "  collect (stack, to numpy)"),
 ]
 
 
 def _child_phases(args) -> None:
     """Internal: run ``attngeom extract`` in-process with a timer around each phase."""
     t0 = time.perf_counter()
-    import importlib
-
     import torch  # noqa: F401  (import cost is part of the command)
     import attngeom.extract.run  # noqa: F401
     from attngeom.cli import main
     t_import = time.perf_counter() - t0
-    spent: dict[str, float] = {}
-    import attngeom.extract.measurement.capture as capture
-
-    def timed(fn, label):
-        def wrapper(*a, **kw):
-            s = time.perf_counter()
-            try:
-                return fn(*a, **kw)
-            finally:
-                spent[label] = spent.get(label, 0.0) + time.perf_counter() - s
-        return wrapper
-
-    for mod_name, attr, label in PHASES:
-        mod = importlib.import_module(mod_name)
-        setattr(mod, attr, timed(getattr(mod, attr), label))
-    # inside capture: the model call vs collecting to numpy
-    capture.Measurer.collect = timed(capture.Measurer.collect, "  collect (stack, to numpy)")
+    spent, _ = time_phases(PHASES, t0)
     import io
     from contextlib import redirect_stdout
     t1 = time.perf_counter()
