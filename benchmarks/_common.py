@@ -29,6 +29,9 @@ from typing import Callable
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 MiB = 1024 * 1024
+WIKITEXT = REPO.parent / "shared" / "data" / "wikitext2_raw_test.jsonl"      # ../shared/data
+if not WIKITEXT.is_file():                      # a worktree: /work/wt/X -> /work/shared
+    WIKITEXT = REPO.parent.parent / "shared" / "data" / "wikitext2_raw_test.jsonl"
 
 
 # ------------------------------------------------------------------------------------ output
@@ -91,6 +94,19 @@ def random_llama(shape: dict, layers: int | None = None, dtype=None, device="cpu
     with torch.device(device):
         model = LlamaForCausalLM(cfg).to(dtype)
     return model.eval()
+
+
+def batch_of(tok, length: int, size: int) -> dict:
+    """``size`` WikiText-2 texts (the built-in texts where the file is missing) of at least
+    ``length`` tokens of ``tok``, cut to ``length`` (no padding): a model's keyword inputs."""
+    import torch
+
+    from attngeom.extract.loading.data import load_texts
+
+    texts = load_texts(str(WIKITEXT) if WIKITEXT.is_file() else "builtin").texts
+    rows = [ids for ids in (tok(t)["input_ids"] for t in texts) if len(ids) >= length][:size]
+    ids = torch.tensor([r[:length] for r in rows])
+    return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
 
 
 def random_tokens(batch: int, length: int, vocab: int, device="cpu", seed=0):

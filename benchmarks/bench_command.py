@@ -49,12 +49,10 @@ from pathlib import Path
 from statistics import median
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import (REPO, SMOLLM2, emit, json_lines, log, machine,  # noqa: E402
+from _common import (SMOLLM2, WIKITEXT, emit, json_lines, log, machine,  # noqa: E402
                      run_child_rss, time_phases)
 
-DATA = REPO.parent / "shared" / "data" / "wikitext2_raw_test.jsonl"
-if not DATA.is_file():                          # a worktree: /work/wt/X -> /work/shared
-    DATA = REPO.parent.parent / "shared" / "data" / "wikitext2_raw_test.jsonl"
+DATA = WIKITEXT                                 # the texts of the command and the scripts
 SECTIONS = ("rounds", "startup")
 
 

@@ -25,22 +25,10 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import REPO, emit, interleaved, log, machine, summarize  # noqa: E402
+from _common import batch_of, emit, interleaved, log, machine, summarize  # noqa: E402
 
 NEW = ("random", "alti", "alti_sa", "norm_residual", "norm_residual_sa", "rollout")
 ZEROING = "value_zeroing"
-
-
-def batch_of(tok, length: int, size: int):
-    import torch
-
-    from attngeom.extract.loading.data import load_texts
-
-    wiki = REPO.parent / "shared" / "data" / "wikitext2_raw_test.jsonl"
-    texts = load_texts(str(wiki) if wiki.is_file() else "builtin").texts
-    rows = [ids for ids in (tok(t)["input_ids"] for t in texts) if len(ids) >= length][:size]
-    ids = torch.tensor([r[:length] for r in rows])
-    return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
 
 
 def cases_for(model, batch, metrics=NEW, base: bool = True) -> dict:

@@ -35,12 +35,10 @@ from pathlib import Path
 from statistics import median
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import REPO, emit, log, machine  # noqa: E402
+from _common import WIKITEXT, emit, log, machine  # noqa: E402
 
 # mode -> (texts, max_length): dense stores are T x T per head, so they get fewer, shorter texts
 SIZES = {"compact": (8, 512), "dense": (2, 128)}
-DATA = [REPO.parent / "shared" / "data" / "wikitext2_raw_test.jsonl",      # ../shared/data
-        REPO.parent.parent / "shared" / "data" / "wikitext2_raw_test.jsonl"]  # from a worktree
 
 
 def build(mode: str, model_spec: str):
@@ -108,7 +106,7 @@ def main(argv=None) -> int:
     p.add_argument("--modes", default="compact,dense")
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--data", default=str(next((d for d in DATA if d.is_file()), DATA[0])),
+    p.add_argument("--data", default=str(WIKITEXT),
                    help="texts of the precision section (WikiText-2)")
     p.add_argument("--texts", type=int, default=8, help="precision: texts of the SmolLM2 cases")
     p.add_argument("--max-length", type=int, default=512)
