@@ -28,17 +28,28 @@ class Rows64:
     returning ||v~_j^h|| (P, Tk); z: the head outputs before W_O when the caller has them;
     where: (b, h, i) the sequence, head and query of each row, broadcastable to alpha's
     leading shape, and context the layer's :class:`~.context.LayerContext` (a metric that
-    ``needs`` ``position``: random).
+    ``needs`` ``position``: random). keys (P, M, K): the keys whose scores are asked for (the
+    open candidates of near rows, :mod:`.near`), or None (every key); a built-in kernel
+    computes the row-level quantities in full and its per-key terms at :meth:`at` only (the
+    same bits as the full row's there), a plugin's is given None and its rows are gathered.
     """
 
     def __init__(self, alpha: Tensor, v: Tensor, vt: Tensor, gram: Tensor,
                  value_norm: Callable[[], Tensor], z: Tensor | None = None,
-                 where: tuple[Tensor, Tensor, Tensor] | None = None, context=None):
+                 where: tuple[Tensor, Tensor, Tensor] | None = None, context=None,
+                 keys: Tensor | None = None):
         self.alpha, self.v, self.vt, self.gram = alpha, v, vt, gram
         self._value_norm, self._z, self._output = value_norm, z, None
-        self.context = context
+        self.context, self.keys = context, keys
         self.where = None if where is None else tuple(
             torch.broadcast_to(t, alpha.shape[:-1]) for t in where)
+
+    def at(self, t: Tensor) -> Tensor:
+        """t (..., Tk), broadcastable to alpha, at the asked keys: (P, M, K) (t itself when
+        every key is asked)."""
+        if self.keys is None:
+            return t
+        return t.expand(*self.alpha.shape[:-1], t.shape[-1]).gather(-1, self.keys)
 
     def value_norm(self) -> Tensor:
         """||v~_j^h|| (P, Tk)."""
@@ -55,23 +66,27 @@ class Rows64:
 
 def exact_attention(x: Rows64) -> Tensor:
     """alpha_ij^h."""
-    return x.alpha
+    return x.at(x.alpha)
 
 
 def exact_value_weighted(x: Rows64) -> Tensor:
     """alpha_ij^h ||v~_j^h||."""
-    return finite(x.alpha * x.value_norm()[..., None, :])
+    return finite(x.at(x.alpha) * x.at(x.value_norm()[..., None, :]))
 
 
 def exact_value_weighted_normalized(x: Rows64) -> Tensor:
     """alpha_ij^h ||v~_j^h|| / ||o_i^h||."""
-    return finite(x.alpha * x.value_norm()[..., None, :] / x.output()[1][..., None])
+    return finite(x.at(x.alpha) * x.at(x.value_norm()[..., None, :]) /
+                  x.output()[1][..., None])
 
 
 def exact_contribution(x: Rows64) -> Tensor:
-    """c_ij^h = alpha_ij^h <o_i^h, v~_j^h> / ||o_i^h||^2."""
+    """c_ij^h = alpha_ij^h <o_i^h, v~_j^h> / ||o_i^h||^2.
+
+    <o_i^h, v~_j^h> is computed for the row's every key even when a few are asked for: a
+    column's bits in a matrix product depend on the columns beside it (:func:`~.base.rowmm`)."""
     zg, output_norm = x.output()
-    return finite(x.alpha * rowmm(zg, x.vt) / output_norm.square()[..., None])
+    return finite(x.at(x.alpha) * x.at(rowmm(zg, x.vt)) / output_norm.square()[..., None])
 
 
 def exact_contribution_layer(alpha: Tensor, dot: Tensor, norm_sq: Tensor) -> Tensor:

@@ -171,10 +171,17 @@ def fast_norm_residual_sa(x, unit):
 # ------------------------------------------------------------------------------ float64
 class TokenRows64:
     """Float64 inputs of a token-scope metric at rows (b, i) of one layer: ``alpha(b)`` (H, m,
-    Tk) at queries ``i[b == b]``; per sequence, made once: ``vt`` (H, Tk, d), ``x`` (T, d)."""
+    Tk) at queries ``i[b == b]``; per sequence, made once: ``vt`` (H, Tk, d), ``x`` (T, d).
+    ``keys`` (n, K): the keys whose scores are asked for, or None (every key): a kernel gives
+    (n, K) scores, computing what it can at those keys only (value zeroing: a sublayer row per
+    key), the rest in full and :meth:`at` them."""
 
-    def __init__(self, ctx: LayerContext, b: Tensor, i: Tensor):
-        self.context, self.b, self.i = ctx, b, i
+    def __init__(self, ctx: LayerContext, b: Tensor, i: Tensor, keys: Tensor | None = None):
+        self.context, self.b, self.i, self.keys = ctx, b, i, keys
+
+    def at(self, t: Tensor) -> Tensor:
+        """Scores (n, Tk) at the asked keys: (n, K) (t itself when every key is asked)."""
+        return t if self.keys is None else t.gather(-1, self.keys)
 
     def alpha(self, b: int, i: Tensor) -> Tensor:
         ctx = self.context
@@ -217,7 +224,7 @@ def _exact_decomposed(name: str, rows: TokenRows64) -> Tensor:
         s = score(t[None], own[None] if attention_part else None, rows.i[at])[0][0]
         out = s.new_empty(len(rows.b), s.shape[-1]) if out is None else out
         out[at] = s
-    return finite(out)
+    return rows.at(finite(out))
 
 
 def exact_alti(rows):
@@ -264,4 +271,4 @@ def fast_rollout(x, unit: float) -> tuple[Tensor, ErrorBound]:
 
 def exact_rollout(rows: TokenRows64) -> Tensor:
     """The float64 rollout's rows (b, i)."""
-    return rows.context.carry["rollout64"][rows.b, rows.i]
+    return rows.at(rows.context.carry["rollout64"][rows.b, rows.i])

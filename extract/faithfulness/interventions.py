@@ -31,10 +31,11 @@ rows that stop at their last allowed key, :func:`~.dense.row_blocks`), in scratc
 reused from layer to layer (:mod:`.dense`). The ranking is that of the float64 scores of the
 layer's inputs (:func:`~.layer_scores.metric_scores`): the scores are computed in float32
 (:func:`~.layer_scores.fast_scores`) with a bound on their relative rounding error, the cut
-is read from one sort of the values (:mod:`.selection`), and a ranking row is re-ranked from
-float64 scores recomputed for it alone (:class:`~.layer_scores.ExactScores`) when the two keys
-at its cut are closer than the bound (a tie at the cut included). Ties, in float32 and in
-float64, go to the lower position. The removal sets can differ from ranking every row in
+is read from one sort of the values (:mod:`.selection`), and where the two keys at a ranking
+row's cut are closer than the bound (a tie at the cut included), the keys whose own error
+intervals reach the cut's are ranked again from their float64 scores, recomputed for that row
+alone (:mod:`.near`, :class:`~.layer_scores.ExactScores`). Ties, in float32 and in float64, go
+to the lower position. The removal sets can differ from ranking every row in
 float64 only (1) where a float32 error exceeds its bound (each metric's ``error_unit``, fitted
 at ten times the largest seen), or (2) for the signed metrics, between keys whose scores lie
 within float32 rounding of *zero* (keys almost orthogonal to the output: their error is not

@@ -82,7 +82,7 @@ def metric_scores(metric: str, alpha: Tensor, vf: Tensor, z: Tensor, proj: Proje
 
 
 class ExactScores:
-    """Float64 scores of chosen rows of one layer, from its inputs (see :data:`.selection.Exact`).
+    """Float64 scores of chosen rows of one layer, from its inputs (see :data:`.near.Exact`).
 
     The same bits as :func:`metric_scores` of the whole layer (row by row arithmetic), for a
     few rows at a time (``CHUNK`` rows x keys at most). Head-local metrics compute only the rows
@@ -120,13 +120,14 @@ class ExactScores:
         indexing gathers element by element, ~5x slower)."""
         return x.flatten(0, 1).index_select(0, b * x.shape[1] + g)
 
-    def local(self, b: Tensor, h: Tensor, i: Tensor) -> Tensor:
-        """(n, Tk): a head-local metric's scores at rows (b, h, i).
+    def local(self, b: Tensor, h: Tensor, i: Tensor, keys: Tensor | None = None) -> Tensor:
+        """(n, Tk): a head-local metric's scores at rows (b, h, i); (n, K) at ``keys`` (n, K).
 
         The rows of each (sequence, head) pair are stacked, padded to the largest pair's count
         with repeats of its first row, and all pairs computed in one batch (see :meth:`_heads`).
         """
-        out = self.q.new_empty(len(b), self.k.shape[2], dtype=torch.float64)
+        width = self.k.shape[2] if keys is None else keys.shape[1]
+        out = self.q.new_empty(len(b), width, dtype=torch.float64)
         H = self.q.shape[1]
         pairs, where = torch.unique(b * H + h, return_inverse=True)       # (P,) b * H + h
         order = torch.argsort(where, stable=True)                # rows grouped by pair
@@ -139,7 +140,11 @@ class ExactScores:
             index = i[order[start[batch]]][:, None].repeat(1, int(count[batch].max()))
             place = torch.searchsorted(batch, where[rows])       # (r,) pair within the batch
             index[place, pos] = i[rows]                          # (Pb, M) query positions
-            out[rows] = self._heads(pairs[batch] // H, pairs[batch] % H, index)[place, pos]
+            at = None
+            if keys is not None:                                 # (Pb, M, K) as index
+                at = keys[order[start[batch]]][:, None].repeat(1, index.shape[1], 1)
+                at[place, pos] = keys[rows]
+            out[rows] = self._heads(pairs[batch] // H, pairs[batch] % H, index, at)[place, pos]
         return out
 
     def _batches(self, count: Tensor) -> list[Tensor]:
@@ -152,8 +157,9 @@ class ExactScores:
             batch.append(p)
         return batches + [torch.tensor(sorted(batch))]
 
-    def _heads(self, b: Tensor, h: Tensor, i: Tensor) -> Tensor:
-        """(P, M, Tk): a head-local metric at queries i (P, M) of heads h (P,) in sequences b."""
+    def _heads(self, b: Tensor, h: Tensor, i: Tensor, keys: Tensor | None = None) -> Tensor:
+        """(P, M, Tk): a head-local metric at queries i (P, M) of heads h (P,) in sequences b;
+        (P, M, K) at ``keys`` (P, M, K)."""
         g = h // self.rep
         head = h if self.allowed.shape[1] > 1 else torch.zeros_like(h)
         allowed = self.allowed[b[:, None], head[:, None], i]                    # (P, M, Tk)
@@ -163,8 +169,14 @@ class ExactScores:
                             self.scale, self.softcap, sinks)                    # (P, M, Tk)
         v, vt = self.take(v, b, g), self.take(vt, b, g)                         # (P, Tk, dh)
         gram = None if self.proj is None else self.proj.gram[h]
-        return self.kernel(Rows64(alpha, v, vt, gram, lambda: self._norms(b, h, v),
-                                  where=(b[:, None], h[:, None], i), context=self.context))
+        return self._at(self.kernel(Rows64(
+            alpha, v, vt, gram, lambda: self._norms(b, h, v), where=(b[:, None], h[:, None], i),
+            context=self.context, keys=keys if self.entry.builtin else None)), keys)
+
+    def _at(self, scores: Tensor, keys: Tensor | None) -> Tensor:
+        """A plugin kernel's full rows (..., Tk) at ``keys`` (..., K) (a built-in kernel's
+        scores are at the keys already)."""
+        return scores if keys is None or self.entry.builtin else scores.gather(-1, keys)
 
     def _norms(self, b: Tensor, h: Tensor, v: Tensor) -> Tensor:
         """||v~_j^h|| (P, Tk) of the pairs (b, h), one pair at a time (as :func:`value_norms`)."""
@@ -173,23 +185,32 @@ class ExactScores:
                 self.norms[key] = key_norms(v[p], self.proj.gram[key[1]])
         return torch.stack([self.norms[key] for key in zip(b.tolist(), h.tolist())])
 
-    def queries(self, b: Tensor, i: Tensor) -> Tensor:
-        """(n, H, Tk): every head's scores at queries (b, i); (n, 1, Tk) for scope token."""
+    def queries(self, b: Tensor, i: Tensor, keys: Tensor | None = None) -> Tensor:
+        """(n, H, Tk): every head's scores at queries (b, i); (n, 1, Tk) for scope token;
+        (n, H or 1, K) at ``keys`` (n, K)."""
         n, H = len(b), self.q.shape[1]
         if self.token_scope:
-            return self.kernel(TokenRows64(self.context, b, i))[:, None]
+            built = keys if self.entry.builtin else None
+            return self._at(self.kernel(TokenRows64(self.context, b, i, built)), keys)[:, None]
         if not self.layer_scope:
             return self.local(b.repeat_interleave(H), torch.arange(H, device=b.device).repeat(n),
-                              i.repeat_interleave(H)).view(n, H, -1)
-        out = self.q.new_empty(n, H, self.k.shape[2], dtype=torch.float64)
+                              i.repeat_interleave(H),
+                              None if keys is None else keys.repeat_interleave(H, 0)
+                              ).view(n, H, -1)
+        width = self.k.shape[2] if keys is None else keys.shape[1]
+        out = self.q.new_empty(n, H, width, dtype=torch.float64)
         for bb in b.unique().tolist():                  # one sequence's keys gathered once
             rows = (b == bb).nonzero()[:, 0]
-            out[rows] = self._layer_rows(bb, i[rows]).transpose(0, 1)
+            out[rows] = self._layer_rows(bb, i[rows], None,
+                                         None if keys is None else keys[rows]).transpose(0, 1)
         return out
 
-    def _layer_rows(self, b: int, i: Tensor, h: Tensor | None = None) -> Tensor:
+    def _layer_rows(self, b: int, i: Tensor, h: Tensor | None = None,
+                    keys: Tensor | None = None) -> Tensor:
         """A layer-scope metric in sequence b (metric_scores' steps): every head at queries i (m,),
-        (H, m, Tk); or the rows (i, h), (m, Tk), each query's heads' outputs computed once.
+        (H, m, Tk); or the rows (i, h), (m, Tk), each query's heads' outputs computed once;
+        at ``keys`` (m, K) only: (H, m, K) or (m, K) (the dot products of every key computed,
+        as a product's columns' bits depend on each other, :func:`~.base.rowmm`).
 
         The query heads that read one kv head are stacked ((G, rep * mq, ...)), as in
         :func:`_grouped`, so that keys and values are never repeated per head."""
@@ -209,34 +230,47 @@ class ExactScores:
         alpha = alpha.reshape(H, mq, -1)
         if h is None:
             c = rowmm(u.reshape(G, -1, u.shape[-1]), vt).reshape(H, mq, -1)  # <o_i, v~_j^h>
+            if keys is not None:
+                k3 = keys.expand(H, *keys.shape)
+                alpha, c = alpha.gather(-1, k3), c.gather(-1, k3)
             return self.kernel(alpha, c, layer_sq[None, :, None])
-        out = alpha.new_empty(len(i), alpha.shape[-1])
+        out = alpha.new_empty(len(i), alpha.shape[-1] if keys is None else keys.shape[1])
         for g in (h // self.rep).unique().tolist():     # only the rows asked for, by kv head
             rows = (h // self.rep == g).nonzero()[:, 0]
             hh, at = h[rows], where[rows]
-            c = rowmm(u[hh, at], vt[g])                                 # (r, Tk)
-            out[rows] = self.kernel(alpha[hh, at], c, layer_sq[at, None])
+            a, c = alpha[hh, at], rowmm(u[hh, at], vt[g])               # (r, Tk)
+            if keys is not None:
+                a, c = a.gather(-1, keys[rows]), c.gather(-1, keys[rows])
+            out[rows] = self.kernel(a, c, layer_sq[at, None])
         return out
 
-    def __call__(self, b: Tensor, i: Tensor, h: Tensor | None = None) -> Tensor:
+    def __call__(self, b: Tensor, i: Tensor, h: Tensor | None = None,
+                 keys: Tensor | None = None) -> Tensor:
+        """Scores of rows (b, h, i): (n, Tk), or every head's at queries (b, i) with h None:
+        (n, H, Tk); at ``keys`` (n, K) only: (n, K) or (n, H, K) (:data:`.near.Exact`)."""
         if h is None or not self.layer_scope:
-            return self._chunked(b, i, h)
+            return self._chunked(b, i, h, keys)
         order = torch.argsort(b * self.q.shape[2] + i, stable=True)    # a query's rows together
-        out = self.q.new_empty(len(b), self.k.shape[2], dtype=torch.float64)
+        width = self.k.shape[2] if keys is None else keys.shape[1]
+        out = self.q.new_empty(len(b), width, dtype=torch.float64)
         step = max(1, self.CHUNK // self.k.shape[2])
         for lo in range(0, len(b), step):
             rows = order[lo:lo + step]
             for bb in b[rows].unique().tolist():        # one sequence's keys gathered once
                 these = rows[b[rows] == bb]
-                out[these] = self._layer_rows(bb, i[these], h[these])
+                out[these] = self._layer_rows(bb, i[these], h[these],
+                                              None if keys is None else keys[these])
         return out
 
-    def _chunked(self, b: Tensor, i: Tensor, h: Tensor | None) -> Tensor:
+    def _chunked(self, b: Tensor, i: Tensor, h: Tensor | None,
+                 keys: Tensor | None = None) -> Tensor:
         """Rows (b, h, i), or whole queries (b, i) with h None, ``CHUNK`` entries at a time."""
         H, Tk = self.q.shape[1], self.k.shape[2]
         per_entry = H if h is None and not (self.layer_scope or self.token_scope) else 1
         step = max(1, self.CHUNK // Tk // per_entry)
-        parts = [self.queries(b[lo:lo + step], i[lo:lo + step]) if h is None
-                 else self.local(b[lo:lo + step], h[lo:lo + step], i[lo:lo + step])
+        part = (lambda x, lo: None if x is None else x[lo:lo + step])       # noqa: E731
+        parts = [self.queries(b[lo:lo + step], i[lo:lo + step], part(keys, lo)) if h is None
+                 else self.local(b[lo:lo + step], h[lo:lo + step], i[lo:lo + step],
+                                 part(keys, lo))
                  for lo in range(0, len(b), step)]
         return torch.cat(parts)

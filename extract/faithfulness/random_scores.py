@@ -55,6 +55,7 @@ def fast_random(x, unit: float) -> tuple[Tensor, ErrorBound]:
 
 
 def exact_random(x) -> Tensor:
-    """The random scores of the rows ``x.where`` = (b, h, i): (..., Tk) as alpha's shape."""
+    """The random scores of the rows ``x.where`` = (b, h, i): (..., Tk) as alpha's shape (at
+    ``x.at``'s keys)."""
     b, h, i = (t.reshape(-1) for t in x.where)
-    return uniform(x.context, b, h, i, x.alpha.shape[-1]).view(x.alpha.shape)
+    return x.at(uniform(x.context, b, h, i, x.alpha.shape[-1]).view(x.alpha.shape))

@@ -14,26 +14,26 @@ and ``lo``, the (m+1)-th, m being the number of candidates ranked above the cut 
 comprehensiveness, n - n_remove for sufficiency). The candidates >= hi are the m above the
 cut: exactly the rule whenever hi > lo. A row is *near* when hi - lo <= rel (|hi| + |lo|), rel
 the scores' relative rounding error (:class:`ErrorBound`; 0 for exact scores, so that a tie at
-the cut is near): then a rounding error of that size could swap the two keys at the cut. Near
-rows alone are decided again by :func:`stable_select` on exact (float64) scores of those rows,
-which the caller supplies (``exact``).
+the cut is near): then a rounding error of that size could swap the two keys at the cut. In a
+near row only the candidates whose own error intervals reach the cut's are decided again, from
+their exact (float64) scores, which the caller supplies (``exact``, at chosen candidates:
+:mod:`.near`); the same cut :func:`stable_select` gives on the row's exact scores.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 import torch
 
-from ..measurement.geometry import fill_disallowed_
 from attngeom.common.errors import Refusal
+
+from ..measurement.geometry import fill_disallowed_
+from .near import Band, Exact, above_cut, open_candidates, padded, take
 
 Tensor = torch.Tensor
 NEAR_CHUNK = 1 << 20     # near rows x candidates decided at a time (float64: 8 MiB a tensor)
-# exact(b, i, h) -> float64 scores of the rows (b, h, i): (n, Tk); with h None every head: (n, H, Tk)
-Exact = Callable[[Tensor, Tensor, "Tensor | None"], Tensor]
 
 
 @dataclass(frozen=True)
@@ -108,6 +108,67 @@ def width_groups(width: Tensor, N: int) -> list[tuple[Tensor, int]]:
             for e in edge.unique().tolist() if e > 0]
 
 
+@dataclass(frozen=True)
+class Cut:
+    """Each ranking row's cut (R,): ``hi`` the m-th highest score (+inf where m = 0, and -inf
+    at sufficiency where m = n), ``lo`` the (m+1)-th, ``m`` how many candidates are above the
+    cut, ``near`` whether their error intervals overlap (:func:`find_cut`)."""
+
+    hi: Tensor
+    lo: Tensor
+    m: Tensor
+    near: Tensor
+
+
+def find_cut(key: Tensor, n: Tensor, k: Tensor, mode: str, relative: Tensor | None = None,
+             work: Workspace | None = None, width: Tensor | None = None,
+             absolute: Tensor | None = None, root: Tensor | None = None) -> Cut:
+    """Each row's :class:`Cut`, from one sort of the values (parameters: see
+    :func:`threshold_select`)."""
+    R, N = key.shape
+    comp = mode == "comprehensiveness"
+    m = k if comp else n - k                                           # candidates above the cut
+    hi, lo = key.new_zeros(R), key.new_zeros(R)
+    groups = [(None, N)] if width is None else width_groups(width, N)
+    for rows, w in groups:
+        shape = (R if rows is None else len(rows), w)
+        part = key.new_empty(shape) if work is None else work.get("sorted", shape, key.dtype,
+                                                                  key.device)
+        if rows is None:
+            part.copy_(key)
+        else:
+            torch.index_select(key[:, :w], 0, rows, out=part)
+        sort_rows_(part)
+        rows = slice(None) if rows is None else rows
+        top = w if comp else n[rows]                 # sorted index just past the highest eligible
+        at = (top - m[rows])[:, None]
+        hi[rows] = part.gather(-1, at.clamp(0, w - 1))[:, 0]
+        lo[rows] = part.gather(-1, (at - 1).clamp(0, w - 1))[:, 0]
+    cut = (m > 0) & (m < n)
+    rel = 0.0 if relative is None else relative
+    gap = rel * (hi.abs() + lo.abs()) + (0.0 if absolute is None else 2 * absolute)
+    if root is not None:
+        gap = gap + root * (hi.abs().sqrt() + lo.abs().sqrt())
+    near = cut & (hi - lo <= gap)
+    hi = hi.masked_fill(m == 0, float("inf"))
+    if not comp:                                     # below the cut: < hi; +inf never is
+        hi = hi.masked_fill(m == n, float("-inf"))
+    return Cut(hi, lo, m, near)
+
+
+def apply_cut(key: Tensor, cut: Cut, mode: str, keep: bool = False,
+              work: Workspace | None = None, overwrite: bool = False) -> Tensor:
+    """Chosen candidates (R, N) bool, or the kept factor with ``keep`` (see
+    :func:`threshold_select`): those >= hi (comprehensiveness), < hi (sufficiency)."""
+    chosen_above = (mode == "comprehensiveness") != keep     # chosen (or kept): those >= hi
+    if keep and overwrite:
+        out = key
+    else:
+        out = None if work is None else work.get("kept" if keep else "chosen", key.shape,
+                                                 key.dtype if keep else torch.bool, key.device)
+    return (torch.ge if chosen_above else torch.lt)(key, cut.hi[:, None], out=out)
+
+
 def threshold_select(key: Tensor, n: Tensor, k: Tensor, mode: str,
                      relative: Tensor | None = None, work: Workspace | None = None,
                      keep: bool = False, width: Tensor | None = None,
@@ -129,42 +190,8 @@ def threshold_select(key: Tensor, n: Tensor, k: Tensor, mode: str,
     overwrite : with ``keep``, the factor is written over ``key`` (no (R, N) buffer more: the
         removal pass's peak memory at long contexts).
     """
-    R, N = key.shape
-    comp = mode == "comprehensiveness"
-    m = k if comp else n - k                                           # candidates above the cut
-    hi, lo = key.new_zeros(R), key.new_zeros(R)
-    groups = [(None, N)] if width is None else width_groups(width, N)
-    for rows, w in groups:
-        shape = (R if rows is None else len(rows), w)
-        part = key.new_empty(shape) if work is None else work.get("sorted", shape, key.dtype,
-                                                                  key.device)
-        if rows is None:
-            part.copy_(key)
-        else:
-            torch.index_select(key[:, :w], 0, rows, out=part)
-        sort_rows_(part)
-        rows = slice(None) if rows is None else rows
-        top = w if comp else n[rows]                 # sorted index just past the highest eligible
-        at = (top - m[rows])[:, None]
-        hi[rows] = part.gather(-1, at.clamp(0, w - 1))[:, 0]
-        lo[rows] = part.gather(-1, (at - 1).clamp(0, w - 1))[:, 0]
-    cut = (m > 0) & (m < n)
-    hi = hi.masked_fill(m == 0, float("inf"))
-    if not comp:                                     # below the cut: < hi; +inf never is
-        hi = hi.masked_fill(m == n, float("-inf"))
-    chosen_above = comp != keep                      # chosen (or kept) are those >= hi
-    if keep and overwrite:
-        out = key
-    else:
-        out = None if work is None else work.get("kept" if keep else "chosen", key.shape,
-                                                 key.dtype if keep else torch.bool, key.device)
-    chosen = (torch.ge if chosen_above else torch.lt)(key, hi[:, None], out=out)
-    rel = 0.0 if relative is None else relative
-    gap = rel * (hi.abs() + lo.abs()) + (0.0 if absolute is None else 2 * absolute)
-    if root is not None:
-        gap = gap + root * (hi.abs().sqrt() + lo.abs().sqrt())
-    near = cut & (hi - lo <= gap)
-    return chosen, near
+    cut = find_cut(key, n, k, mode, relative, work, width, absolute, root)
+    return apply_cut(key, cut, mode, keep, work, overwrite), cut.near
 
 
 # ------------------------------------------------------------------------------------ granularity
@@ -214,21 +241,39 @@ def _widths(eligible: Tensor, granularity: str, H: int) -> Tensor:
     return last.reshape(-1) * (H if granularity == "query" else 1)
 
 
-def _exact_rows(exact: Exact, idx: Tensor, e: Tensor, rank: str, granularity: str):
-    """Exact keys (n, Tk or Tk*H) and eligibility of the near rows ``idx`` (row indices)."""
+def _exact_keys(exact: Exact, idx: Tensor, cols: Tensor, e: Tensor, rank: str,
+                granularity: str) -> Tensor:
+    """Exact keys (n, K) of the near rows ``idx`` (row indices) at candidates ``cols`` (n, K)."""
     B, H, T, Tk = e.shape
     if granularity == "head":
         b, h, i = idx // (H * T), idx // T % H, idx % T
-        s = exact(b, i, h)                                              # (n, Tk)
-        return (s.abs() if rank == "magnitude" else s), e[b, h, i]
+        s = exact(b, i, h, cols)                                        # (n, K)
+        return s.abs() if rank == "magnitude" else s
     b, i = idx // T, idx % T
-    s, eb = exact(b, i, None), e[b, :, i]                               # (n, H, Tk)
-    if granularity == "query":
-        flat = lambda x: x.transpose(1, 2).reshape(len(idx), Tk * H)    # noqa: E731
-        s = flat(s)
-        return (s.abs() if rank == "magnitude" else s), flat(eb)
-    s = s.masked_fill(~eb, 0.0).sum(1)
-    return (s.abs() if rank == "magnitude" else s), eb.any(1)
+    if granularity == "query":                                          # candidate j * H + h
+        s = exact(b, i, None, cols // H).gather(1, (cols % H)[:, None])[:, 0]
+        return s.abs() if rank == "magnitude" else s
+    s = exact(b, i, None, cols)                                         # (n, H, K)
+    s = s.masked_fill(~take(e[b, :, i], cols), 0.0).sum(1)
+    return s.abs() if rank == "magnitude" else s
+
+
+def _decide(chosen: Tensor, band: Band, exact: Exact, e: Tensor, rank: str, granularity: str,
+            mode: str, keep: bool, step: int) -> None:
+    """Write the near rows' open candidates into ``chosen`` (R, N), decided from their exact
+    scores (:mod:`.near`), ``step`` rows at a time."""
+    comp = mode == "comprehensiveness"
+    for lo in range(0, len(band.rows), step):
+        hi = min(lo + step, len(band.rows))
+        cols, real = padded(band, lo, hi)
+        if not real.any():
+            continue
+        idx = band.rows[lo:hi]
+        top = above_cut(_exact_keys(exact, idx, cols, e, rank, granularity), real,
+                        band.need[lo:hi])
+        removed = top if comp else ~top
+        value = removed.logical_not().to(chosen.dtype) if keep else removed
+        chosen[idx[:, None].expand_as(cols)[real], cols[real]] = value[real]
 
 
 def select(score: Tensor, eligible: Tensor, fraction: float, mode: str, rank: str = "signed",
@@ -240,8 +285,9 @@ def select(score: Tensor, eligible: Tensor, fraction: float, mode: str, rank: st
     Parameters
     ----------
     score : (B, H, T, Tk) metric scores; eligible : (B, 1 or H, T, Tk) bool.
-    error : the scores' rounding error (None: exact); exact : exact scores of near rows
-        (None: ``score`` itself, so only ties at the cut are near).
+    error : the scores' rounding error (None: exact); exact : exact scores of near rows at
+        their open candidates (:data:`.near.Exact`; None: ``score`` itself, so only ties at
+        the cut are near).
     work : scratch tensors (the result may live in it: use it before the next call);
     inplace : ``score`` may be overwritten (only with ``exact`` given);
     keep : give the factor that removes the chosen terms from alpha instead, in score's
@@ -263,18 +309,16 @@ def select(score: Tensor, eligible: Tensor, fraction: float, mode: str, rank: st
         rel = rel.amax(1)                                  # rows mix heads: the largest bound
         absolute = None if absolute is None else absolute.amax(1)
         root = None if root is None else root.amax(1)
-    k = n_remove(n, fraction).reshape(-1)
-    chosen, near = threshold_select(key.reshape(-1, N), n.reshape(-1), k, mode,
-                                    None if rel is None else rel.reshape(-1), work, keep,
-                                    _widths(eligible, granularity, H), overwrite=True,
-                                    absolute=None if absolute is None else absolute.reshape(-1),
-                                    root=None if root is None else root.reshape(-1))
-    idx = near.nonzero()[:, 0]
+    flat, k = key.reshape(-1, N), n_remove(n, fraction).reshape(-1)
+    bound = [None if t is None else t.reshape(-1) for t in (rel, absolute, root)]
+    cut = find_cut(flat, n.reshape(-1), k, mode, bound[0], work,
+                   _widths(eligible, granularity, H), bound[1], bound[2])
     step = max(1, NEAR_CHUNK // N)        # the near rows' float64 copies bounded, not (n, N)
-    for part in idx.split(step) if len(idx) else ():
-        s64, e64 = _exact_rows(exact, part, eligible.expand(B, H, T, Tk), rank, granularity)
-        rows = stable_select(s64, e64, k[part], mode)
-        chosen[part] = rows.logical_not().to(chosen.dtype) if keep else rows
+    band = open_candidates(flat, cut.near.nonzero()[:, 0], cut.hi, cut.lo, cut.m, *bound,
+                           step)                 # before the factor is written over the keys
+    chosen = apply_cut(flat, cut, mode, keep, work, overwrite=True)
+    _decide(chosen, band, exact, eligible.expand(B, H, T, Tk), rank, granularity, mode, keep,
+            step)
     if granularity == "head":
         return chosen.view(B, H, T, Tk)
     if granularity == "query":
@@ -286,6 +330,6 @@ def select(score: Tensor, eligible: Tensor, fraction: float, mode: str, rank: st
 
 def _given(score: Tensor) -> Exact:
     """``exact`` for scores taken as exact: the rows of ``score`` itself."""
-    def rows(b: Tensor, i: Tensor, h: Tensor | None) -> Tensor:
-        return score[b, :, i] if h is None else score[b, h, i]
+    def rows(b: Tensor, i: Tensor, h: Tensor | None, keys: Tensor) -> Tensor:
+        return take(score[b, :, i] if h is None else score[b, h, i], keys)
     return rows

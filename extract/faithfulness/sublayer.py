@@ -33,11 +33,13 @@ import weakref
 from dataclasses import dataclass, field
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attngeom.common.errors import Refusal
 
 from ..measurement.archs import attention_layers, decoder_stack
+from .base import ALIGN
 from .residual import Norm, as_norm
 from .taps import BlockHooks, first_tensor, per_model, probe_pass
 
@@ -241,8 +243,15 @@ class SublayerCall:
         return self.sub.run(self.call, x.to(dtype), z.to(dtype))
 
     def outputs64(self, x: Tensor, z: Tensor) -> Tensor:
-        """The same in float64 (:func:`float64_block`)."""
-        return self.sub.run(self.call, x.double(), z.double(), float64_block(self.sub))
+        """The same in float64 (:func:`float64_block`), each row's bits the same however many
+        rows are computed together: the rows are zero-padded to a multiple of
+        :data:`~.base.ALIGN` (BLAS computes the last M mod 4 rows of a product in another
+        order, :func:`~.base.rowmm`), so a near row's float64 scores do not depend on which
+        other rows are decided with it."""
+        n = len(x)
+        pad = (0, 0, 0, -n % ALIGN)
+        return self.sub.run(self.call, F.pad(x.double(), pad), F.pad(z.double(), pad),
+                            float64_block(self.sub))[:n]
 
 
 class BlockTap(BlockHooks):

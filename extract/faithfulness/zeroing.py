@@ -31,7 +31,7 @@ from __future__ import annotations
 import torch
 
 from ..measurement.geometry import repeat_kv
-from .base import finite
+from .base import finite, rowmm
 from .dense import weighted_values
 from .selection import ErrorBound
 
@@ -54,20 +54,24 @@ def distance(y: Tensor, y2: Tensor) -> Tensor:
     return (unit(y) - unit(y2)).square().sum(-1) / 2
 
 
-def _pairs(alpha: Tensor, queries: Tensor | None) -> Tensor:
-    """(P, 2) the (query, key) pairs some head attends to, of real queries; alpha (H, T, Tk)."""
+def _pairs(alpha: Tensor, queries: Tensor | None, wanted: Tensor | None = None) -> Tensor:
+    """(P, 2) the (query, key) pairs some head attends to, of real queries (and ``wanted``
+    (T, Tk) ones); alpha (H, T, Tk)."""
     seen = (alpha > 0).any(0)                                           # (T, Tk)
     if queries is not None:
         seen &= queries[:, None]
+    if wanted is not None:
+        seen &= wanted
     return seen.nonzero()
 
 
 def _scores(alpha: Tensor, value: Tensor, z: Tensor, x: Tensor, y: Tensor, run, chunk: int,
-            queries: Tensor | None, out: Tensor) -> None:
+            queries: Tensor | None, out: Tensor, wanted: Tensor | None = None) -> None:
     """Fill ``out`` (T, Tk) with the distances of one sequence: x (T, d) its block inputs at
-    the queries, y (T, d) their clean outputs, ``run(x, z) -> y`` the sublayer on rows."""
+    the queries, y (T, d) their clean outputs, ``run(x, z) -> y`` the sublayer on rows; only
+    at the ``wanted`` (T, Tk) pairs if given (0 elsewhere)."""
     out.zero_()
-    pairs = _pairs(alpha, queries)
+    pairs = _pairs(alpha, queries, wanted)
     for part in pairs.split(chunk):
         i, j = part[:, 0], part[:, 1]
         y2 = run(x[i], zeroed_rows(z, alpha, value, i, j))
@@ -104,7 +108,9 @@ def fast_value_zeroing(x, unit: float) -> tuple[Tensor, ErrorBound]:
 # ------------------------------------------------------------------------------ float64
 def exact_value_zeroing(rows) -> Tensor:
     """The float64 distances (n, Tk) at rows (b, i) (a :class:`~.field_scores.TokenRows64`):
-    alpha, the values and x in float64, the sublayer a float64 copy of the block."""
+    alpha, the values and x in float64, the sublayer a float64 copy of the block; (n, K) at
+    ``rows.keys`` when given, a sublayer row for each of those keys (and one for the clean
+    output) instead of one for each key the query attends to."""
     ctx = rows.context
     layer = ctx.sublayer
     out = torch.zeros(len(rows.b), ctx.key.shape[2], dtype=torch.float64,
@@ -115,10 +121,12 @@ def exact_value_zeroing(rows) -> Tensor:
         i = rows.i[at]
         alpha = rows.alpha(b, i)                                         # (H, m, Tk)
         value = ctx.value[b].double()                                    # (G, Tk, dv)
-        z = alpha @ repeat_kv(value[None], alpha.shape[0])[0]            # (H, m, dv)
+        z = rowmm(alpha, repeat_kv(value[None], alpha.shape[0])[0])     # (H, m, dv)
         x = layer.x[b, i].double()                                       # (m, d)
         y = layer.outputs64(x, z.transpose(0, 1).reshape(len(i), -1))
         part = out.new_zeros(len(i), out.shape[1])
-        _scores(alpha, value, z, x, y, layer.outputs64, chunk, None, part)
+        wanted = None if rows.keys is None else torch.zeros_like(part, dtype=torch.bool) \
+            .scatter_(1, rows.keys[at], True)
+        _scores(alpha, value, z, x, y, layer.outputs64, chunk, None, part, wanted)
         out[at] = part
-    return finite(out)
+    return rows.at(finite(out))

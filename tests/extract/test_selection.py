@@ -156,8 +156,8 @@ def test_near_ties_at_the_float32_margin_are_decided_in_float64(granularity, nea
         s64[:, 1:], s32[:, 1:] = 0.0, 0.0
     error = ErrorBound(torch.full((B, H, T), 1e-6))                  # > float32 rounding here
 
-    def exact(b, i, h):
-        return s64[b, :, i] if h is None else s64[b, h, i]
+    def exact(b, i, h, keys):
+        return selection.take(s64[b, :, i] if h is None else s64[b, h, i], keys)
 
     wrong = 0
     for p in (0.1, 0.25, 0.5):

@@ -1,0 +1,119 @@
+"""The near rows of a removal: which candidates their float32 scores leave open, decided in float64.
+
+A ranking row is *near* (:mod:`.selection`) when the error intervals of the two candidates at
+its cut overlap. Only the candidates whose own intervals reach the cut's can change sides. With
+s~_j a float32 score, e_j its error bound (:class:`~.selection.ErrorBound`: ``rel |s~_j| + abs +
+root sqrt|s~_j|``) and the interval [L_j, U_j] = [s~_j - e_j, s~_j + e_j] holding the exact
+score, let hi and lo be the m-th and (m+1)-th highest float32 scores of the row (m candidates
+above the cut), X the largest U_j of the candidates <= lo and Y the smallest L_j of those >= hi.
+At least n - m candidates have exact scores <= X and at least m have scores >= Y, so
+
+- a candidate with L_j > X is above the cut in float64 too (at most m - 1 others can reach it),
+- one with U_j < Y is below it (m others are surely above it),
+- and the rest are *open*: the cut passes among them.
+
+The float32 decision (``>= hi``) is already right for the first two kinds (L_j > X >= lo puts
+s~_j >= hi; U_j < Y <= hi puts it below), so only the open candidates are ranked again: from
+their float64 scores, higher first, ties to the lower position, the first ``m - #above`` of them
+go above the cut. The float64 work of a near row is its row-level quantities (the normaliser,
+the head output) and the open candidates' scores, not the row's every score and a sort of them.
+The result is the float64 rule's wherever the float32 scores are within their bound, the
+condition on which every row that is not near is decided in float32.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+Tensor = torch.Tensor
+# exact(b, i, h, keys) -> float64 scores of rows (b, h, i) at keys (n, K): (n, K); with h None
+# every head's: (n, H, K)
+Exact = Callable[[Tensor, Tensor, "Tensor | None", Tensor], Tensor]
+
+
+@dataclass(frozen=True)
+class Band:
+    """The open candidates of near rows: ``rows`` (r,) the near rows; for each open candidate
+    ``row`` (P,) its row's place in ``rows`` and ``col`` (P,) its column, in row-major order;
+    ``need`` (r,) how many of each row's open candidates rank above the cut."""
+
+    rows: Tensor
+    row: Tensor
+    col: Tensor
+    need: Tensor
+
+
+def take(rows: Tensor, keys: Tensor) -> Tensor:
+    """``rows`` (n, Tk) or (n, H, Tk) at ``keys`` (n, K): (n, K) or (n, H, K)."""
+    if rows.dim() == 2:
+        return rows.gather(-1, keys)
+    return rows.gather(-1, keys[:, None, :].expand(-1, rows.shape[1], -1))
+
+
+def error_size(s: Tensor, relative: Tensor | None, absolute: Tensor | None,
+               root: Tensor | None) -> Tensor:
+    """e = rel |s| + abs + root sqrt|s| (s (r, N), the bounds (r,) or None)."""
+    a = s.abs()
+    e = torch.zeros_like(s) if relative is None else a * relative.to(s)[:, None]
+    if absolute is not None:
+        e = e + absolute.to(s)[:, None]
+    if root is not None:
+        e = e + root.to(s)[:, None] * a.sqrt()
+    return e
+
+
+def open_candidates(key: Tensor, rows: Tensor, hi: Tensor, lo: Tensor, m: Tensor,
+                    relative: Tensor | None, absolute: Tensor | None, root: Tensor | None,
+                    step: int) -> Band:
+    """The open candidates of the near ``rows`` (see the module docstring), ``step`` rows at a
+    time; key (R, N) the float32 ranking keys (ineligible ones infinite), hi, lo, m (R,) the cut
+    and the bounds (R,) or None."""
+    parts, need = [], []
+    for start in range(0, len(rows), step):
+        r = rows[start:start + step]
+        s = key[r].double()                                              # (c, N)
+        real = s.isfinite()
+        e = error_size(s, *(None if t is None else t[r] for t in (relative, absolute, root)))
+        low, high = s - e, s + e
+        x = torch.where(real & (s <= lo[r, None].double()), high, -torch.inf).amax(-1)
+        y = torch.where(real & (s >= hi[r, None].double()), low, torch.inf).amin(-1)
+        above = real & (low > x[:, None])
+        row, col = (real & ~above & (high >= y[:, None])).nonzero(as_tuple=True)
+        parts.append((row + start, col))
+        need.append(m[r] - above.sum(-1))
+    if not parts:
+        empty = rows.new_zeros(0)
+        return Band(rows, empty, empty, empty)
+    return Band(rows, torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]),
+                torch.cat(need))
+
+
+def padded(band: Band, lo: int, hi: int) -> tuple[Tensor, Tensor]:
+    """Near rows ``lo:hi`` of the band: their open columns (c, K) in column order, padded with
+    each row's first (column 0 for a row with none), and which entries are real (c, K)."""
+    bounds = torch.tensor([lo, hi], device=band.row.device)
+    start, stop = torch.searchsorted(band.row, bounds).tolist()
+    row, col = band.row[start:stop] - lo, band.col[start:stop]
+    count = torch.bincount(row, minlength=hi - lo)
+    K = max(1, int(count.max())) if len(row) else 1
+    slot = torch.arange(len(row), device=row.device) - (torch.cumsum(count, 0) - count)[row]
+    first = torch.zeros(hi - lo, dtype=torch.long, device=row.device)
+    first[row[slot == 0]] = col[slot == 0]
+    cols = first[:, None].repeat(1, K)
+    cols[row, slot] = col
+    real = torch.zeros_like(cols, dtype=torch.bool)
+    real[row, slot] = True
+    return cols, real
+
+
+def above_cut(scores: Tensor, real: Tensor, need: Tensor) -> Tensor:
+    """(c, K) bool: the ``need`` real entries of each row ranked first by ``scores`` (c, K),
+    higher first, ties to the lower column (the entries lie in column order)."""
+    key = scores.masked_fill(~real, -torch.inf)
+    order = torch.sort(key, dim=-1, descending=True, stable=True).indices
+    rank = torch.empty_like(order).scatter_(
+        -1, order, torch.arange(key.shape[-1], device=key.device).expand_as(order))
+    return (rank < need[:, None]) & real

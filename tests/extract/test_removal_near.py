@@ -1,0 +1,329 @@
+"""A near row is decided from the float64 scores of its open candidates only (issue 46).
+
+The reference is the full float64 re-rank of every ranking row: the rule as a numpy stable
+argsort of the exact scores (``test_selection.numpy_rule``). Wherever the float32 scores lie
+within their error bound, deciding only the candidates whose error intervals reach the cut's
+must remove the same keys:
+
+- a row whose float32 order is wrong at the cut and where one key besides the cut's is open
+  (signed and magnitude ranks, comprehensiveness and sufficiency, every granularity): the same
+  removed set, only those keys' exact scores asked for, and float32 alone gets it wrong;
+- random rows (ties, signs, padding) with exact scores anywhere within a relative, absolute
+  or square-root bound, and fractions from 0 to 1;
+- the tiny model's layers with the bound inflated (so that most rows are near and many keys
+  open): ExactScores at the open keys, for every paper metric, and value zeroing, whose open
+  keys alone rerun the sublayer in float64.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+import tiny_models as tm
+from test_selection import METRICS, _eligible, _layers, numpy_rule
+
+from attngeom.extract.faithfulness import selection
+from attngeom.extract.faithfulness.base import exact_alpha, rowmm
+from attngeom.extract.faithfulness.interventions import (GRANULARITIES, MODES, RANKS,
+                                                         Intervener, watching)
+from attngeom.extract.faithfulness.layer_scores import ExactScores, fast_scores, metric_scores
+from attngeom.extract.faithfulness.removal_scores import logit_scale
+from attngeom.extract.faithfulness.selection import ErrorBound, Workspace, select
+from attngeom.extract.faithfulness.sublayer import BlockTap
+from attngeom.extract.measurement.hooks import attention_handler
+
+
+class Asked:
+    """``exact`` of given float64 scores (B, H, T, Tk) that records the candidates asked."""
+
+    def __init__(self, s64: torch.Tensor):
+        self.s64, self.rows, self.keys = s64, [], []
+
+    def __call__(self, b, i, h, keys):
+        self.rows.append((b, i, h))
+        self.keys.append(keys)
+        return selection.take(self.s64[b, :, i] if h is None else self.s64[b, h, i], keys)
+
+
+def _spread(B, H, T, signed, seed):
+    """Scores (B, H, T, T) whose values in a row are at least 1.5 times apart."""
+    g = np.random.default_rng(seed)
+    s = np.zeros((B, H, T, T))
+    for row in np.ndindex(B, H, T):
+        values = np.arange(1.0, T + 1) * (1 + 0.3 * g.random(T)) * 2.0 ** np.arange(T)
+        s[row] = g.permutation(values) * (np.where(g.random(T) < 0.5, -1.0, 1.0) if signed
+                                          else 1.0)
+    return s
+
+
+def _candidates(x, b, i, h, granularity):
+    """A ranking row of x (B, H, T, Tk) as a view-free copy (N,), candidate j * H + h at
+    query granularity, and where candidate c lives: (head, key)."""
+    H = x.shape[1]
+    if granularity == "head":
+        return x[b, h, i], lambda c: (h, c)
+    if granularity == "query":
+        return x[b, :, i].T.reshape(-1), lambda c: (c % H, c // H)
+    return x[b, 0, i], lambda c: (0, c)
+
+
+def _twin(s64, eligible, p, mode, rank, granularity):
+    """In each ranking row, the last-ranked candidate moved next to the one at the cut: 1e-9
+    (relative) below it in float64, one float32 step above it in float32. Returns the float64
+    and float32 scores and, per row, the two keys (the cut's, the twin's) exact is asked for."""
+    s64 = s64.copy()
+    s32 = s64.astype(np.float32)
+    B, H, T, _ = s64.shape
+    mag = np.abs if rank == "magnitude" else (lambda x: x)
+    twins = {}
+    for b, h, i in np.ndindex(B, H, T):
+        if granularity != "head" and h > 0:
+            continue
+        e, where = _candidates(np.broadcast_to(eligible, s64.shape), b, i, h, granularity)
+        idx = np.flatnonzero(e)
+        k = int(np.floor(p * len(idx) + 0.5))
+        m = k if mode == "comprehensiveness" else len(idx) - k   # candidates above the cut
+        if len(idx) < 3 or not 1 <= m <= len(idx) - 1:
+            continue
+        row, _ = _candidates(s64, b, i, h, granularity)
+        order = idx[np.argsort(-mag(row[idx]), kind="stable")]
+        cut, twin = where(order[m - 1]), where(order[-1])
+        sign = np.sign(s64[b, cut[0], i, cut[1]]) if rank == "magnitude" else 1.0
+        k64, k32 = mag(s64[b, cut[0], i, cut[1]]), mag(s32[b, cut[0], i, cut[1]])
+        s64[b, twin[0], i, twin[1]] = sign * (k64 - abs(k64) * 1e-9)
+        s32[b, twin[0], i, twin[1]] = sign * np.nextafter(k32, np.float32(np.inf))
+        twins[(b, 0 if granularity != "head" else h, i)] = (cut[1], twin[1])
+    return torch.from_numpy(s64), torch.from_numpy(s32), twins
+
+
+@pytest.mark.parametrize("granularity", GRANULARITIES)
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("rank", RANKS)
+def test_a_row_with_one_open_key_besides_the_cut_is_the_full_rerank(granularity, mode, rank):
+    B, T = 2, 12
+    H = 1 if granularity == "token" else 3
+    eligible = _eligible(B, H, T)
+    s64, s32, twins = _twin(_spread(B, H, T, rank == "signed" and granularity != "token", 5),
+                            eligible.numpy(), 0.3, mode, rank, granularity)
+    assert len(twins) > 10
+    error = ErrorBound(torch.full((B, H, T), 1e-6))
+    exact = Asked(s64)
+    got = select(s32.clone(), eligible, 0.3, mode, rank, granularity, error, exact, Workspace(),
+                 inplace=True)
+    want = numpy_rule(s64, eligible, 0.3, mode, rank, granularity)
+    assert np.array_equal(got.numpy(), want)
+    plain = select(s32, eligible, 0.3, mode, rank, granularity)
+    assert not np.array_equal(plain.numpy(), want)         # float32 alone gets them wrong
+    seen = {}
+    for (b, i, h), keys in zip(exact.rows, exact.keys):
+        for r in range(len(b)):                            # the cut's key and the twin's only
+            at = (int(b[r]), 0 if h is None else int(h[r]), int(i[r]))
+            seen[at] = sorted(keys[r].tolist())
+    assert seen == {at: sorted(pair) for at, pair in twins.items()}
+
+
+@pytest.mark.parametrize("granularity", GRANULARITIES)
+@pytest.mark.parametrize("bound", ["relative", "absolute", "root"])
+def test_rows_within_their_bound_decide_like_the_full_rerank(granularity, bound):
+    """Exact scores anywhere within the bound of float32 scores with many ties and both signs
+    (positive at token granularity, where a relative bound holds for the head sum)."""
+    gen = torch.Generator().manual_seed(11)
+    B, H, T = 2, 3, 16
+    eligible = _eligible(B, H, T, per_head=granularity == "head", seed=2)
+    size = 0.01 + torch.rand(B, H, T, generator=gen).double() * 0.04
+    for trial in range(3):
+        s32 = torch.randint(-6, 7, (B, H, T, T), generator=gen).float() / 4 + \
+            (trial == 2) * torch.randn(B, H, T, T, generator=gen)
+        if granularity == "token":
+            s32 = s32.abs()
+        a = s32.double().abs()
+        if bound == "relative":
+            error, e = ErrorBound(size.float()), size[..., None] * a
+        elif bound == "absolute":
+            error, e = ErrorBound(0 * size.float(), absolute=size.float()), size[..., None] + 0 * a
+        else:
+            error, e = ErrorBound(0 * size.float(), root=size.float()), size[..., None] * a.sqrt()
+        if granularity == "token":
+            if bound != "relative":
+                continue                                 # the head sum's bound is relative
+            e = size.amax(1, keepdim=True)[..., None] * a    # the largest over heads
+        shift = (2 * torch.rand(B, H, T, T, generator=gen).double() - 1) * e
+        s64 = s32.double() + shift * (torch.rand(B, H, T, T, generator=gen) < 0.7)
+        for p in (0.0, 0.1, 0.3, 0.5, 0.9, 1.0):
+            for mode in MODES:
+                for rank in RANKS:
+                    want = numpy_rule(s64, eligible, p, mode, rank, granularity)
+                    got = select(s32.clone(), eligible, p, mode, rank, granularity, error,
+                                 Asked(s64), Workspace(), inplace=True)
+                    assert np.array_equal(got.numpy(), want), (trial, p, mode, rank)
+
+
+def _layer_cases(metric):
+    """Each layer of the tiny llama's clean pass: float32 scores, their bound inflated 1e3
+    times (most rows near, many keys open; for the signed metrics with the absolute term the
+    test of their bound uses, the size of a key's term), the float64 definition and
+    ExactScores."""
+    _, _, seen = _layers()
+    for proj, q, k, v, allowed, scale, softcap in seen:
+        B, H, T, dh = q.shape
+        kf, vf = k.repeat_interleave(H // k.shape[1], 1), v.repeat_interleave(H // k.shape[1], 1)
+        alpha64 = exact_alpha(q, kf, allowed, scale, softcap)
+        z = rowmm(alpha64, vf.double())
+        full = metric_scores(metric, alpha64, vf.double(), z, proj)
+        p32 = type(proj)(weight=proj.weight.float(), gram=proj.gram.float(),
+                         full=proj.full.float())
+        fast, error = fast_scores(metric, alpha64.float(), v, p32, logit_scale(q, k, scale))
+        rel, term = error.relative.double() * 1e3, None
+        if metric == "contribution":
+            term = metric_scores("value_weighted_normalized", alpha64, vf.double(), z, proj)
+        elif metric == "contribution_layer":
+            o = rowmm(z.transpose(1, 2).reshape(B, T, -1), proj.weight)
+            term = metric_scores("value_weighted", alpha64, vf.double(), None, proj) / \
+                o.norm(dim=-1)[:, None, :, None]
+        wide = ErrorBound(rel, absolute=None if term is None else rel * term.amax(-1))
+        yield fast, wide, full, ExactScores(metric, q, k, v, allowed, scale, softcap, proj), \
+            allowed
+
+
+@pytest.mark.parametrize("metric", METRICS)
+def test_exact_scores_at_open_keys_have_the_bits_of_the_full_rows(metric):
+    for *_, full, rows, _ in _layer_cases(metric):
+        B, H, T, Tk = full.shape
+        g = torch.Generator().manual_seed(3)
+        b, i = torch.randint(0, B, (9,), generator=g), torch.randint(0, T, (9,), generator=g)
+        h = torch.randint(0, H, (9,), generator=g)
+        keys = torch.randint(0, Tk, (9, 4), generator=g)
+        assert torch.equal(rows(b, i, h, keys), full[b, h, i].gather(-1, keys))
+        assert torch.equal(rows(b, i, None, keys), selection.take(full[b, :, i], keys))
+        rows.entry = dataclasses.replace(rows.entry, builtin=False)    # a plugin's kernel:
+        assert torch.equal(rows(b, i, h, keys), full[b, h, i].gather(-1, keys))  # full rows
+        assert torch.equal(rows(b, i, None, keys), selection.take(full[b, :, i], keys))
+
+
+@pytest.mark.parametrize("arch", ["llama", "bert"])
+def test_float64_sublayer_rows_have_the_same_bits_however_many_run_together(arch):
+    """Value zeroing's float64 rows (``SublayerCall.outputs64``): a near row's scores do not
+    depend on the rows decided with it."""
+    from attngeom.extract.faithfulness.sublayer import SublayerCall, sublayer_structure
+
+    sub = sublayer_structure(tm.build(arch))[0]
+    call = SublayerCall(sub, sub.probe_call)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(300, sub.d, dtype=torch.float64, generator=g)
+    z = torch.randn(300, sub.width, dtype=torch.float64, generator=g)
+    full = call.outputs64(x, z)
+    for M in [*range(1, 12), 31, 64, 257]:
+        for start in (0, 1, 5):
+            assert torch.equal(call.outputs64(x[start:start + M], z[start:start + M]),
+                               full[start:start + M]), (M, start)
+
+
+@pytest.mark.parametrize("metric", METRICS)
+def test_near_rows_of_a_model_decide_like_the_full_rerank(metric):
+    asked = [0, 0]
+
+    for fast, wide, full, rows, eligible in _layer_cases(metric):
+        def exact(b, i, h, keys):
+            asked[0] += len(b)
+            asked[1] += keys.numel()
+            return rows(b, i, h, keys)
+
+        for granularity in GRANULARITIES:
+            for mode in MODES:
+                for rank in RANKS:
+                    for p in (0.1, 0.5):
+                        want = numpy_rule(full, eligible, p, mode, rank, granularity)
+                        got = select(fast.clone(), eligible, p, mode, rank, granularity, wide,
+                                     exact, Workspace(), inplace=True)
+                        assert np.array_equal(got.numpy(), want), (granularity, mode, rank, p)
+    assert asked[0] > 100 and asked[1] > 2 * asked[0]      # many near rows, several keys open
+
+
+class _ZeroingLayers:
+    """Value zeroing at every layer of a float32 pass: the removal decided from the float32
+    scores and their bound (inflated 1e4 times) and ExactScores at the open keys, against the
+    rule on the float64 scores of every key; the float64 sublayer rows each way."""
+
+    def __init__(self, model):
+        self.inner, self.blocks, self.token_mask = Intervener(model), BlockTap(model), None
+        self.rows = {"open": 0, "full": 0, "near rows, every key": 0}
+        self.checked = 0
+
+    def attend(self, call):
+        from attngeom.extract.faithfulness.context import LayerContext
+        from attngeom.extract.faithfulness.dense import attention_weights
+        from attngeom.extract.faithfulness.field_scores import TokenRows64
+        from attngeom.extract.faithfulness.zeroing import exact_value_zeroing
+
+        layer = call.index
+        alpha = attention_weights(call.query, call.key, call.allowed, call.scaling,
+                                  call.softcap, torch.float32, call.sinks)
+        sub = self.blocks.at(layer)
+        ctx = LayerContext(layer, call.query, call.key, call.value, call.allowed, call.scaling,
+                           call.softcap, call.sinks, self.inner.projection(layer), x=sub.x,
+                           sublayer=sub)
+        lam = logit_scale(call.query, call.key, call.scaling, call.sinks)
+        fast, err = fast_scores("value_zeroing", alpha, call.value,
+                                self.inner.projection(layer, torch.float32), lam,
+                                torch.empty_like(alpha), None, ctx)
+        wide = ErrorBound(err.relative, absolute=err.absolute * 1e4, root=err.root * 1e2)
+        B, _, T, Tk = alpha.shape
+        b, i = (t.reshape(-1) for t in torch.meshgrid(torch.arange(B), torch.arange(T),
+                                                       indexing="ij"))
+        counted = _count_rows(sub, self.rows, "full")
+        full = exact_value_zeroing(TokenRows64(ctx, b, i)).view(B, 1, T, Tk)
+        counted.restore()
+        exact = ExactScores("value_zeroing", call.query, call.key, call.value, call.allowed,
+                            call.scaling, call.softcap, self.inner.projection(layer),
+                            call.sinks, ctx)
+        keys = torch.randint(0, Tk, (len(b), 3), generator=torch.Generator().manual_seed(1))
+        assert torch.equal(exact(b, i, None, keys), selection.take(full[b, :, i], keys))
+        eligible = call.allowed.expand(B, 1, T, Tk)
+        seen = eligible.any(1).sum(-1)                                  # (B, T) keys a row sees
+
+        def near(b, i, h, keys):                       # what the full rows would have rerun
+            self.rows["near rows, every key"] += int((1 + seen[b, i]).sum())
+            return exact(b, i, h, keys)
+
+        for mode in MODES:
+            for p in (0.1, 0.5):
+                want = numpy_rule(full, eligible, p, mode, "signed", "token")
+                counted = _count_rows(sub, self.rows, "open")
+                got = select(fast.clone(), eligible, p, mode, "signed", "token", wide, near,
+                             Workspace(), inplace=True)
+                counted.restore()
+                assert np.array_equal(got.expand(B, 1, T, Tk).numpy(), want), (layer, mode, p)
+                self.checked += 1
+        H = alpha.shape[1]
+        return (alpha @ call.value.repeat_interleave(H // call.value.shape[1],
+                                                     1).float()).to(call.query.dtype)
+
+
+class _count_rows:
+    """Counts the float64 sublayer rows run (``SublayerCall.outputs64``) into ``into[name]``."""
+
+    def __init__(self, sub, into: dict, name: str):
+        self.sub, self.kept = sub, sub.outputs64
+
+        def outputs64(x, z):
+            into[name] += len(x)
+            return self.kept(x, z)
+        sub.outputs64 = outputs64
+
+    def restore(self) -> None:
+        self.sub.outputs64 = self.kept
+
+
+def test_value_zeroing_reruns_only_the_open_keys_in_float64():
+    model = tm.build("llama")
+    handler = _ZeroingLayers(model)
+    with torch.inference_mode(), attention_handler(model, handler), watching(handler):
+        model(**tm.example_inputs("llama", batch=2, seq_len=14))
+    rows = handler.rows
+    assert handler.checked > 0 and rows["near rows, every key"] > 50, rows
+    # a near row reruns its query's clean output and its open keys, not every key it sees
+    assert 0 < rows["open"] < 0.5 * rows["near rows, every key"], rows
