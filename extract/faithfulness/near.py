@@ -67,19 +67,25 @@ def error_size(s: Tensor, relative: Tensor | None, absolute: Tensor | None,
 
 def open_candidates(key: Tensor, rows: Tensor, hi: Tensor, lo: Tensor, m: Tensor,
                     relative: Tensor | None, absolute: Tensor | None, root: Tensor | None,
-                    step: int) -> Band:
-    """The open candidates of the near ``rows`` (see the module docstring), ``step`` rows at a
-    time; key (R, N) the float32 ranking keys (ineligible ones infinite), hi, lo, m (R,) the cut
-    and the bounds (R,) or None."""
+                    step: int, width: Tensor | None = None) -> Band:
+    """The open candidates of the near ``rows`` (see the module docstring), about ``step`` rows
+    at a time, in order of width; key (R, N) the float32 ranking keys (ineligible ones
+    infinite), hi, lo, m (R,) the cut, the bounds (R,) or None, and width (R,) how many
+    leading columns can hold an eligible candidate (None: N). The intervals are computed in
+    the keys' dtype, as the near rows are found (their ends' rounding is far inside a bound
+    fitted at ten times the largest error seen)."""
+    if width is not None:
+        rows = rows[torch.argsort(width[rows], stable=True)]
     parts, need = [], []
     for start in range(0, len(rows), step):
         r = rows[start:start + step]
-        s = key[r].double()                                              # (c, N)
+        w = key.shape[1] if width is None else max(1, int(width[r].max()))
+        s = key[r, :w]                                                   # (c, w)
         real = s.isfinite()
         e = error_size(s, *(None if t is None else t[r] for t in (relative, absolute, root)))
         low, high = s - e, s + e
-        x = torch.where(real & (s <= lo[r, None].double()), high, -torch.inf).amax(-1)
-        y = torch.where(real & (s >= hi[r, None].double()), low, torch.inf).amin(-1)
+        x = high.masked_fill(~(real & (s <= lo[r, None])), -torch.inf).amax(-1)
+        y = low.masked_fill(~(real & (s >= hi[r, None])), torch.inf).amin(-1)
         above = real & (low > x[:, None])
         row, col = (real & ~above & (high >= y[:, None])).nonzero(as_tuple=True)
         parts.append((row + start, col))

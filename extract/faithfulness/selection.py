@@ -311,11 +311,11 @@ def select(score: Tensor, eligible: Tensor, fraction: float, mode: str, rank: st
         root = None if root is None else root.amax(1)
     flat, k = key.reshape(-1, N), n_remove(n, fraction).reshape(-1)
     bound = [None if t is None else t.reshape(-1) for t in (rel, absolute, root)]
-    cut = find_cut(flat, n.reshape(-1), k, mode, bound[0], work,
-                   _widths(eligible, granularity, H), bound[1], bound[2])
-    step = max(1, NEAR_CHUNK // N)        # the near rows' float64 copies bounded, not (n, N)
+    width = _widths(eligible, granularity, H)
+    cut = find_cut(flat, n.reshape(-1), k, mode, bound[0], work, width, bound[1], bound[2])
+    step = max(1, NEAR_CHUNK // N)        # the near rows' copies bounded, not (n, N)
     band = open_candidates(flat, cut.near.nonzero()[:, 0], cut.hi, cut.lo, cut.m, *bound,
-                           step)                 # before the factor is written over the keys
+                           step, width)          # before the factor is written over the keys
     chosen = apply_cut(flat, cut, mode, keep, work, overwrite=True)
     _decide(chosen, band, exact, eligible.expand(B, H, T, Tk), rank, granularity, mode, keep,
             step)
