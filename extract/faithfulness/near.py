@@ -69,16 +69,17 @@ def open_candidates(key: Tensor, rows: Tensor, hi: Tensor, lo: Tensor, m: Tensor
                     relative: Tensor | None, absolute: Tensor | None, root: Tensor | None,
                     step: int, width: Tensor | None = None) -> Band:
     """The open candidates of the near ``rows`` (see the module docstring), about ``step`` rows
-    at a time, in order of width; key (R, N) the float32 ranking keys (ineligible ones
-    infinite), hi, lo, m (R,) the cut, the bounds (R,) or None, and width (R,) how many
-    leading columns can hold an eligible candidate (None: N). The intervals are computed in
-    the keys' dtype, as the near rows are found (their ends' rounding is far inside a bound
-    fitted at ten times the largest error seen)."""
-    if width is not None:
-        rows = rows[torch.argsort(width[rows], stable=True)]
+    at a time, in order of width (the band keeps the rows' order: a query's rows of one head
+    together, as :class:`~.layer_scores.ExactScores` computes them); key (R, N) the float32
+    ranking keys (ineligible ones infinite), hi, lo, m (R,) the cut, the bounds (R,) or None,
+    and width (R,) how many leading columns can hold an eligible candidate (None: N). The
+    intervals are computed in the keys' dtype, as the near rows are found (their ends'
+    rounding is far inside a bound fitted at ten times the largest error seen)."""
+    order = None if width is None else torch.argsort(width[rows], stable=True)
+    by_width = rows if order is None else rows[order]
     parts, need = [], []
     for start in range(0, len(rows), step):
-        r = rows[start:start + step]
+        r = by_width[start:start + step]
         w = key.shape[1] if width is None else max(1, int(width[r].max()))
         s = key[r, :w]                                                   # (c, w)
         real = s.isfinite()
@@ -93,8 +94,12 @@ def open_candidates(key: Tensor, rows: Tensor, hi: Tensor, lo: Tensor, m: Tensor
     if not parts:
         empty = rows.new_zeros(0)
         return Band(rows, empty, empty, empty)
-    return Band(rows, torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]),
-                torch.cat(need))
+    row, col, need = (torch.cat(x) for x in ([p[0] for p in parts], [p[1] for p in parts], need))
+    if order is not None:                                # back to the rows' order
+        row, need = order[row], need.clone().scatter_(0, order, need)
+        at = torch.argsort(row * key.shape[1] + col)
+        row, col = row[at], col[at]
+    return Band(rows, row, col, need)
 
 
 def padded(band: Band, lo: int, hi: int) -> tuple[Tensor, Tensor]:
