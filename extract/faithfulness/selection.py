@@ -250,8 +250,12 @@ def _exact_keys(exact: Exact, idx: Tensor, cols: Tensor, e: Tensor, rank: str,
         s = exact(b, i, h, cols)                                        # (n, K)
         return s.abs() if rank == "magnitude" else s
     b, i = idx // T, idx % T
-    if granularity == "query":                                          # candidate j * H + h
-        s = exact(b, i, None, cols // H).gather(1, (cols % H)[:, None])[:, 0]
+    if granularity == "query":            # candidate j * H + h: only the heads of open ones
+        n, K = cols.shape
+        pair, key = torch.arange(n, device=cols.device)[:, None] * H + cols % H, cols // H
+        pairs, which = torch.unique(pair, return_inverse=True)          # (U,), (n, K)
+        s = exact(b[pairs // H], i[pairs // H], pairs % H, key[pairs // H])   # (U, K)
+        s = s[which, torch.arange(K, device=cols.device)]
         return s.abs() if rank == "magnitude" else s
     s = exact(b, i, None, cols)                                         # (n, H, K)
     s = s.masked_fill(~take(e[b, :, i], cols), 0.0).sum(1)

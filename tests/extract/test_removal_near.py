@@ -118,12 +118,15 @@ def test_a_row_with_one_open_key_besides_the_cut_is_the_full_rerank(granularity,
     assert np.array_equal(got.numpy(), want)
     plain = select(s32, eligible, 0.3, mode, rank, granularity)
     assert not np.array_equal(plain.numpy(), want)         # float32 alone gets them wrong
-    seen = {}
+    seen, asked = {}, 0
     for (b, i, h), keys in zip(exact.rows, exact.keys):
         for r in range(len(b)):                            # the cut's key and the twin's only
-            at = (int(b[r]), 0 if h is None else int(h[r]), int(i[r]))
+            at = (int(b[r]), int(h[r]) if granularity == "head" else 0, int(i[r]))
             seen[at] = sorted(keys[r].tolist())
+        asked += len(b)
     assert seen == {at: sorted(pair) for at, pair in twins.items()}
+    if granularity == "query":                             # the open candidates' heads only
+        assert len(twins) < asked <= 2 * len(twins) < H * len(twins)
 
 
 @pytest.mark.parametrize("granularity", GRANULARITIES)
