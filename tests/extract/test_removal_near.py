@@ -25,15 +25,14 @@ import torch
 
 import tiny_models as tm
 from test_selection import METRICS, _eligible, _layers, numpy_rule
+from test_value_zeroing import _FastAndExact
 
 from attngeom.extract.faithfulness import selection
 from attngeom.extract.faithfulness.base import exact_alpha, rowmm
-from attngeom.extract.faithfulness.interventions import (GRANULARITIES, MODES, RANKS,
-                                                         Intervener, watching)
+from attngeom.extract.faithfulness.interventions import GRANULARITIES, MODES, RANKS, watching
 from attngeom.extract.faithfulness.layer_scores import ExactScores, fast_scores, metric_scores
 from attngeom.extract.faithfulness.removal_scores import logit_scale
 from attngeom.extract.faithfulness.selection import ErrorBound, Workspace, select
-from attngeom.extract.faithfulness.sublayer import BlockTap
 from attngeom.extract.measurement.hooks import attention_handler
 
 
@@ -246,43 +245,24 @@ def test_near_rows_of_a_model_decide_like_the_full_rerank(metric):
     assert asked[0] > 100 and asked[1] > 2 * asked[0]      # many near rows, several keys open
 
 
-class _ZeroingLayers:
+class _ZeroingLayers(_FastAndExact):
     """Value zeroing at every layer of a float32 pass: the removal decided from the float32
-    scores and their bound (inflated 1e4 times) and ExactScores at the open keys, against the
-    rule on the float64 scores of every key; the float64 sublayer rows each way."""
+    scores and their bound (inflated 100 times) and ExactScores at the open keys, against the
+    rule on the float64 scores of every key; the float64 sublayer rows it reruns, and those
+    its near rows would have rerun for every key they see."""
 
     def __init__(self, model):
-        self.inner, self.blocks, self.token_mask = Intervener(model), BlockTap(model), None
-        self.rows = {"open": 0, "full": 0, "near rows, every key": 0}
+        super().__init__(model)
+        self.rows = {"open": 0, "near rows, every key": 0}
         self.checked = 0
 
-    def attend(self, call):
-        from attngeom.extract.faithfulness.context import LayerContext
-        from attngeom.extract.faithfulness.dense import attention_weights
-        from attngeom.extract.faithfulness.field_scores import TokenRows64
-        from attngeom.extract.faithfulness.zeroing import exact_value_zeroing
-
-        layer = call.index
-        alpha = attention_weights(call.query, call.key, call.allowed, call.scaling,
-                                  call.softcap, torch.float32, call.sinks)
-        sub = self.blocks.at(layer)
-        ctx = LayerContext(layer, call.query, call.key, call.value, call.allowed, call.scaling,
-                           call.softcap, call.sinks, self.inner.projection(layer), x=sub.x,
-                           sublayer=sub)
-        lam = logit_scale(call.query, call.key, call.scaling, call.sinks)
-        fast, err = fast_scores("value_zeroing", alpha, call.value,
-                                self.inner.projection(layer, torch.float32), lam,
-                                torch.empty_like(alpha), None, ctx)
+    def compare(self, call, ctx, fast, err, full) -> None:
         wide = ErrorBound(err.relative, absolute=err.absolute * 1e4, root=err.root * 1e2)
-        B, _, T, Tk = alpha.shape
+        B, _, T, Tk = fast.shape
+        exact = ExactScores("value_zeroing", call.query, call.key, call.value, call.allowed,
+                            call.scaling, call.softcap, ctx.proj, call.sinks, ctx)
         b, i = (t.reshape(-1) for t in torch.meshgrid(torch.arange(B), torch.arange(T),
                                                        indexing="ij"))
-        counted = _count_rows(sub, self.rows, "full")
-        full = exact_value_zeroing(TokenRows64(ctx, b, i)).view(B, 1, T, Tk)
-        counted.restore()
-        exact = ExactScores("value_zeroing", call.query, call.key, call.value, call.allowed,
-                            call.scaling, call.softcap, self.inner.projection(layer),
-                            call.sinks, ctx)
         keys = torch.randint(0, Tk, (len(b), 3), generator=torch.Generator().manual_seed(1))
         assert torch.equal(exact(b, i, None, keys), selection.take(full[b, :, i], keys))
         eligible = call.allowed.expand(B, 1, T, Tk)
@@ -295,15 +275,12 @@ class _ZeroingLayers:
         for mode in MODES:
             for p in (0.1, 0.5):
                 want = numpy_rule(full, eligible, p, mode, "signed", "token")
-                counted = _count_rows(sub, self.rows, "open")
+                counted = _count_rows(ctx.sublayer, self.rows, "open")
                 got = select(fast.clone(), eligible, p, mode, "signed", "token", wide, near,
                              Workspace(), inplace=True)
                 counted.restore()
-                assert np.array_equal(got.expand(B, 1, T, Tk).numpy(), want), (layer, mode, p)
+                assert np.array_equal(got.expand(B, 1, T, Tk).numpy(), want), (call.index, mode)
                 self.checked += 1
-        H = alpha.shape[1]
-        return (alpha @ call.value.repeat_interleave(H // call.value.shape[1],
-                                                     1).float()).to(call.query.dtype)
 
 
 class _count_rows:

@@ -151,7 +151,9 @@ def test_scores_equal_the_float64_one_key_at_a_time_reference(arch, monkeypatch)
 
 # ------------------------------------------------------------------------------ float32
 class _FastAndExact:
-    """Handler comparing the float32 kernel with the float64 one at every layer."""
+    """Handler comparing the float32 kernel with the float64 one at every layer: value
+    zeroing's float32 scores and their bound, and the float64 scores of every query, are
+    handed to :meth:`compare` (test_removal_near.py compares its removals)."""
 
     def __init__(self, model):
         from attngeom.extract.faithfulness.interventions import Intervener
@@ -161,7 +163,6 @@ class _FastAndExact:
             BlockTap(model), None, 0.0
 
     def attend(self, call):
-        from attngeom.common.metrics import get
         from attngeom.extract.faithfulness.context import LayerContext
         from attngeom.extract.faithfulness.dense import attention_weights
         from attngeom.extract.faithfulness.field_scores import TokenRows64
@@ -184,14 +185,20 @@ class _FastAndExact:
         b, i = (t.reshape(-1) for t in torch.meshgrid(torch.arange(B), torch.arange(T),
                                                        indexing="ij"))
         exact = exact_value_zeroing(TokenRows64(ctx, b, i)).view(B, 1, T, Tk)
+        self.compare(call, ctx, fast, err, exact)
+        return (alpha @ call.value.repeat_interleave(alpha.shape[1] // call.value.shape[1],
+                                                     1).float()).to(call.query.dtype)
+
+    def compare(self, call, ctx, fast, err, exact) -> None:
+        """The float32 scores (B, 1, T, Tk) within their bound ``err`` of the float64 ones."""
+        from attngeom.common.metrics import get
+
         bound = err.root[..., None].double() * fast.double().abs().sqrt() \
             + err.absolute[..., None].double()
         ratio = float(((fast.double() - exact).abs() / bound).max())
         self.worst = max(self.worst, ratio * get("value_zeroing").error_unit)   # in units of u
-        assert ratio <= 1.0, (layer, ratio)
+        assert ratio <= 1.0, (call.index, ratio)
         assert exact.max() > 1e-4 and (exact >= 0).all()
-        return (alpha @ call.value.repeat_interleave(alpha.shape[1] // call.value.shape[1],
-                                                     1).float()).to(call.query.dtype)
 
 
 @pytest.mark.parametrize("arch", ("llama", "gemma3", "bert"))
