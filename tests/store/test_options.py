@@ -225,3 +225,17 @@ def test_one_name_per_idea_with_the_old_spellings_as_aliases():
         sub = build_parser([command])._subparsers._group_actions[0].choices[command]
         action = next(a for a in sub._actions if new in a.option_strings)
         assert old in action.option_strings and old in action.help, (command, old)
+
+
+def test_every_alias_s_help_says_it_is_one():
+    """Issue 42: an option's other spellings are aliases whose help says so, on every command."""
+    from attngeom.cli import COMMANDS
+
+    aliases = []
+    for name in COMMANDS:
+        sub = build_parser([name])._subparsers._group_actions[0].choices[name]
+        for action in _actions(sub):
+            for old in [s for s in action.option_strings if s.startswith("--")][1:]:
+                aliases.append((name, old))
+                assert f"{old}: the same, its earlier name" in action.help, (name, old)
+    assert ("faithfulness", "--rank") in aliases and ("extract", "--shard") in aliases

@@ -122,7 +122,8 @@ class FaithConfig:
                                       choices=M.names, record="options")
     modes: tuple[str, ...] = option(V.REMOVAL_MODES, "remove the top or the bottom keys",
                                     kind="names", choices=V.REMOVAL_MODES, record="options")
-    ranks: tuple[str, ...] = option(V.RANKS, "rank by score (signed) or |score| (magnitude)",
+    ranks: tuple[str, ...] = option(V.RANKS, "rank by score (signed) or |score| (magnitude) "
+                                    "(--rank: the same, its earlier name)",
                                     aliases=("--rank",), kind="names", choices=V.RANKS,
                                     record="options")
     # p = 0 removes no key and p = 1 every eligible one: both ends are defined conditions
