@@ -83,6 +83,38 @@ def test_imports_follow_the_arrows(part):
     assert {k: v for k, v in bad.items() if v} == {}
 
 
+# inside store/ (CONTRIBUTING.md): format <- io <- dataset, ops
+STORE_MAY_IMPORT = {"format": set(), "io": {"format"}, "dataset": {"format", "io"},
+                    "ops": {"format", "io"}}
+
+
+def _store_rooms(path: Path, room: str) -> set[str]:
+    """The store/ rooms a module of store/<room>/ imports (absolute or relative, any depth)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {a.name.split(".")[2] for a in node.names
+                      if a.name.startswith("attngeom.store.")}
+        elif isinstance(node, ast.ImportFrom):
+            module = node.module or ""
+            if node.level == 0 and module.startswith("attngeom.store."):
+                found.add(module.split(".")[2])
+            elif node.level == 1:
+                found.add(room)
+            elif node.level == 2:
+                found |= {module.split(".")[0]} if module else {a.name for a in node.names}
+    return found
+
+
+@pytest.mark.parametrize("room", STORE_MAY_IMPORT)
+def test_imports_flow_one_way_inside_the_store(room):
+    """Issue 41: format/ imports no other room of store/, io/ only format/."""
+    bad = {p.relative_to(ROOT).as_posix(): sorted(_store_rooms(p, room) - STORE_MAY_IMPORT[room]
+                                                  - {room})
+           for p in (ROOT / "store" / room).rglob("*.py")}
+    assert {k: v for k, v in bad.items() if v} == {}
+
+
 def test_the_registry_and_the_options_do_not_import_torch():
     import subprocess
     import sys

@@ -1,2 +1,3 @@
-"""Reading and writing stores: atomic files, opening (dask and h5py paths, the xarray engine),
-the writer, results and resumable result files, validation."""
+"""Reading and writing stores: opening (one lazy read path, lazy.py, that dask chunks and block
+reads index; the xarray engine), the writer, README.txt, results and resumable result files,
+validation."""
