@@ -123,6 +123,7 @@ def _main(argv: list[str]) -> int:
     try:
         parser = build_parser(argv)
     except Exception as exc:  # a command that cannot even be built is a bug
+        reraise_interrupt(exc)
         if debug:
             raise
         print(error_line(exc), file=sys.stderr)
@@ -134,11 +135,25 @@ def _main(argv: list[str]) -> int:
     try:
         return int(args._run(args) or 0)
     except Exception as exc:  # one line for users, the traceback with --debug
+        reraise_interrupt(exc)
         if debug:
             raise
         close_progress_bars()
         print(error_line(exc), file=sys.stderr)
         return USER_EXIT if isinstance(exc, USER_ERRORS) else INTERNAL_EXIT
+
+
+def reraise_interrupt(exc: BaseException) -> None:
+    """Raise the SIGINT or SIGTERM that ``exc`` wraps, if any: an interrupt that arrives while
+    Python runs ``__set_name__`` (a dataclass defined as a module imports, e.g. formulaic's
+    under ``analyze``) comes out as a RuntimeError caused by it, which is no bug."""
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, KeyboardInterrupt):
+            raise cause
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__
 
 
 def close_progress_bars() -> None:

@@ -85,3 +85,46 @@ def test_debug_shows_the_traceback_of_an_internal_error(code, monkeypatch, capsy
     monkeypatch.setattr(store, "run", broken)
     with pytest.raises((KeyError, ValueError)):
         cli.main(["--debug", "store", "info", "somewhere"])
+
+
+class _Named:
+    """A descriptor whose ``__set_name__`` is where a signal arrives (as a class is defined)."""
+
+    def __init__(self, interrupt: type[BaseException]):
+        self.interrupt = interrupt
+
+    def __set_name__(self, owner, name):
+        raise self.interrupt
+
+
+def _interrupted_class_definition(interrupt: type[BaseException]) -> BaseException:
+    """What Python 3.11 raises when an interrupt arrives inside ``__set_name__`` (a dataclass
+    defined while a module imports): a RuntimeError caused by it (3.12 raises it as is)."""
+    try:
+        type("Spec", (), {"field": _Named(interrupt)})
+    except BaseException as exc:               # noqa: BLE001 - RuntimeError or the interrupt
+        return exc
+    raise AssertionError("the class was defined")
+
+
+@pytest.mark.parametrize("interrupt, status", [(cli.Terminated, 143), (KeyboardInterrupt, 130)])
+def test_an_interrupt_wrapped_by_python_is_an_interrupt_not_a_bug(interrupt, status,
+                                                                  monkeypatch, capsys):
+    """SIGTERM three seconds into `attngeom analyze` once met formulaic's dataclasses being
+    defined: exit 70 and "internal error" instead of 143 and the interrupted line."""
+    rc, lines = _run_raising(monkeypatch, capsys, _interrupted_class_definition(interrupt))
+    assert rc == status and lines[-1].startswith("attngeom: interrupted"), (rc, lines)
+    assert not any("internal error" in line for line in lines), lines
+
+
+def test_an_interrupt_while_a_command_is_imported_is_an_interrupt(monkeypatch, capsys):
+    real = importlib.import_module
+
+    def import_module(name, *args):
+        if name == "attngeom.commands.analyze":
+            raise _interrupted_class_definition(cli.Terminated)
+        return real(name, *args)
+    monkeypatch.setattr(importlib, "import_module", import_module)
+    rc = cli.main(["analyze", "STORE", "--out", "somewhere"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 143 and err[-1].startswith("attngeom: interrupted"), (rc, err)
