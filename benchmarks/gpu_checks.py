@@ -142,7 +142,8 @@ def stage_extraction(out: Path, root: Path, plan: Plan) -> None:
                     fail(out, f"extract {mode} {plan.device} {dtype} {row['variable']}",
                          f"max error {row['max_error']:.3g} (tolerance {row['tolerance']:g}), "
                          f"NaN cells equal: {row['nan_cells_equal']}")
-    restore, hits = inject_oom(batches, "capture", lambda model, batch, opts: len(batch["input_ids"]))
+    restore, hits = inject_oom(batches, "capture",
+                               lambda model, batch, opts, **kw: len(batch["input_ids"]))
     try:
         got = extract_store(root, "oom-compact", "compact", plan.device, "float32")
     finally:

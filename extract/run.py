@@ -2,9 +2,10 @@
 
 Sequences are split into shards of ``shard_size`` in data order. Each finished shard is
 written atomically and recorded, with its checksum, in the manifest; a rerun of the same
-command skips recorded shards whose file and checksum are intact. A compact shard is measured
-whole, then written (:func:`extract_shard`); a dense one is written layer by layer as it is
-measured (:func:`stream_shard`), under a temporary name until it is complete.
+command skips recorded shards whose file and checksum are intact. A shard is written layer by
+layer as it is measured (:func:`stream_shard`), under a temporary name until it is complete:
+dense always, compact on a CPU (:func:`streamed`); compact on an accelerator is measured a
+whole batch at a time, then written (:func:`extract_shard`).
 """
 
 from __future__ import annotations
@@ -186,7 +187,7 @@ def extract(model: str, data: str, out: str | Path, cfg: ExtractConfig | None = 
         if start in done or (chosen is not None and index not in chosen):
             continue
         items = texts.texts[start:min(n, start + shard_size)]
-        if cfg.mode == DENSE:                    # written layer by layer as it is measured
+        if streamed(cfg):                        # written layer by layer as it is measured
             stream_shard(writer, index, loaded, items, start, cfg, opts, bar, current)
         else:
             ds, encoded = extract_shard(loaded, items, start, cfg, opts, bar, current)
@@ -195,13 +196,24 @@ def extract(model: str, data: str, out: str | Path, cfg: ExtractConfig | None = 
     return writer.finish()
 
 
+def streamed(cfg: ExtractConfig) -> bool:
+    """Whether shards are written layer by layer as they are measured (:func:`stream_shard`),
+    so that memory holds a layer of a batch, not the shard: in dense mode, and in compact
+    mode on a CPU, where each layer's measurements come to host memory as soon as the layer is
+    done anyway (a text of 8,192 tokens is 10 MB a layer on SmolLM2-135M, 313 MB in all,
+    which held to the end and then compressed and written beside its chunks added a third to
+    the peak of a plain forward). On an accelerator, compact measurements stay on the device
+    until the batch is done (no synchronisation per layer): :func:`extract_shard`."""
+    return cfg.mode == DENSE or str(cfg.device).startswith("cpu")
+
+
 def extract_shard(loaded, items, start: int, cfg: ExtractConfig, opts: Options, bar=None,
                   current: BatchSize | None = None) -> tuple[xr.Dataset, dict]:
     """Measure one shard's inputs (:func:`~.measurement.batches.measure_rows`); return the shard
     Dataset of everything but the measured variables, and those already compressed (for
     :meth:`attngeom.store.io.writer.StoreWriter.add_shard`). Each batch is handed to the chunk
     encoder as it is measured; no second copy of the measured arrays is made. (The run's
-    compact shards; dense ones go through :func:`stream_shard`.)"""
+    compact shards on an accelerator; the others go through :func:`stream_shard`.)"""
     current = current or BatchSize(cfg.batch_size)
     stored = S.variables_for(cfg.mode, loaded.info.get("learned_sinks", False))
     encoder = ChunkEncoder(min(current.size, len(items)), *encode_workers(cfg.device),
@@ -214,8 +226,8 @@ def extract_shard(loaded, items, start: int, cfg: ExtractConfig, opts: Options, 
 def stream_shard(writer: StoreWriter, index: int, loaded, items, start: int,
                  cfg: ExtractConfig, opts: Options, bar=None,
                  current: BatchSize | None = None) -> None:
-    """Measure one shard's inputs into shard file ``index`` layer by layer (dense): each
-    layer of each batch is written as it is measured
+    """Measure one shard's inputs into shard file ``index`` layer by layer (dense, and compact
+    on a CPU: :func:`streamed`): each layer of each batch is written as it is measured
     (:meth:`~attngeom.store.io.writer.StoreWriter.streamed_shard`), so that memory holds one
     layer of a batch, not the shard. The file is laid out first, from the model's sizes and
     placeholder per-sequence values (written when the shard is measured)."""
@@ -223,7 +235,7 @@ def stream_shard(writer: StoreWriter, index: int, loaded, items, start: int,
     info, n = loaded.info, len(items)
     layout = measured_layout(cfg.mode, cfg.precision, info.get("learned_sinks", False), n,
                              info["n_layers"], info["n_heads"], cfg.max_length,
-                             min(current.size, n))
+                             min(current.size, n), cfg.sink_k, cfg.tail_w)
     blank = Sequences(np.full((n, cfg.max_length), -1, dtype=np.int32), np.zeros(n, np.int32),
                       np.zeros((n, cfg.max_length), np.int8),
                       [[] for _ in range(n)] if cfg.store_text else None, np.zeros(n, np.int32))

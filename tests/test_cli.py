@@ -155,14 +155,17 @@ def test_an_error_under_a_progress_bar_starts_its_own_line(tiny, tmp_path, capsy
     from attngeom.store.io.writer import StoreWriter
 
     model, data, _ = tiny
-    real = StoreWriter.add_shard
 
-    def add_shard(self, ds, index, *args, **kwargs):
-        if index:
-            raise write_error(tmp_path / "store" / "shards", OSError(30, "Read-only file system"))
-        return real(self, ds, index, *args, **kwargs)
+    def failing(real):           # a shard written whole (add_shard) or layer by layer (streamed)
+        def method(self, ds, index, *args, **kwargs):
+            if index:
+                raise write_error(tmp_path / "store" / "shards",
+                                  OSError(30, "Read-only file system"))
+            return real(self, ds, index, *args, **kwargs)
+        return method
 
-    monkeypatch.setattr(StoreWriter, "add_shard", add_shard)
+    for name in ("add_shard", "streamed_shard"):
+        monkeypatch.setattr(StoreWriter, name, failing(getattr(StoreWriter, name)))
     monkeypatch.delenv("TQDM_DISABLE", raising=False)
     rc = main(["extract", "--model", str(model), "--data", str(data), "--out",
                str(tmp_path / "store"), "--mode", "compact", "--max-length", "10",

@@ -85,8 +85,10 @@ def batch_bytes(mode: str, T: int, longest: int, sink_k: int, tail_w: int, n_lay
     written (twice: measured and encoded), and one layer's attention workspace over the
     ``longest`` text (scores, weights and their products: four float32 (head, T, T) arrays).
 
-    Compact measurements are held for every layer; dense ones are written layer by layer as
-    they are measured (:mod:`attngeom.store.format.stream`), so one layer's are held."""
+    Compact measurements are counted for every layer (a batch's are held on an accelerator;
+    on a CPU they are written layer by layer too, so this is an upper bound there); dense
+    ones are written layer by layer as they are measured (:mod:`attngeom.store.format.
+    stream`), so one layer's are held."""
     held = 2 * sequence_bytes(mode, T, sink_k, tail_w, 1 if mode == DENSE else n_layers,
                               n_heads)
     return batch * (held + 4 * FLOAT32_BYTES * n_heads * longest * longest)

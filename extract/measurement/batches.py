@@ -21,6 +21,7 @@ from attngeom.common.options.stages import ExtractConfig
 from attngeom.store.format import schema as S
 from attngeom.store.format.packing import stored_arrays
 
+from ..heap import release
 from ..loading.data import Sequences, Tokenized, batches, pad_token_id
 from ..loading.images import measure_images
 from .capture import capture
@@ -123,6 +124,7 @@ class LayerRows:
         b = len(rows["value_norm"])
         self.finite_at[self.row:self.row + b] &= finite_positions(rows)
         self.stream.add_layer(layer, stored_arrays(rows, self.cfg.mode, self.cfg.precision))
+        release()                  # the layer's freed tensors given back, not kept in the heap
 
     def commit(self, n: int) -> None:
         self.row += n

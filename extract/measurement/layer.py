@@ -22,6 +22,7 @@ from .geometry import (Projection, attention_bias, attention_probs, band, band_v
 
 Tensor = torch.Tensor
 PAIR_NAMES = ("alpha", "cosine", "cosine_layer", "contribution", "contribution_layer")
+MASK_ROWS = 256                # queries of a (T, T) mask checked or summed at a time
 NAN = float("nan")
 
 
@@ -57,23 +58,53 @@ class Masks:
 
 def prepare_masks(allowed: Tensor, token_mask: Tensor, opts: Options,
                   dtype: torch.dtype) -> Masks:
-    """Masks of one forward pass from the model's boolean mask and the real tokens."""
-    a = allowed & token_mask[:, None, None, :]                          # key must be real
+    """Masks of one forward pass from the model's boolean mask and the real tokens.
+
+    Without padding the model's mask is used as it is (no (B, 1, T, T) copy held through the
+    forward: 64 MB at 8,192 tokens); each query's allowed keys, and whether the mask is plain
+    causal, come from one pass over it, :data:`MASK_ROWS` queries at a time (summing a boolean
+    (T, T) mask makes an int64 copy of it: 512 MB at 8,192 tokens)."""
+    whole = bool(token_mask.all())
+    a = allowed if whole and allowed.shape[0] == token_mask.shape[0] else (
+        allowed & token_mask[:, None, None, :])                          # key must be real
     T = a.shape[-1]
     k = min(opts.sink_k, T)
-    causal = torch.ones(T, T, dtype=torch.bool, device=a.device).tril()
-    plain = (a.shape[1] == 1 and a.shape[-2] == T and bool(token_mask.all())
-             and bool((a == causal).all()))
+    allowed_keys, index_sum = _key_counts(a)                            # (B, 1|H, T)
+    plain = a.shape[1] == 1 and a.shape[-2] == T and whole and _causal(allowed_keys, index_sum)
     key, non_sink = tail_index(T, opts.sink_k, opts.tail_w, a.device)   # (T, w)
     tail_ok = a.gather(-1, key.expand(*a.shape[:-1], -1)) & non_sink
     sink_ok = a[..., :k]
-    count = a.sum(-1) - sink_ok.sum(-1) - tail_ok.sum(-1)
+    count = allowed_keys - sink_ok.sum(-1) - tail_ok.sum(-1)
     # a query with no allowed key (left padding) attends to every key in the kernel, as
     # transformers' SDPA does: an all-masked row gives NaN, which would reach later layers
     kernel = None if plain else attention_bias(a | ~a.any(-1, keepdim=True), dtype)
     return Masks(allowed=a, bias=kernel, sink_ok=sink_ok,
                  tail_ok=tail_ok, tail_key=key, count=count.float(), rest=a[..., k:].any(-1),
                  query=token_mask[:, None, :], token=token_mask)
+
+
+def _key_counts(a: Tensor) -> tuple[Tensor, Tensor]:
+    """(B, 1|H, Tq) int64 each: the allowed keys of each query of the boolean mask ``a`` and
+    the sum of their indices, :data:`MASK_ROWS` queries at a time in one int64 buffer (a
+    boolean block's own sum would make an int64 copy of each block, which the C heap does not
+    reuse for the next)."""
+    Tq, Tk = a.shape[-2:]
+    keys = torch.arange(Tk, device=a.device)
+    buf = a.new_empty((*a.shape[:-2], min(MASK_ROWS, Tq), Tk), dtype=torch.int64)
+    counts, sums = [], []
+    for lo in range(0, Tq, MASK_ROWS):
+        block = buf[..., :min(MASK_ROWS, Tq - lo), :].copy_(a[..., lo:lo + MASK_ROWS, :])
+        counts.append(block.sum(-1))
+        sums.append(block.mul_(keys).sum(-1))
+    return torch.cat(counts, -1), torch.cat(sums, -1)
+
+
+def _causal(count: Tensor, index_sum: Tensor) -> bool:
+    """Whether a mask whose queries have these allowed keys (``count``) and key indices
+    (``index_sum``) is exactly causal: query i has i + 1 keys whose indices sum to
+    i (i + 1) / 2, the least that i + 1 distinct indices sum to, so they are keys 0..i."""
+    i = torch.arange(count.shape[-1], device=count.device)
+    return bool((count == i + 1).all()) and bool((index_sum == i * (i + 1) // 2).all())
 
 
 def measure_layer(q: Tensor, k: Tensor, v: Tensor, masks: Masks, scale: float,

@@ -1,4 +1,5 @@
-"""A shard file written layer by layer, while extraction measures it (dense mode).
+"""A shard file written layer by layer, while extraction measures it (dense mode; compact on a
+CPU).
 
 A dense shard is mostly its (query, key) variables: one layer of one 2,048-token sequence of a
 9-head model is 150 MB a variable. :class:`ShardStream` never holds more than the layers being
@@ -41,14 +42,19 @@ from .shards import shard_bytes
 
 
 def measured_layout(mode: str, precision: str, learned_sinks: bool, sequences: int,
-                    n_layers: int, n_heads: int, T: int, rows: int) -> dict[str, Encoded]:
+                    n_layers: int, n_heads: int, T: int, rows: int, sink_k: int = 0,
+                    tail_w: int = 0) -> dict[str, Encoded]:
     """The measured variables of a shard (no chunk yet): shape, dims, chunks of at most
     ``rows`` sequences and one layer (as :class:`~attngeom.store.format.chunks.ChunkEncoder`
-    makes them), stored dtype (int16 where packed) and attributes."""
+    makes them), stored dtype (int16 where packed) and attributes. ``sink_k``, ``tail_w``:
+    the compact layout's sink keys (at most ``T``) and tail window. In the order the
+    measurement hands them over (pairs, compact's tail and middle, then per token), which is
+    the order of a shard measured whole and then written."""
     sizes = {S.SEQUENCE: sequences, S.LAYER: n_layers, S.HEAD: n_heads, S.POSITION: T,
-             S.QUERY: T, S.KEY: T}
+             S.QUERY: T, S.KEY: T, S.SINK: min(sink_k, T), S.LAG: tail_w}
+    pairs = {*S.PAIR_VARIABLES, *S.TAIL_VARIABLES, *S.MIDDLE_VARIABLES}
     out = {}
-    for name in S.variables_for(mode, learned_sinks):
+    for name in sorted(S.variables_for(mode, learned_sinks), key=lambda n: n not in pairs):
         dims = S.dims_for(name, mode, precision)
         dtype = np.dtype(np.int16 if precision == PACKED and name in PACKED_VARIABLES
                          else np.float32)

@@ -100,6 +100,67 @@ def test_plain_causal_takes_the_is_causal_path():
         assert (handler._masks[0][1].bias is None) == plain
 
 
+def _masks(kind: str, B: int = 2, H: int = 1, T: int = 11) -> torch.Tensor:
+    """A (B, H, T, T) boolean mask: causal, or one that differs from causal somewhere."""
+    causal = torch.ones(T, T, dtype=torch.bool).tril()
+    a = causal[None, None].repeat(B, H, 1, 1)
+    if kind == "window":                                   # sliding window of 4 keys
+        a &= ~torch.ones(T, T, dtype=torch.bool).tril(-4)
+    elif kind == "full":
+        a[:] = True
+    elif kind == "one future key":                         # the last query block's last row
+        a[B - 1, 0, T - 2, T - 1] = True
+    elif kind == "one missing key":                        # a row at a block's first query
+        a[0, -1, 4, 2] = False
+    elif kind == "one key moved":                          # as many keys as causal, not 0..i
+        a[0, 0, 5, 5], a[0, 0, 5, 6] = False, True
+    return a
+
+
+@pytest.mark.parametrize("kind", ["causal", "window", "full", "one future key",
+                                  "one missing key", "one key moved"])
+@pytest.mark.parametrize("padded", [False, True])
+@pytest.mark.parametrize("expanded", [False, True])
+def test_masks_equal_their_definitions(kind, padded, expanded):
+    """prepare_masks against the masks written out from the model's mask and the real tokens
+    (the model's mask used without a copy when nothing is padded; its keys counted, and plain
+    causal found, a block of queries at a time: blocks of 4 over 11 queries here)."""
+    from attngeom.extract.measurement import layer as layer_module
+
+    B, T, sink_k, tail_w = 2, 11, 2, 3
+    allowed = _masks(kind, B, T=T)
+    if expanded:                                           # the batch as a broadcast view
+        allowed = allowed[:1].expand(B, -1, -1, -1)
+    token = torch.ones(B, T, dtype=torch.bool)
+    if padded:
+        token[1, 8:] = False
+    a = allowed & token[:, None, None, :]                  # the definitions, written out
+    causal = torch.ones(T, T, dtype=torch.bool).tril()
+    exact = bool((a == causal).all()) and not padded
+    lag = torch.arange(tail_w)
+    key = torch.arange(T)[:, None] - lag[None, :]          # (T, w): keys i - lag
+    tail = torch.stack([torch.stack([
+        (key[i] >= sink_k) & a[b, 0, i, key[i].clamp_min(0)] for i in range(T)])
+        for b in range(B)])[:, None]                       # (B, 1, T, w)
+    rows = layer_module.MASK_ROWS
+    try:
+        layer_module.MASK_ROWS = 4
+        got = layer_module.prepare_masks(allowed, token, Options("compact", sink_k, tail_w),
+                                         torch.float32)
+        for b in (1, 2):
+            m = _masks(kind, b, T=T)
+            assert layer_module._causal(*layer_module._key_counts(m)) == (kind == "causal")
+    finally:
+        layer_module.MASK_ROWS = rows
+    assert (got.bias is None) == exact
+    assert torch.equal(got.allowed.expand_as(a), a)
+    assert torch.equal(got.sink_ok.expand(B, 1, T, sink_k), a[..., :sink_k])
+    assert torch.equal(got.tail_ok.expand_as(tail), tail)
+    assert torch.equal(got.count.expand(B, 1, T), (a.sum(-1) - a[..., :sink_k].sum(-1)
+                                                   - tail.sum(-1)).float())
+    assert torch.equal(got.rest.expand(B, 1, T), a[..., sink_k:].any(-1))
+
+
 def test_without_derived_drops_only_derived():
     model = tm.build("llama", seed=0)
     inputs = _inputs("llama", model, "right")

@@ -7,6 +7,7 @@ resumed store must equal, bit for bit, the store of an uninterrupted run.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import zlib
@@ -21,6 +22,7 @@ import tiny_models as tm
 from attngeom.extract import run as run_module
 from attngeom.extract.run import ExtractConfig, extract
 from attngeom.store.errors import StoreError
+from attngeom.store.format.shards import shard_name
 from attngeom.store.io.validate import validate
 from store_helpers import write_texts
 
@@ -84,7 +86,18 @@ def _count_writes(monkeypatch, fail_after: int | None = None) -> list[str]:
         real(ds, path, encoded)
         written.append(Path(path).name)
 
+    real_stream = writer_module.StoreWriter.streamed_shard
+
+    @contextlib.contextmanager
+    def stream(self, ds, index, layout, *args, **kwargs):    # shards written layer by layer
+        if fail_after is not None and len(written) >= fail_after:
+            raise RuntimeError("simulated crash while writing a shard")
+        with real_stream(self, ds, index, layout, *args, **kwargs) as shard:
+            yield shard
+        written.append(Path(shard_name(index)).name)
+
     monkeypatch.setattr(writer_module, "write_shard", write)
+    monkeypatch.setattr(writer_module.StoreWriter, "streamed_shard", stream)
     return written
 
 

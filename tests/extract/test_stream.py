@@ -1,13 +1,15 @@
-"""Dense extraction written layer by layer (store/format/stream.py, extract/run.py stream_shard).
+"""Extraction written layer by layer (store/format/stream.py, extract/run.py stream_shard): dense
+mode, and compact mode on a CPU.
 
 A tiny llama saved as a directory; five texts (one cut at --max-length 10, one of a single
 word: padding in every batch). The streamed store is checked against
 
 - the naive float64 reference (tests/reference.py), within the float32 chain's bounds;
 - the same shards written the earlier way, the whole shard measured in memory and then written
-  (``extract_shard`` and ``StoreWriter.add_shard``, still compact's path): the same variables in
-  the same order, dims, chunks, filters, fill values and attributes, and the same values bit
-  for bit (the computation is the same), float32 and packed;
+  (``extract_shard`` and ``StoreWriter.add_shard``, compact's path on an accelerator), dense and
+  compact: the same variables in the same order, dims, chunks, filters, fill values and
+  attributes, and the same values bit for bit (the computation is the same), float32 and
+  packed;
 - itself after an out-of-memory error half-way through a batch's layers (the batch is measured
   again, smaller, over the chunks already stored) and after SIGKILL while a shard is being
   written (rejected as incomplete, then resumed to the uninterrupted run's files); a full disk
@@ -52,8 +54,8 @@ def inputs(tmp_path_factory):
 
 
 def _extract(model, data, out, in_memory: bool = False, **changes) -> Path:
-    """A dense store of ``data``: streamed, or (``in_memory``) each shard measured whole and
-    then written, as before streaming."""
+    """A store of ``data`` (dense unless ``changes`` say otherwise): streamed, or
+    (``in_memory``) each shard measured whole and then written, as before streaming."""
     real = run_module.stream_shard
 
     def whole(writer, index, loaded, items, start, cfg, opts, bar=None, current=None):
@@ -82,11 +84,14 @@ def _layout(path: Path) -> list[tuple]:
     return out
 
 
+@pytest.mark.parametrize("mode", ["dense", "compact"])
 @pytest.mark.parametrize("precision", ["float32", "packed"])
-def test_streamed_shards_equal_the_shards_measured_in_memory(inputs, tmp_path, precision):
+def test_streamed_shards_equal_the_shards_measured_in_memory(inputs, tmp_path, precision,
+                                                             mode):
     model, data, _ = inputs
-    streamed = _extract(model, data, tmp_path / "streamed", precision=precision)
-    whole = _extract(model, data, tmp_path / "whole", in_memory=True, precision=precision)
+    streamed = _extract(model, data, tmp_path / "streamed", precision=precision, mode=mode)
+    whole = _extract(model, data, tmp_path / "whole", in_memory=True, precision=precision,
+                     mode=mode)
     names = sorted(p.name for p in (streamed / "shards").iterdir())
     assert names == sorted(p.name for p in (whole / "shards").iterdir()) == [
         "shard-00000.nc", "shard-00001.nc"]

@@ -48,10 +48,10 @@ def batch_one(tiny_model, data, rel_dir):
 def oom_above(limit: int, error):
     real = run_module.capture
 
-    def measure(model, batch, opts):
+    def measure(model, batch, opts, **kwargs):
         if len(batch["index"]) > limit:
             raise error
-        return real(model, batch, opts)
+        return real(model, batch, opts, **kwargs)
 
     return measure
 
@@ -100,12 +100,21 @@ def test_out_of_memory_at_batch_one_and_other_errors(tiny_model, data, tmp_path,
 def test_non_finite_sequence_is_flagged_and_excluded(tiny_model, data, tmp_path, monkeypatch):
     real, calls = run_module.capture, []
 
-    def measure(model, batch, opts):                # inf in the first row of the 2nd batch
-        arrays = real(model, batch, opts)
+    def measure(model, batch, opts, each_layer=None):   # inf in the 2nd batch's first row
         calls.append(1)
-        if len(calls) == 2:
-            arrays["value_norm"][0, 1, 2, 1] = np.inf
-        return arrays
+        hit = len(calls) == 2
+        if each_layer is None:                      # a batch measured whole (accelerators)
+            arrays = real(model, batch, opts)
+            if hit:
+                arrays["value_norm"][0, 1, 2, 1] = np.inf
+            return arrays
+
+        def add(layer, rows):                       # layer by layer (a CPU): rows (B, ...)
+            if hit and layer == 1:
+                rows["value_norm"][0, 2, 1] = np.inf
+            each_layer(layer, rows)
+
+        return real(model, batch, opts, each_layer=add)
 
     monkeypatch.setattr(run_module, "capture", measure)
     store = tmp_path / "store"
