@@ -25,7 +25,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "compare": ("compare", "several stores side by side: one table, per-layer figures"),
     "run": ("main_job", "the main job: extract, faithfulness, analyze and report"),
     "view": ("view", "explore a store in a browser: one self-contained HTML file"),
-    "store": ("store", "inspect, validate, merge, subset and export stores"),
+    "store": ("store", "inspect, validate, merge, subset, export and import stores"),
     "bench": ("bench", "benchmarks: speed and memory side by side"),
     "models": ("models", "the built-in models: list them, install the larger ones"),
 }
@@ -77,7 +77,10 @@ REPORT_TO = ("please report it with the output of the same command run with --de
 
 
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:
-    parser = OneLineParser(prog="attngeom", description=__doc__.splitlines()[0])
+    parser = OneLineParser(
+        prog="attngeom",
+        description="contribution weights for self-attention: measure a transformer, store, "
+                    "analyse and report (attngeom COMMAND --help for each command)")
     parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     wanted = next((a for a in argv if a in COMMANDS), None)
