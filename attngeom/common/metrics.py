@@ -26,7 +26,7 @@ modules on chosen rows: value zeroing); the kernels read them from ``FastLayer.c
 
 The removal ranking, the recomputed float64 rows, the copy notes, ``faithfulness --metrics``,
 the reports' labels and the view's all read this registry; no other code compares a metric's
-name. A metric of one's own is one :func:`register` call (README.md, "Faithfulness"):
+name. A metric of one's own is one :func:`register` call (docs/howto/metric-plugin.md):
 
     register(Metric("value_norm_only", symbol="‖ṽ‖", words="value norm", short="norm",
                     abbrev="vn", paper="value norm alone", nonnegative=True,

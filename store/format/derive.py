@@ -7,7 +7,7 @@ computes the stored quantities in head space from Gram identities
 reference (tests/reference.py). The faithfulness metrics' scores are the metric registry's
 (:mod:`attngeom.common.metrics`).
 
-Contribution weights (notation of README.md, "The store"):
+Contribution weights (notation of docs/concepts.md and docs/reference/store.md):
 
     c_ij^h = alpha_ij^h ||v~_j^h|| cos(o_i^h, v~_j^h) / ||o_i^h||       sums to 1 over keys j
     C_ij^h = alpha_ij^h ||v~_j^h|| cos(o_i,   v~_j^h) / ||o_i||         sums to 1 over h and j

@@ -42,7 +42,7 @@ class AttngeomBackendEntrypoint(BackendEntrypoint):
     """Open an attngeom store directory as one lazily loaded Dataset."""
 
     description = "attngeom activation stores (a directory: manifest.json + netCDF shards)"
-    url = "README.md#the-store"
+    url = "docs/guide/store.md"
     open_dataset_parameters = ("filename_or_obj", "drop_variables", "partial", "derived")
 
     def open_dataset(self, filename_or_obj, *, drop_variables: str | Iterable[str] | None = None,
