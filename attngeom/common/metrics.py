@@ -179,10 +179,8 @@ def get(name: str) -> Metric:
     try:
         return _REGISTRY[name]
     except KeyError:
-        failed = "".join(f"; plugin '{p}' failed to load ({why})"
-                         for p, why in _PLUGINS["failed"].items())
-        raise Refusal(f"unknown metric '{name}'; use one of {', '.join(names())}{failed}") \
-            from None
+        raise Refusal(f"unknown metric '{name}'; use one of {', '.join(names())}"
+                      f"{failed_note()}") from None
 
 
 def label(name: str, kind: str = "label") -> str:
@@ -239,6 +237,13 @@ def load_plugins() -> None:
             print(f"attngeom: warning: metric plugin '{ep.name}' ({ep.value}) failed to load "
                   f"and is left out ({type(exc).__name__}: {why}); fix or uninstall it",
                   file=sys.stderr)
+
+
+def failed_note() -> str:
+    """``"; plugin 'P' failed to load (why)"`` for each plugin that failed, appended to an
+    error about a metric that is not registered (it may be one of theirs)."""
+    return "".join(f"; plugin '{p}' failed to load ({why})"
+                   for p, why in failed_plugins().items())
 
 
 def failed_plugins() -> dict[str, str]:

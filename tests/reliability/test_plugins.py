@@ -54,7 +54,14 @@ def test_a_broken_plugin_is_named_and_left_out(plugins, tiny_model, texts, tmp_p
     assert "value_norm" in M.names()                          # the good plugin still loads
 
 
-def test_asking_for_a_metric_of_nothing_registered_is_the_error(plugins):
+def test_asking_for_a_metric_of_nothing_registered_is_the_error(plugins, tiny_model, texts,
+                                                                 tmp_path):
     with pytest.raises(ValueError, match="unknown metric 'its_metric'.*plugin 'broken_plugin' "
                                          "failed to load"):
         M.get("its_metric")
+    rc, _, err = cli_main("faithfulness", "--model", tiny_model, "--data", texts,
+                          "--metrics", "its_metric", *FAITH, "--out", tmp_path / "out")
+    last = err.strip().splitlines()[-1]                 # the command line names the plugin too
+    assert rc == 2 and "its_metric" in last, err
+    assert "plugin 'broken_plugin' failed to load" in last, err
+    assert not (tmp_path / "out").exists()

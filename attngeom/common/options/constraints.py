@@ -76,17 +76,23 @@ class OneOf(Constraint):
     """One of ``choices`` (or of what ``choices()`` returns, for lists that grow at run time:
     the metric registry)."""
 
-    def __init__(self, choices: Sequence | Callable[[], Sequence]):
+    def __init__(self, choices: Sequence | Callable[[], Sequence],
+                 note: Callable[[], str] | None = None):
         self._choices = choices if callable(choices) else tuple(choices)
+        self._note = note
 
     @property
     def choices(self) -> tuple:
         return tuple(self._choices()) if callable(self._choices) else self._choices
 
+    def note(self) -> str:
+        """Why a choice may be missing (a plugin that failed to load), appended to the error."""
+        return self._note() if self._note is not None else ""
+
     def problem(self, value: Any) -> str | None:
         if value in self.choices:
             return None
-        return f"must be one of {', '.join(map(str, self.choices))}, not '{value}'"
+        return f"must be one of {', '.join(map(str, self.choices))}, not '{value}'{self.note()}"
 
 
 class Items(Constraint):
@@ -106,8 +112,10 @@ class Items(Constraint):
         if self.numbers:
             within = self.each.brackets if isinstance(self.each, Interval) else "(-inf, inf)"
             return (f"'{_show(values)}': give distinct numbers in {within}, e.g. 0.1,0.2,0.5")
-        choices = self.each.choices if isinstance(self.each, OneOf) else ()
-        return f"{','.join(map(str, values))}: give distinct values from {', '.join(choices)}"
+        one_of = self.each if isinstance(self.each, OneOf) else None
+        choices, note = (one_of.choices, one_of.note()) if one_of else ((), "")
+        return (f"{','.join(map(str, values))}: give distinct values from {', '.join(choices)}"
+                f"{note}")
 
     def __str__(self) -> str:
         return f"each {self.each}" if self.numbers and str(self.each) else ""

@@ -28,7 +28,8 @@ KINDS = (None, "flag", "negated", "ranges") + LISTS
 # ----------------------------------------------------------------------------- declaring
 def option(default: Any, help: str, *, flag: str | None = None, aliases: Sequence[str] = (),
            kind: str | None = None, type: Callable | None = None,
-           choices: Sequence | None = None, at_least: int | None = None,
+           choices: Sequence | None = None, choices_note: Callable[[], str] | None = None,
+           at_least: int | None = None,
            within: tuple[float, float, str] | None = None, record: str | None = None,
            auto: bool = False, provenance: bool = False, positional: bool = False,
            required: bool = False, metavar: str | None = None, cli: bool = True,
@@ -44,7 +45,8 @@ def option(default: Any, help: str, *, flag: str | None = None, aliases: Sequenc
         ``"ranges"`` (the range syntax of :mod:`attngeom.store.options.ranges`).
     type : the command line's converter (default: the type of ``default``).
     choices : allowed values (of each item for ``names``), or a function returning them when
-        they can grow at run time (the metric registry).
+        they can grow at run time (the metric registry); choices_note : a function whose
+        text is appended to the error for a value not among them (why it may be missing).
     at_least : the smallest allowed integer; within : ``(lo, hi, "[]")``, the interval a number
         (each number for ``numbers``) must lie in, brackets ``(``/``[`` for open/closed ends.
         Every numeric option declares one of them; both the command line (argparse, exit 2)
@@ -61,15 +63,16 @@ def option(default: Any, help: str, *, flag: str | None = None, aliases: Sequenc
     if kind not in KINDS:
         raise Refusal(f"unknown option kind {kind!r}")
     meta = dict(help=help, flag=flag, aliases=tuple(aliases), kind=kind, type=type,
-                constraint=_constraint(kind, choices, at_least, within), record=record,
+                constraint=_constraint(kind, choices, choices_note, at_least, within),
+                record=record,
                 auto=auto, provenance=provenance, positional=positional, required=required,
                 metavar=metavar, cli=cli, omit_default=omit_default, nargs=nargs)
     return field(default=default, metadata=meta)
 
 
-def _constraint(kind, choices, at_least, within) -> Constraint:
+def _constraint(kind, choices, note, at_least, within) -> Constraint:
     """The :mod:`.constraints` object of an option's declared choices and bounds."""
-    each = (OneOf(choices) if choices is not None else AtLeast(at_least)
+    each = (OneOf(choices, note) if choices is not None else AtLeast(at_least)
             if at_least is not None else Interval(*within) if within is not None
             else Constraint())
     return Items(each, numbers=kind == "numbers") if kind in LISTS else each

@@ -119,7 +119,8 @@ class FaithConfig:
                        choices=V.TASKS, record="options")
     metrics: tuple[str, ...] = option(M.DEFAULT, "comma-separated metrics (registered ones: "
                                       "attngeom/common/metrics.py)", kind="names",
-                                      choices=M.names, record="options")
+                                      choices=M.names, choices_note=M.failed_note,
+                                      record="options")
     modes: tuple[str, ...] = option(V.REMOVAL_MODES, "remove the top or the bottom keys",
                                     kind="names", choices=V.REMOVAL_MODES, record="options")
     ranks: tuple[str, ...] = option(V.RANKS, "rank by score (signed) or |score| (magnitude) "
