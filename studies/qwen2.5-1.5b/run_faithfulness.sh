@@ -36,6 +36,9 @@ done_ plan_cost.csv || study --steps design1-prose,geometry --variant cost --pro
 done_ plan_cost1.csv || study --steps design1-prose,geometry --variant cost1 --prose-n 16 \
   --geo-n 256 --threads 1 --plan "$@"
 done_ gu_sinks.csv || study --steps gu "$@"
+# where the sink goes with the BOS prepended (the count above looks at position 0 only)
+[[ " $* " == *" --plan "* ]] || done_ gu_bos_shift.csv || nice -n 10 .venv/bin/python studies/gu_bos_shift.py --model $MODEL \
+  --work studies/$MODEL/work_faithfulness/gu --out $R/gu_bos_shift.csv
 done_ d1_prose_pilot_info.csv || study --steps design1-prose --variant pilot --prose-n 16 "$@"
 done_ d1_prose_token_info.csv || study --steps design1-prose --variant token "${TOKEN[@]}" \
   --prose-n 16 "$@"
