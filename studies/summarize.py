@@ -3,10 +3,12 @@
     .venv/bin/python studies/summarize.py            # rewrite the generated parts of the README
     .venv/bin/python studies/summarize.py --print    # print them instead
 
-The first study (studies/*/results) goes between ``<!-- BEGIN GENERATED -->`` and
+The first study (studies/*/results_survey) goes between ``<!-- BEGIN GENERATED -->`` and
 ``<!-- END GENERATED -->``, the second (studies/*/results_faithfulness,
 studies/summarize_faithfulness.py) between
-``<!-- BEGIN GENERATED 2 -->`` and ``<!-- END GENERATED 2 -->``; every number comes from a CSV
+``<!-- BEGIN GENERATED 2 -->`` and ``<!-- END GENERATED 2 -->``, the fourth (the Qwen models:
+the same claims from both folders, whatever has run; the rest "not run") between
+``<!-- BEGIN GENERATED 4 -->`` and ``<!-- END GENERATED 4 -->``; every number comes from a CSV
 named next to it.
 """
 
@@ -18,13 +20,15 @@ from pathlib import Path
 import pandas as pd
 
 import summarize_faithfulness
-from tables import SHORT, f
+from tables import SHORT, f, markdown
 
 HERE = Path(__file__).resolve().parent
 MODELS = ("smollm2-135m", "gemma3-270m", "minilm-l6")
 ENCODERS = ("minilm-l6",)
+FOURTH = ("qwen2.5-0.5b", "qwen2.5-1.5b")   # the fourth study's models
 BEGIN, END = "<!-- BEGIN GENERATED -->", "<!-- END GENERATED -->"
 BEGIN2, END2 = "<!-- BEGIN GENERATED 2 -->", "<!-- END GENERATED 2 -->"
+BEGIN4, END4 = "<!-- BEGIN GENERATED 4 -->", "<!-- END GENERATED 4 -->"
 LM_RUNS = (("faith_prose", "prose"), ("faith_gsm8k", "GSM8K"), ("faith_prose_query", "prose, query gran."),
            ("mc_mmlu", "MMLU"), ("mc_winogrande", "WinoGrande"), ("mc_boolq", "BoolQ"))
 
@@ -175,6 +179,8 @@ def geo_tags(model: str) -> list[str]:
 def per_geo(cell):
     def run(model: str) -> str:
         tags = geo_tags(model)
+        if not tags:
+            return _missing(model)
         if len(tags) <= 1:
             return cell(model, *tags)
         return " <br> ".join(f"**{t}**: {cell(model, t)}" for t in tags)
@@ -191,10 +197,7 @@ CLAIMS = (("Faithfulness order raw < vw < vwn < contrib", faith_cell),
 
 
 def claims_table(models: list[str]) -> str:
-    lines = ["| claim | " + " | ".join(models) + " |", "|---" * (len(models) + 1) + "|"]
-    for name, cell in CLAIMS:
-        lines.append(f"| {name} | " + " | ".join(cell(m) for m in models) + " |")
-    return "\n".join(lines)
+    return markdown(CLAIMS, models)
 
 
 def _verdict(r) -> str:
@@ -224,19 +227,25 @@ def generated() -> str:
     models = [m for m in MODELS if (ROOT[0] / m / "results_survey").is_dir()]
     parts = ["### Claims against each model\n", claims_table(models), ""]
     parts += [order_details(m) for m in models]
-    parts.append("\n### Runtime (`timings.csv`, seconds, wall clock on a quiet 2-core machine)\n")
+    parts += survey_runtime(models)
+    return "\n".join(parts) + "\n"
+
+
+def survey_runtime(models: list[str], level: str = "###") -> list[str]:
+    """The results_survey folders' runtime and data lines."""
+    parts = [f"\n{level} Runtime (`timings.csv`, seconds, wall clock on a quiet 2-core machine)\n"]
     for m in models:
         t = read(m, "timings")
         if t is not None:
             parts.append(f"- {m}: " + ", ".join(f"{r.step} {r.seconds:.0f}" for r in t.itertuples())
                          + f"; total {t['seconds'].sum() / 60:.1f} min")
-    parts.append("\n### Data used (`data.csv`)\n")
+    parts.append(f"\n{level} Data used (`data.csv`)\n")
     for m in models:
         d = read(m, "data")
         if d is not None:
             parts.append(f"- {m}: " + "; ".join(f"{r.use}: {r.n} from {Path(r.data).name} "
                                                  f"(max {r.max_length} tokens)" for r in d.itertuples()))
-    return "\n".join(parts) + "\n"
+    return parts
 
 
 def generated2() -> str:
@@ -246,6 +255,28 @@ def generated2() -> str:
             ("Convex sink-rate curve, interior minimum", convex_cell),
             ("Sink heads (mean α_i0 > 0.3 over queries)", sink_cell))]
     return summarize_faithfulness.generated(ROOT[0], list(MODELS[:2]), geo)
+
+
+def generated4() -> str:
+    """The fourth study: the first study's claims from results_survey/ (geometry, drift) and the
+    second's from results_faithfulness/ (design 1, Gu), one table, whatever has run."""
+    root = ROOT[0]
+    models = [m for m in FOURTH if (root / m / "results_survey").is_dir()
+              or (root / m / summarize_faithfulness.FOLDER).is_dir()]
+    if not models:
+        return ("Not run yet: `studies/<model>/run_survey.sh` and `run_faithfulness.sh` write "
+                "`studies/<model>/results_survey/` and `results_faithfulness/`.\n")
+    rows = [(f"{name} (`results_survey/`)", cell) for name, cell in CLAIMS]
+    rows += [(f"{name} (`results_faithfulness/`)", cell) for name, cell in
+             summarize_faithfulness.claim_rows(root, models)]
+    parts = ["#### Claims against each model (fourth study, results so far)\n",
+             markdown(rows, models), "",
+             summarize_faithfulness.gu_details(root, models),
+             summarize_faithfulness.bos_shift_details(root, models),
+             summarize_faithfulness.sample_size(root, models),
+             summarize_faithfulness.runtime(root, models)]
+    parts += survey_runtime(models, "####")
+    return "\n".join(p for p in parts if p) + "\n"
 
 
 def replace_block(text: str, begin: str, end: str, body: str) -> str:
@@ -262,13 +293,14 @@ def main() -> None:
     p.add_argument("--root", type=Path, default=HERE, help="folder holding <model>/results")
     args = p.parse_args()
     ROOT[0] = args.root
-    first, second = generated(), generated2()
+    first, second, fourth = generated(), generated2(), generated4()
     if args.print:
-        print(first + "\n" + second)
+        print(first + "\n" + second + "\n" + fourth)
         return
     readme = HERE / "README.md"
     text = replace_block(readme.read_text(encoding="utf-8"), BEGIN, END, first)
-    readme.write_text(replace_block(text, BEGIN2, END2, second), encoding="utf-8")
+    text = replace_block(text, BEGIN2, END2, second)
+    readme.write_text(replace_block(text, BEGIN4, END4, fourth), encoding="utf-8")
     print(f"updated {readme}")
 
 

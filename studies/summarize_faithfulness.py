@@ -7,12 +7,13 @@ them); nothing is recomputed here but counts.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pandas as pd
 
 import gu_sinks
-from tables import SHORT, f
+from tables import SHORT, f, markdown
 
 FOLDER = "results_faithfulness"
 DATA = (("prose", "prose"), ("gsm8k", "GSM8K"))
@@ -47,16 +48,37 @@ def counts(t: pd.DataFrame) -> str:
 
 
 # ---------------------------------------------------------------------------- claims
+def not_run_yet(root: Path, model: str, step: str) -> str:
+    """"not run yet (n=N planned, plan.csv)" for a step the model's plan.csv names and its
+    timings.csv does not (planned or running); "" otherwise."""
+    p, t = read(root, model, "plan"), read(root, model, "timings")
+    if p is None or step not in set(p["step"]) or (t is not None and step in set(t["step"])):
+        return ""
+    return f"not run yet (n={int(p.set_index('step').loc[step, 'n_units'])} planned, plan.csv)"
+
+
+def _order_part(root: Path, model: str, tag: str, label: str) -> str:
+    t, s = read(root, model, f"d1_{tag}_order_log"), read(root, model, f"d1_{tag}_order")
+    if t is None:
+        return ""
+    part = f"{label} (n={int(t['n'].max())}, m={int(t['m_tests'].max())}): {counts(t)}"
+    if s is not None:
+        part += f"; on ΔPPL: {counts(s)}"
+    return part
+
+
 def order_cell(root: Path, model: str, data=DATA) -> str:
+    """Design 1's counts per data set; where the sample has not run, whether it is planned and
+    its pilot's counts (variant ``<tag>_pilot``), if any."""
     parts = []
     for tag, label in data:
-        t, s = read(root, model, f"d1_{tag}_order_log"), read(root, model, f"d1_{tag}_order")
-        if t is None:
-            continue
-        part = f"{label} (n={int(t['n'].max())}, m={int(t['m_tests'].max())}): {counts(t)}"
-        if s is not None:
-            part += f"; on ΔPPL: {counts(s)}"
-        parts.append(part)
+        part = _order_part(root, model, tag, label)
+        if not part:
+            pending = [not_run_yet(root, model, f"design1-{tag}"),
+                       _order_part(root, model, f"{tag}_pilot", "the pilot only")]
+            part = f"{label}: " + "; ".join(filter(None, pending)) if any(pending) else ""
+        if part:
+            parts.append(part)
     return "; ".join(parts) or "not run"
 
 
@@ -131,8 +153,9 @@ def geo_long(root: Path, model: str, cell) -> str:
     return f"the pilot only (n={int(sizes.loc[f'geo_{tag}', 'n'])}): {cell(model, tag)}"
 
 
-def claims(root: Path, models: list[str], geo_cells) -> str:
-    """The second study's claims table; ``geo_cells``: (name, cell(model, tag)) of summarize."""
+def claim_rows(root: Path, models: list[str], geo_cells=()) -> list:
+    """The second study's claims, (name, cell(model)); ``geo_cells``: (name, cell(model, tag))
+    of summarize, read on this folder's geometry (none: no geometry rows)."""
     rows = [("Faithfulness order, all layers, fraction grid (design 1; log PPL ratio, "
              "δ = 0.05 nats)", lambda m: order_cell(root, m)),
             ("Faithfulness order at query granularity, the four rungs distinct (design 1 with "
@@ -157,9 +180,12 @@ def claims(root: Path, models: list[str], geo_cells) -> str:
     for name, cell in geo_cells:
         rows.append((f"{name} (geometry, the 512-token texts)",
                      lambda m, c=cell: geo_long(root, m, c)))
-    lines = ["| claim | " + " | ".join(models) + " |", "|---" * (len(models) + 1) + "|"]
-    lines += [f"| {name} | " + " | ".join(cell(m) for m in models) + " |" for name, cell in rows]
-    return "\n".join(lines)
+    return rows
+
+
+def claims(root: Path, models: list[str], geo_cells) -> str:
+    """The second study's claims table."""
+    return markdown(claim_rows(root, models, geo_cells), models)
 
 
 # ---------------------------------------------------------------------------- details
@@ -264,6 +290,57 @@ def gu_details(root: Path, models: list[str]) -> str:
             f"{head}\n" + "\n".join(rows) + "\n")
 
 
+def bos_shift_details(root: Path, models: list[str]) -> str:
+    """Where the sink goes when a BOS is prepended (`gu_bos_shift.csv`, studies/gu_bos_shift.py)."""
+    rows, eps = [], set()
+    for model in models:
+        t = read(root, model, "gu_bos_shift")
+        if t is None:
+            continue
+        eps |= set(t["epsilon"])
+        for r in t.itertuples():
+            rows.append(f"| {model} | {r.input} | {'with' if r.bos else 'without'} BOS | "
+                        f"{f(r.pct_sink_key0, 1)} | {f(r.pct_sink_key1, 1)} | "
+                        f"{f(r.pct_sink_key01, 1)} | {f(r.mean_alpha_key0)} | "
+                        f"{f(r.mean_alpha_key1)} | {f(r.mean_alpha_key0 + r.mean_alpha_key1)} | "
+                        f"{r.n_inputs} |")
+    if not rows:
+        return ""
+    head = ("| model | input | first token | % heads > ε on key 0 | on key 1 | on keys 0 + 1 | "
+            "mean α key 0 | key 1 | keys 0 + 1 | inputs |\n" + "|---" * 10 + "|")
+    eps = "/".join(f(e, 1) for e in sorted(eps))
+    return ("\n#### Where the sink goes when a BOS is prepended (`gu_bos_shift.csv`): percent of "
+            f"heads whose mean α over the queries after the key exceeds ε = {eps}, on key 0 (the "
+            "BOS where prepended, else the first text token), key 1 and the two summed; Gu's "
+            "inputs\n\n" + head + "\n" + "\n".join(rows) + "\n")
+
+
+def sample_size(root: Path, models: list[str]) -> str:
+    """The n a pilot chose (`sample_size.csv`, studies/sample_size.py) and the MDE it reaches,
+    step by step, next to each reference model's target."""
+    lines = []
+    for model in models:
+        t = read(root, model, "sample_size")
+        if t is None:
+            continue
+        r0 = t.iloc[0]
+        steps = []
+        for step, g in t.groupby("step", sort=False):
+            a, b = step.split("->")
+            targets = ", ".join(f"{Path(r.reference).parts[-3]}'s {f(r.target_mde, 4)} (n = "
+                                f"{r.n_needed})" for r in g.itertuples())
+            steps.append(f"{SHORT.get(a, a)}→{SHORT.get(b, b)}: pilot SD {f(g['sd_pilot'].iloc[0], 3)}, "
+                         f"MDE {f(g['mde_at_n'].iloc[0], 4)} at n = {r0['n']}; targets {targets}")
+        chosen = re.sub(r"studies/([^/]+)/\S+\.csv", r"\1's", str(r0["chosen_for"]))
+        lines.append(f"- {model}: n = {r0['n']} ({chosen}; the budget pays for {r0['n_budget']} "
+                     f"at {f(r0['cpu_seconds_per_text'], 0)} CPU s a text). " + "; ".join(steps))
+    if not lines:
+        return ""
+    return ("\n#### Sample size from the pilot (`sample_size.csv`; MDE of the AOPC of the log "
+            "PPL ratio, comprehensiveness, signed; target: a reference model's MDE, with the n "
+            "that reaches it)\n\n" + "\n".join(lines) + "\n")
+
+
 def _resumed(r) -> str:
     """" (resumed ...)" for a step whose time is only the last invocation's part."""
     resumed = getattr(r, "resumed", False)
@@ -300,5 +377,5 @@ def generated(root: Path, models: list[str], geo_cells) -> str:
     for model in models:
         parts += [order_details(root, model), curve_details(root, model),
                   layer_details(root, model)]
-    parts += [gu_details(root, models), runtime(root, models)]
+    parts += [gu_details(root, models), bos_shift_details(root, models), runtime(root, models)]
     return "\n".join(p for p in parts if p) + "\n"

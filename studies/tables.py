@@ -22,3 +22,10 @@ def f(x, d: int = 2) -> str:
     if x != 0 and abs(x) < 10 ** -d:
         return f"{x:.1e}"
     return f"{x:.{d}f}"
+
+
+def markdown(rows, models: list[str]) -> str:
+    """A claims table: one row per (name, cell(model)), one column per model."""
+    lines = ["| claim | " + " | ".join(models) + " |", "|---" * (len(models) + 1) + "|"]
+    lines += [f"| {name} | " + " | ".join(cell(m) for m in models) + " |" for name, cell in rows]
+    return "\n".join(lines)

@@ -531,3 +531,31 @@ def synthetic_like(ds: xr.Dataset, path: Path) -> Path:
                                                           dtype=object))
     sub.to_netcdf(path)
     return path
+
+
+def test_summary_shows_a_planned_design_as_not_run_yet_with_its_pilot(tmp_path):
+    import pandas as pd
+    import summarize_faithfulness as sf
+
+    folder = tmp_path / "m" / sf.FOLDER
+    folder.mkdir(parents=True)
+    assert sf.order_cell(tmp_path, "m") == "not run"
+    pd.DataFrame({"mode": ["comprehensiveness"] * 2, "lower": ["attention", "value_weighted"],
+                  "higher": ["value_weighted", "contribution"], "n": 16, "m_tests": 6,
+                  "p_value": [0.01, 0.5], "mean_improvement": [0.1, 0.0],
+                  "verdict": ["holds", "does not hold: equivalent within ±δ"]}
+                 ).to_csv(folder / "d1_prose_pilot_order_log.csv", index=False)
+    pd.DataFrame({"step": ["design1-prose", "total"], "n_units": [80, None]}
+                 ).to_csv(folder / "plan.csv", index=False)
+    assert sf.order_cell(tmp_path, "m") == (
+        "prose: not run yet (n=80 planned, plan.csv); the pilot only (n=16, m=6): 2 distinct "
+        "steps: holds 1, equivalent 1, reversed 0, inconclusive 0")
+    pd.DataFrame({"step": ["design1-prose"]}).to_csv(folder / "timings.csv", index=False)
+    assert sf.order_cell(tmp_path, "m").startswith("prose: the pilot only (n=16")  # ran, no CSV
+    assert sf.bos_shift_details(tmp_path, ["m"]) == ""
+    pd.DataFrame({"input": ["natural"], "bos": [True], "n_inputs": 100, "epsilon": 0.3,
+                  "pct_sink_key0": 2.26, "pct_sink_key1": 13.84, "pct_sink_key01": 21.0,
+                  "mean_alpha_key0": 0.055, "mean_alpha_key1": 0.143}
+                 ).to_csv(folder / "gu_bos_shift.csv", index=False)
+    assert "| m | natural | with BOS | 2.3 | 13.8 | 21.0 | 0.06 | 0.14 | 0.20 | 100 |" in \
+        sf.bos_shift_details(tmp_path, ["m"])
