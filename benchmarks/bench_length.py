@@ -8,7 +8,11 @@ tokens (``--padded``: also a batch of two, T and T/2 tokens, the shorter one pad
 - ``compact``: the whole ``attngeom extract --mode compact`` command (loading and writing
   included), against the ``sdpa`` process, which loads the same model;
 - ``removal``: one removal pass (contribution, comprehensiveness, signed, p = 0.1, head
-  granularity), through the handler ``attngeom faithfulness`` uses, against ``eager``.
+  granularity), through the handler ``attngeom faithfulness`` uses, against ``eager``;
+- ``removals``: every (metric, mode) of ``--removals`` (default: the paper's four metrics,
+  ``contribution_layer`` and ``random``, both modes) in one process that loads the model once,
+  each pass and an eager forward alternating for ``--rounds`` rounds: each pass's time against
+  the eager forward of its round (paired), and its peak resident set against the eager one's.
 
 Printed per case: the process's wall and CPU seconds and peak resident set (``wait4``), the
 forward's own wall seconds (in-process cases), the ratios the targets name, and each case's growth
@@ -36,6 +40,10 @@ from _common import (emit, json_lines, machine, measure_peak,  # noqa: E402
 from bench_command import DATA as WIKITEXT, child_env  # noqa: E402
 
 CASES = ("sdpa", "eager", "compact", "removal")
+REMOVALS = tuple(f"{m}/{mode}" for m in ("attention", "value_weighted",
+                                         "value_weighted_normalized", "contribution",
+                                         "contribution_layer", "random")
+                 for mode in ("comprehensiveness", "sufficiency"))
 
 
 # ------------------------------------------------------------------------------------- child
@@ -74,6 +82,8 @@ def child(a) -> None:
     rows = tokens(loaded.tokenizer, a.length, a.padded)
     pad = pad_token_id(loaded.tokenizer)
     inputs, warm = batch(rows, pad), batch([r[:32] for r in rows], pad)
+    if a.child == "removals":
+        return removals_child(a, model, inputs, warm, loaded_s)
     if a.child == "removal":
         handler = Intervener(model, removal=Removal("contribution", "comprehensiveness", 0.1),
                              projections={}, workspace=Workspace())
@@ -87,6 +97,61 @@ def child(a) -> None:
         rec = measure_peak(lambda: run(inputs))
         rec["forward_cpu_s"] = time.process_time() - c0
     emit({"child": a.child, "load_s": loaded_s, **rec})
+
+
+def removals_child(a, model, inputs: dict, warm: dict, loaded_s: float) -> None:
+    """Each removal of ``a.removals`` and an eager forward, alternating for ``a.rounds``
+    rounds in this process (the model loaded once); one record per pass and round."""
+    import torch
+
+    from attngeom.extract.faithfulness.interventions import Intervener, Removal, forward_logits
+    from attngeom.extract.faithfulness.selection import Workspace
+
+    model.set_attn_implementation("eager")
+    runs = {"eager": lambda x: model(**x, use_cache=False).logits}
+    for spec in a.removals.split(","):
+        metric, mode = spec.split("/")
+        handler = Intervener(model, removal=Removal(metric, mode, a.fraction,
+                                                    granularity=a.granularity),
+                             projections={}, workspace=Workspace())
+        runs[spec] = lambda x, h=handler: forward_logits(model, x, h)
+    with torch.inference_mode():
+        for run in runs.values():
+            run(warm)                      # first-call costs and the layers' projections
+        for r in range(a.rounds):
+            for name, run in runs.items():
+                c0 = time.process_time()
+                rec = measure_peak(lambda: run(inputs))
+                emit({"child": "removals", "pass": name, "round": r, "load_s": loaded_s,
+                      "forward_cpu_s": time.process_time() - c0, **rec})
+
+
+def removals_table(rows: list[dict]) -> list[str]:
+    """Per model and T, each pass's median paired time ratio to the eager forward of its
+    round (CPU and wall) and its peak resident set's ratio to the eager forward's."""
+    import pandas as pd
+
+    df = pd.DataFrame([r for r in rows if r.get("child") == "removals"])
+    if df.empty:
+        return []
+    out = []
+    for (model, T), g in df.groupby(["model", "length"]):
+        eager = g[g["pass"] == "eager"].set_index("round")
+        out += [f"\n### {model}, one text of {T} tokens, {g['rounds'].iloc[0]} rounds, "
+                f"{g['granularity'].iloc[0]} granularity, p = {g['fraction'].iloc[0]}: one "
+                "removal pass against the eager forward of its round (paired medians)\n",
+                "| pass | CPU / eager | wall / eager | peak / eager | wall s |",
+                "|---|---|---|---|---|"]
+        for name, h in g[g["pass"] != "eager"].groupby("pass", sort=False):
+            h = h.set_index("round")
+            cpu = (h["forward_cpu_s"] / eager["forward_cpu_s"]).median()
+            wall = (h["wall_s"] / eager["wall_s"]).median()
+            peak = (h["peak_rss_mib"] / eager["peak_rss_mib"]).median()
+            out.append(f"| {name} | {cpu:.2f}x | {wall:.2f}x | {peak:.2f}x | "
+                       f"{h['wall_s'].median():.1f} |")
+        out.append(f"| eager forward | 1 | 1 | 1 ({eager['peak_rss_mib'].median():.0f} MiB) | "
+                   f"{eager['wall_s'].median():.1f} |")
+    return out
 
 
 # ------------------------------------------------------------------------------------ parent
@@ -116,7 +181,7 @@ def load_tokenizer(model: str):
 
 
 def run_case(case: str, model: str, length: int, padded: bool, threads: int, tmp: Path,
-             limit_mib: float) -> dict:
+             limit_mib: float, removals: dict | None = None) -> dict:
     env = child_env(threads)
     if case == "compact":
         data = texts_file(tmp, model, length, padded)
@@ -128,18 +193,28 @@ def run_case(case: str, model: str, length: int, padded: bool, threads: int, tmp
     else:
         argv = [sys.executable, __file__, "--child", case, "--model", model, "--length",
                 str(length), "--threads", str(threads)] + (["--padded"] if padded else [])
+        argv += [f"--{k.replace('_', '-')}={v}" for k, v in (removals or {}).items()]
     got = run_child_rss(argv, env=env, rss_limit_mib=limit_mib)
     rec = {"case": case, "model": model, "length": length, "padded": padded, "rc": got["rc"],
            "wall_s": got["wall_s"], "cpu_s": got["cpu_s"], "peak_rss_mib": got["peak_rss_mib"],
            "killed_over_rss_limit": got["killed_over_rss_limit"]}
     inner = [r for r in json_lines(got["stdout"]) if "child" in r]
-    if inner:
+    if case == "removals":                      # one record per pass and round
+        rec["passes"] = [{**r, **(removals or {}), "model": model, "length": length}
+                         for r in inner]
+    elif inner:
         rec.update(forward_s=inner[0]["wall_s"], forward_cpu_s=inner[0]["forward_cpu_s"],
                    load_s=inner[0]["load_s"], rss_before_mib=inner[0]["rss_before_mib"],
                    peak_delta_mib=inner[0]["peak_rss_delta_mib"])
     if got["rc"]:
         rec["error"] = got["stderr"].strip().splitlines()[-1:] or ["?"]
     return rec
+
+
+def removal_options(a) -> dict:
+    """The removals case's options, handed to its child and kept in its records."""
+    return {"removals": a.removals, "rounds": a.rounds, "fraction": a.fraction,
+            "granularity": a.granularity}
 
 
 def exponent(T, y) -> float:
@@ -192,7 +267,12 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     p.add_argument("--padded", action="store_true", help="also a padded batch of two")
     p.add_argument("--rss-limit-mib", type=float, default=20000)
-    p.add_argument("--child", choices=("sdpa", "eager", "removal"))
+    p.add_argument("--removals", default=",".join(REMOVALS),
+                   help="METRIC/MODE,... of the removals case")
+    p.add_argument("--rounds", type=int, default=3, help="rounds of the removals case")
+    p.add_argument("--fraction", type=float, default=0.1, help="p of the removals case")
+    p.add_argument("--granularity", default="head", help="of the removals case")
+    p.add_argument("--child", choices=("sdpa", "eager", "removal", "removals"))
     p.add_argument("--model"), p.add_argument("--length", type=int)
     a = p.parse_args(argv)
     if a.child:
@@ -207,12 +287,16 @@ def main(argv=None) -> int:
                 for T in map(int, a.lengths.split(",")):
                     for case in a.cases.split(","):
                         rec = run_case(case, model, T, padded, a.threads, Path(tmp),
-                                       a.rss_limit_mib)
+                                       a.rss_limit_mib, removal_options(a))
+                        passes = rec.pop("passes", [])
                         rows.append(emit({"bench": "length", **rec,
                                           "load_avg": os.getloadavg()[0]}))
+                        rows += [emit({"bench": "length", **r}) for r in passes]
     for model in a.models.split(","):
         for padded in (False, True):
-            print("\n".join(table(rows, model, padded)), flush=True)
+            print("\n".join(table([r for r in rows if r.get("case") in CASES], model, padded)),
+                  flush=True)
+    print("\n".join(removals_table(rows)), flush=True)
     return 0
 
 

@@ -44,3 +44,19 @@ def test_table_ratios_compare_the_cases_the_targets_name():
     assert "| 512 |" in text and "1.10x, 0.90x" in text     # compact / sdpa: 11/10, 900/1000
     assert "2.00x, 1.50x" in text                          # removal / eager forward: 6/3, 1650/1100
     assert "sdpa 2.00, eager 2.00, compact 2.00, removal 2.00" in text
+
+
+def test_removals_table_pairs_each_pass_with_the_eager_forward_of_its_round():
+    opts = dict(model="m", length=512, rounds=2, granularity="head", fraction=0.1,
+                child="removals")
+    rows = []
+    for r, (eager, slow) in enumerate(((2.0, 3.0), (4.0, 5.0))):  # the 2nd round twice as slow
+        rows.append(dict(opts, **{"pass": "eager", "round": r, "wall_s": eager,
+                                  "forward_cpu_s": 2 * eager, "peak_rss_mib": 1000.0}))
+        rows.append(dict(opts, **{"pass": "contribution/sufficiency", "round": r,
+                                  "wall_s": slow, "forward_cpu_s": 2 * slow,
+                                  "peak_rss_mib": 1200.0}))
+    text = "\n".join(bl.removals_table(rows))
+    # paired: median(3/2, 5/4) = 1.375, not the ratio of medians 4/3
+    assert "| contribution/sufficiency | 1.38x | 1.38x | 1.20x | 4.0 |" in text, text
+    assert "one text of 512 tokens, 2 rounds, head granularity, p = 0.1" in text
