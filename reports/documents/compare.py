@@ -207,8 +207,10 @@ def _table1_page(ds: xr.Dataset) -> Page | None:
 
 
 def write_csv(ds: xr.Dataset, directory: str | os.PathLike) -> list[Path]:
-    """summary.csv, layers.csv (long: store, layer, relative_depth, ...), and table1.csv for
-    probe stores, in ``directory``."""
+    """summary.csv, layers.csv (long: store, layer, relative_depth, ...), table1.csv for
+    probe stores, and for faithfulness results ranking.csv (long: store, metric, mode, rank:
+    ranking_position, aopc_minmax) and order.csv (store, step: verdict, mde), in
+    ``directory``: the numbers the PDF's pages show."""
     out = Path(directory)
     files = {"summary.csv": summary_frame(ds)}
     layer_vars = [n for n, _ in LAYER_PANELS if n in ds] + [
@@ -218,6 +220,11 @@ def write_csv(ds: xr.Dataset, directory: str | os.PathLike) -> list[Path]:
     files["layers.csv"] = long.dropna(subset=layer_vars, how="all")
     if (ds["kind"] != "natural").any() and "gu_sink_head_share" in ds:
         files["table1.csv"] = table1(ds).reset_index()
+    for name, names in (("ranking.csv", ("ranking_position", "aopc_minmax")),
+                        ("order.csv", ("verdict", "mde"))):
+        if all(n in ds for n in names):
+            frame = ds[list(names)].assign_coords(label=ds["label"]).to_dataframe()
+            files[name] = frame.reset_index().dropna(subset=[names[-1]])
     written = []
     for name, frame in files.items():
         atomic_write_bytes(out / name, frame.to_csv(index=False).encode())

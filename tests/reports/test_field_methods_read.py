@@ -16,9 +16,11 @@ from __future__ import annotations
 import shutil
 
 import numpy as np
+import pandas as pd
 import pypdf
 
 from attngeom import cli
+from attngeom.analysis import equivalence as E
 from attngeom.analysis.compare import compare
 from attngeom.analysis.faithfulness_stats import StatsSettings, read, stats_path
 from attngeom.common.metrics import BUILTIN, get
@@ -79,7 +81,16 @@ def test_a_run_of_every_metric_is_read_in_the_report_and_in_compare(tiny, tmp_pa
         label = get(name).words
         assert label in text or get(name).short in text, name
     cpdf = tmp_path / "compare.pdf"
-    assert cli.main(["compare", *map(str, runs), "--out", str(cpdf), "--labels", "a,b"]) == 0
+    assert cli.main(["compare", *map(str, runs), "--out", str(cpdf), "--labels", "a,b",
+                     "--csv", str(tmp_path / "csv")]) == 0
     ctext = " ".join(" ".join((p.extract_text() or "").split())
                      for p in pypdf.PdfReader(str(cpdf)).pages)
     assert "Ranking position" in ctext and "AOPC min" in ctext
+    table = pd.read_csv(tmp_path / "csv" / "ranking.csv")         # the same numbers as CSV
+    assert set(table["label"]) == {"a", "b"} and set(table["metric"]) == set(BUILTIN)
+    for r in table.itertuples():
+        at = dict(store=r.store, metric=r.metric, mode=r.mode, rank=r.rank)
+        assert ds["aopc_minmax"].sel(at).item() == r.aopc_minmax
+        assert ds["ranking_position"].sel(at).item() == r.ranking_position
+    verdicts = {E.HOLDS, E.EQUIVALENT, E.REVERSED, E.INCONCLUSIVE, E.NOT_TESTABLE}
+    assert set(pd.read_csv(tmp_path / "csv" / "order.csv")["verdict"]) <= verdicts
