@@ -161,7 +161,8 @@ class CompareCommand:
                                 "analyze STORE --out STORE/analysis`)", type=str,
                           positional=True, nargs="+")
     out: str = out_option("the PDF to write")
-    csv: str | None = option(None, "also write summary.csv, layers.csv (and table1.csv) here",
+    csv: str | None = option(None, "also write summary.csv, layers.csv (table1.csv for probe "
+                             "stores; ranking.csv and order.csv for faithfulness) here",
                              type=str)
     png: str | None = option(None, "also write the per-layer figure as a PNG", type=str)
     labels: str | None = option(None, "comma-separated labels, one per store (default: model "
