@@ -22,7 +22,7 @@ Tensor = torch.Tensor
 MASK = 0xFFFFFFFF
 MIX = 0x45D9F3B              # the multiplier of a 32-bit integer hash (< 2^27: no overflow)
 GOLDEN = 0x9E3779B9          # added to a key index before it is hashed
-CHUNK = 1 << 22              # (row, key) hashes made at a time: two int64 buffers of 32 MiB
+CHUNK = 1 << 22              # (row, key) hashes made at a time (two work buffers of that size)
 
 
 def mix(x: Tensor) -> Tensor:
@@ -30,15 +30,6 @@ def mix(x: Tensor) -> Tensor:
     x = ((x >> 16) ^ x) * MIX & MASK
     x = ((x >> 16) ^ x) * MIX & MASK
     return (x >> 16) ^ x
-
-
-def mix_(x: Tensor, tmp: Tensor) -> Tensor:
-    """:func:`mix` in place (``tmp``: a buffer of x's shape), no temporary per operation."""
-    for _ in range(2):
-        torch.bitwise_right_shift(x, 16, out=tmp)
-        x.bitwise_xor_(tmp).mul_(MIX).bitwise_and_(MASK)
-    torch.bitwise_right_shift(x, 16, out=tmp)
-    return x.bitwise_xor_(tmp)
 
 
 def row_bases(ctx: LayerContext, b: Tensor, h: Tensor, i: Tensor) -> Tensor:
@@ -53,7 +44,7 @@ def fill(out: Tensor, base: Tensor) -> Tensor:
     """Scores into ``out`` (n, keys), floating, in [0, 1) on a 2^-24 grid (exact in float32
     and float64): :func:`mix` of each row's ``base`` xor each key's hash, shifted to 24 bits,
     :data:`CHUNK` (row, key) pairs at a time. On a CPU in numpy's uint32 (multiplication wraps
-    modulo 2^32, so no mask; torch's int64 shifts are 3x slower), elsewhere in torch's int64;
+    modulo 2^32, so no mask; torch's int64 shifts are 3x slower), elsewhere by :func:`mix`;
     the two are the same numbers (tests/extract/test_random_scores.py)."""
     n, keys = out.shape
     key_hash = mix(torch.arange(keys, device=out.device, dtype=torch.int64) + GOLDEN & MASK)
@@ -68,12 +59,8 @@ def fill(out: Tensor, base: Tensor) -> Tensor:
 
 
 def _fill_torch(out: Tensor, base: Tensor, key_hash: Tensor, cut) -> None:
-    x = torch.empty((cut[0][1] - cut[0][0], len(key_hash)), dtype=torch.int64,
-                    device=out.device) if cut else None
-    tmp = torch.empty_like(x) if cut else None
     for lo, hi in cut:
-        xs = torch.bitwise_xor(base[lo:hi, None], key_hash[None], out=x[:hi - lo])
-        out[lo:hi].copy_(mix_(xs, tmp[:hi - lo]).bitwise_right_shift_(8))  # 24-bit: exact
+        out[lo:hi].copy_(mix(base[lo:hi, None] ^ key_hash[None]) >> 8)    # 24-bit: exact
 
 
 def _fill_numpy(out: np.ndarray, base: np.ndarray, key_hash: np.ndarray, cut) -> None:
