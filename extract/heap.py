@@ -1,20 +1,21 @@
-"""The C heap of an extraction: memory freed by one layer given back to the system.
+"""The C heap of an extraction: large blocks mapped by themselves, freed pages given back.
 
 glibc's malloc serves a request below its *mmap threshold* from the heap, and raises that
 threshold (up to 32 MiB) to the size of each large block freed. PyTorch asks for 64-byte
 aligned memory (``posix_memalign``), so a freed heap block is a few bytes short of the next
 request of the same size, and small blocks allocated in between keep freed ones from merging:
-a forward pass over a long text leaves each layer's freed tensors in the heap, unused, and the
-resident set grows by 10-15 MB a layer at 8,192 tokens on SmolLM2-135M (tensors of 19 MB), in
-some runs and not in others (the threads' timing decides which blocks neighbour which): the
-peak of the same extraction varied by 550 MB over seven runs, a plain SDPA forward's by 450.
+a forward pass over a long text leaves each layer's freed tensors in the heap, unused (the
+threads' timing decides which blocks neighbour which), and the resident set's peak varies
+from run to run by the memory so held, up to a quarter of a GB at 8,192 tokens on
+SmolLM2-135M, whose per-layer head arrays are 19 MB each.
 
-:func:`release` gives the heap's free pages back (``malloc_trim``, which also returns the free
-pages inside the heap, not only at its top) once the resident set has grown by
-:data:`RELEASE_BYTES` since the last time; the extraction calls it after each layer it
-streams. A fixed mmap threshold (``M_MMAP_THRESHOLD``) bounds the heap as well, but maps and
-zeroes every large tensor afresh: 12-15 % slower at 8,192 tokens. Other C libraries: nothing
-is done.
+:func:`bound` fixes the threshold at :data:`MMAP_BYTES` (``M_MMAP_THRESHOLD``), so that
+blocks of that size and more (only the per-layer arrays of long texts) are mapped when made
+and returned when freed; each is then zeroed by the system afresh, which costs time in
+proportion to them. :func:`release` gives the heap's free pages back (``malloc_trim``, which
+also returns the free pages inside the heap, not only at its top) once the resident set has
+grown by :data:`RELEASE_BYTES` since the last time; the extraction calls it after each layer
+it streams. Other C libraries: nothing is done.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ import ctypes
 import os
 
 RELEASE_BYTES = 32 << 20        # growth of the resident set that makes release() trim
+MMAP_BYTES = 16 << 20           # blocks this large or larger are mapped by themselves
+M_MMAP_THRESHOLD = -3           # mallopt's parameter number (glibc malloc.h)
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 _state = {"after": None}        # the resident set after the last trim (or lowest since)
 
@@ -46,6 +49,17 @@ def _trim():
 
 
 _TRIM = _trim()
+
+
+def bound(threshold: int = MMAP_BYTES) -> bool:
+    """Have blocks of ``threshold`` bytes and more mapped by themselves, and unmapped when
+    freed, for the rest of the process (glibc ``mallopt``); True where that was set."""
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):                 # not glibc
+        return False
+    mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
+    return mallopt(M_MMAP_THRESHOLD, threshold) == 1
 
 
 def release(grown: int = RELEASE_BYTES) -> bool:

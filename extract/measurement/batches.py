@@ -21,7 +21,7 @@ from attngeom.common.options.stages import ExtractConfig
 from attngeom.store.format import schema as S
 from attngeom.store.format.packing import stored_arrays
 
-from ..heap import release
+from ..heap import bound, release
 from ..loading.data import Sequences, Tokenized, batches, pad_token_id
 from ..loading.images import measure_images
 from .capture import capture
@@ -117,6 +117,7 @@ class LayerRows:
         self.width, self.row = cfg.max_length, 0
         self.finite_at = np.ones((n, cfg.max_length), dtype=bool)      # (S, T)
         stream.mark()
+        bound()                    # a long text's per-layer arrays mapped, not kept in the heap
 
     def add(self, layer: int, arrays: dict[str, np.ndarray]) -> None:
         rows = {k: _pad_tokens(k, v[:, None], self.width, self.cfg.mode)

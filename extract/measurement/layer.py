@@ -127,17 +127,20 @@ def measure_layer(q: Tensor, k: Tensor, v: Tensor, masks: Masks, scale: float,
     out : dict of float32 tensors named as in ``attngeom.store.format.schema`` (layer dim absent).
     """
     H = q.shape[1]
-    kr, vr = repeat_kv(k, H), repeat_kv(v, H)
     kk = masks.sink_ok.shape[-1]
     if opts.mode == DENSE or softcap is not None:
-        alpha, learned = attention_probs(q, kr, scale, masks.allowed, softcap, sinks)
-        vf = vr.float()
+        alpha, learned = attention_probs(q, repeat_kv(k, H), scale, masks.allowed, softcap,
+                                         sinks)
+        vf = repeat_kv(v, H).float()
         z, zf, lse = None, alpha @ vf, None
         sink_alpha, r = alpha[..., :kk], alpha[..., kk:] @ vf[:, :, kk:]
     else:
         alpha, z = None, None
-        zf, lse, sink_alpha, r, learned = split_attention(q, kr, vr, masks, scale, sinks)
+        # the repeated keys and values are freed on return, before the per-token terms
+        zf, lse, sink_alpha, r, learned = split_attention(q, repeat_kv(k, H), repeat_kv(v, H),
+                                                          masks, scale, sinks)
     tok = per_token(zf, v.float(), r, kk, proj)
+    del r
     zg, u = tok.pop("_zg"), tok.pop("_u")
     sink_dots = tok.pop("_sink_dot"), tok.pop("_sink_dot_layer")
     if opts.mode == DENSE:

@@ -19,6 +19,7 @@ import tiny_models as tm
 import tolerance as tol
 from store_helpers import (PER_TOKEN, assert_same, compact_bounds, expected_compact,
                            forward_bound, measurement_bounds, model_dims)
+from attngeom.extract.measurement import geometry
 from attngeom.extract.measurement.capture import Measurer, capture
 from attngeom.extract.measurement.hooks import attention_handler
 from attngeom.extract.measurement.layer import Options
@@ -128,3 +129,20 @@ def test_measurement_leaves_forward_unchanged(arch, mode):
             model.set_attn_implementation(previous)
         np.testing.assert_allclose(measured[real], plain[real], err_msg=impl,
                                    **forward_bound(model, measured.shape[1], plain[real]))
+
+
+@pytest.mark.parametrize("shapes", [((2, 3, 50, 8), (2, 3, 50, 8)),
+                                    ((1, 3, 40, 3, 8), (1, 3, 40, 1, 8)),   # broadcast heads
+                                    ((5, 8), (5, 8))])
+def test_vecdot_in_slices_is_the_whole_product_summed_bit_for_bit(monkeypatch, shapes):
+    """Slicing the elementwise product (here to 256 bytes) changes no bit of the dot."""
+    gen = torch.Generator().manual_seed(0)
+    a, b = (torch.randn(s, generator=gen) for s in shapes)
+    whole = (a * b).sum(-1)
+    monkeypatch.setattr(geometry, "DOT_BYTES", 256)
+    assert torch.equal(geometry.vecdot(a, b), whole)
+    x, y = np.broadcast_arrays(a.double().numpy(), b.double().numpy())
+    exact = (x * y).sum(-1)                          # float64: exact to ~1e-16 here
+    # a float32 sum of d products errs by at most d * 2**-24 * sum |a_i b_i| (rounding)
+    bound = x.shape[-1] * 2.0**-24 * np.abs(x * y).sum(-1)
+    assert (np.abs(geometry.vecdot(a, b).double().numpy() - exact) <= bound).all()

@@ -58,3 +58,37 @@ def test_release_without_the_c_library_does_nothing(monkeypatch):
 
     monkeypatch.setattr(heap, "_TRIM", None)
     assert heap.release(grown=0) is False
+
+
+BOUND_CHILD = r"""
+import ctypes, json, sys
+from attngeom.extract import heap
+
+class Info(ctypes.Structure):                     # glibc's struct mallinfo2
+    _fields_ = [(n, ctypes.c_size_t) for n in ("arena ordblks smblks hblks hblkhd usmblks "
+                                              "fsmblks uordblks fordblks keepcost").split()]
+libc = ctypes.CDLL(None)
+libc.mallinfo2.restype = Info
+libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, (ctypes.c_size_t,)
+libc.free.argtypes = (ctypes.c_void_p,)
+MB = 1 << 20
+set_ = heap.bound(16 * MB) if sys.argv[1] == "bound" else None
+libc.free(libc.malloc(24 * MB))                  # glibc's own threshold rises to 24 MB
+before = libc.mallinfo2().hblkhd
+block = libc.malloc(20 * MB)
+print(json.dumps({"set": set_, "mapped": (libc.mallinfo2().hblkhd - before) / MB}))
+"""
+
+
+@pytest.mark.skipif(not _glibc(), reason="glibc's mallopt and mallinfo2 only")
+@pytest.mark.parametrize("mode", ["bound", "default"])
+def test_bound_maps_large_blocks_by_themselves(mode):
+    """After a 24 MB block is freed glibc serves a 20 MB one from the heap, where it may stay
+    when freed; with bound(16 MB) it is mapped by itself (counted in mallinfo2's hblkhd)."""
+    out = subprocess.run([sys.executable, "-c", BOUND_CHILD, mode], capture_output=True,
+                         text=True, check=True)
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    if mode == "bound":
+        assert got["set"] is True and got["mapped"] >= 20
+    else:
+        assert got["mapped"] == 0
