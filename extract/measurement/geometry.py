@@ -197,7 +197,7 @@ def vecdot(a: Tensor, b: Tensor) -> Tensor:
     and would be held beside them at the layer's peak.
     """
     shape = torch.broadcast_shapes(a.shape, b.shape)
-    nbytes = math.prod(shape) * torch.empty((), dtype=torch.result_type(a, b)).element_size()
+    nbytes = math.prod(shape) * torch.result_type(a, b).itemsize
     if nbytes <= DOT_BYTES or len(shape) < 2:
         return (a * b).sum(-1)
     dim = max(range(len(shape) - 1), key=lambda d: shape[d])
