@@ -207,3 +207,40 @@ def test_an_interrupt_ends_on_its_one_line_even_when_a_half_built_object_fails(c
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("attngeom: interrupted"), err
     assert sys.unraisablehook is printing                    # restored
+
+
+SWALLOWED = """
+import sys, time
+from attngeom.cli import main
+import attngeom.cli as cli
+
+class Finalising:
+    def __del__(self):
+        print("finalising", flush=True)
+        time.sleep(2)          # SIGTERM arrives here: Python can only print what it raises
+
+def command(argv):
+    Finalising()               # its __del__ runs as the last reference goes
+    print("after", flush=True)
+    {rest}
+    print("completed", flush=True)
+    return 0
+
+cli._main = command
+sys.exit(main(["x"]))
+"""
+
+
+@pytest.mark.parametrize("rest", ["time.sleep(10)", "pass"], ids=["more work", "nothing more"])
+def test_an_interrupt_a_finaliser_swallowed_is_raised_again(rest):
+    """SIGTERM that arrives inside a __del__ (Python prints it as ignored and goes on) still
+    stops the command with SIGTERM's status: raised again right after the finaliser, or at the
+    end of the block if the command had nothing more to do."""
+    process = subprocess.Popen([sys.executable, "-c", SWALLOWED.format(rest=rest)],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert process.stdout.readline().strip() == "finalising"
+    process.send_signal(15)
+    out, err = process.communicate(timeout=60)
+    assert ("completed" in out) == (rest == "pass"), (out, err)    # stopped before the rest
+    assert process.returncode == 143, (process.returncode, err)
+    assert err.strip().splitlines()[-1].startswith("attngeom: interrupted"), err
