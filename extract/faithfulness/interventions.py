@@ -175,12 +175,19 @@ class Intervener:
                             carry=self.carry)
 
     def count_self(self, kept: Tensor, eligible: Tensor) -> None:
-        """Add this layer's rows with a removal, and those removing the query's own key."""
-        removed = (kept == 0) & eligible                                 # (B, 1|H, T, Tk)
-        T = removed.shape[2]
-        own = removed.diagonal(dim1=2, dim2=3) if removed.shape[3] == T else \
-            removed[..., :T].diagonal(dim1=2, dim2=3)                    # (B, 1|H, T)
-        counts = torch.stack([removed.any(-1).sum((1, 2)), own.sum((1, 2))], 1).double()
+        """Add this layer's rows with a removal, and those removing the query's own key.
+
+        ``kept`` (B, 1|H, T, Tk) is 0 only at removed keys, each eligible for the row (the
+        factor of :func:`~.selection.select`), unless the heads differ in eligibility and
+        share one factor (token granularity): then the removed mask is formed."""
+        T = kept.shape[2]
+        if kept.shape[1] == 1 and eligible.shape[1] > 1:
+            removed = (kept == 0) & eligible                             # (B, H, T, Tk)
+            has, own = removed.any(-1), removed[..., :T].diagonal(dim1=2, dim2=3)
+        else:                                    # one pass over the factor, and its diagonal
+            has = kept.amin(-1) == 0                                     # (B, 1|H, T)
+            own = kept[..., :T].diagonal(dim1=2, dim2=3) == 0
+        counts = torch.stack([has.sum((1, 2)), own.sum((1, 2))], 1).double()
         self.self_counts = counts if self.self_counts is None else self.self_counts + counts
 
     def attend(self, call) -> Tensor:
