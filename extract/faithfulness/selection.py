@@ -22,6 +22,9 @@ their exact (float64) scores, which the caller supplies (``exact``, at chosen ca
 
 from __future__ import annotations
 
+import functools
+import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,6 +37,7 @@ from .near import Band, Exact, above_cut, open_candidates, padded, take
 
 Tensor = torch.Tensor
 NEAR_CHUNK = 1 << 20     # near rows x candidates decided at a time (float64: 8 MiB a tensor)
+PARALLEL_SORT = 1 << 19  # values per thread below which one thread sorts alone
 
 
 @dataclass(frozen=True)
@@ -88,11 +92,27 @@ def stable_select(key: Tensor, eligible: Tensor, k: Tensor, mode: str) -> Tensor
 
 
 def sort_rows_(x: Tensor) -> Tensor:
-    """Each row of x (R, N) in ascending order, in place (numpy's vectorised sort on the CPU)."""
+    """Each row of x (R, N) in ascending order, in place (numpy's vectorised sort on the CPU,
+    in blocks of rows on torch's threads: numpy sorts on one, and this is the removal pass's
+    largest step at long contexts)."""
     if x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64):
-        x.numpy().sort(axis=-1)
+        rows = x.numpy()
+        threads = min(torch.get_num_threads(), max(1, x.numel() // PARALLEL_SORT))
+        if threads == 1:
+            rows.sort(axis=-1)
+            return x
+        edges = np.linspace(0, len(rows), threads + 1).astype(int)
+        list(_sorters(threads, os.getpid()).map(lambda lo, hi: rows[lo:hi].sort(axis=-1),
+                                   edges[:-1], edges[1:]))
         return x
     return x.copy_(torch.sort(x, dim=-1).values)
+
+
+@functools.lru_cache(maxsize=4)
+def _sorters(threads: int, pid: int) -> ThreadPoolExecutor:
+    """The threads that sort blocks of rows (numpy releases the GIL while it sorts); a forked
+    child (another ``pid``) makes its own, as its parent's threads are not in it."""
+    return ThreadPoolExecutor(threads, thread_name_prefix="attngeom-sort")
 
 
 def width_groups(width: Tensor, N: int) -> list[tuple[Tensor, int]]:

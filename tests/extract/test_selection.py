@@ -142,6 +142,24 @@ def _near_tie_scores(B, H, T, positive, seed):
     return torch.from_numpy(s64), torch.from_numpy(s32)
 
 
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_rows_sorted_in_blocks_on_several_threads_are_sorted(threads, monkeypatch):
+    """sort_rows_ splits rows among torch's threads above PARALLEL_SORT values a thread: the
+    same rows as numpy's sort of the whole array, ties and infinities included."""
+    monkeypatch.setattr(selection, "PARALLEL_SORT", 1 << 10)
+    g = torch.Generator().manual_seed(5)
+    x = torch.randint(-50, 50, (101, 300), generator=g).float()            # with ties
+    x[torch.rand(x.shape, generator=g) < 0.1] = float("inf")
+    want = np.sort(x.numpy(), axis=-1)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        got = selection.sort_rows_(x.clone())
+    finally:
+        torch.set_num_threads(before)
+    assert np.array_equal(got.numpy(), want)
+
+
 @pytest.mark.parametrize("granularity", GRANULARITIES)
 @pytest.mark.parametrize("near_chunk", [None, 1])
 def test_near_ties_at_the_float32_margin_are_decided_in_float64(granularity, near_chunk,
