@@ -160,6 +160,19 @@ def test_rows_sorted_in_blocks_on_several_threads_are_sorted(threads, monkeypatc
     assert np.array_equal(got.numpy(), want)
 
 
+@pytest.mark.parametrize("window", [(0, 0), (3, 40), (250, 299), (299, 299), (100, 200)])
+def test_a_window_of_ranks_holds_what_a_sort_puts_there(window):
+    """sort_ranks_ (a partition and a sort of one end, or a whole sort) leaves in columns
+    first..last exactly the values numpy's sort of each row puts there."""
+    g = torch.Generator().manual_seed(6)
+    x = torch.randint(-30, 30, (57, 300), generator=g).float()              # with ties
+    x[torch.rand(x.shape, generator=g) < 0.2] = float("-inf")
+    first, last = window
+    got = selection.sort_ranks_(x.clone(), first, last)
+    want = np.sort(x.numpy(), axis=-1)
+    assert np.array_equal(got[:, first:last + 1].numpy(), want[:, first:last + 1])
+
+
 @pytest.mark.parametrize("granularity", GRANULARITIES)
 @pytest.mark.parametrize("near_chunk", [None, 1])
 def test_near_ties_at_the_float32_margin_are_decided_in_float64(granularity, near_chunk,
