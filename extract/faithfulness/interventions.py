@@ -249,7 +249,7 @@ class Intervener:
                 ((kept == 0) & eligible_keys(allowed, mask)).expand(shape),
                 "gram": proj.gram, "weight": proj.weight})
         if layer == self.n_layers - 1:  # the pass's scratch freed before the logits are made
-            self.work.storage.clear()
+            self.work.clear()
         return z.to(query.dtype)
 
 

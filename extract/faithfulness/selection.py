@@ -73,6 +73,10 @@ class Workspace:
             self.storage[name] = flat
         return flat[:numel].view(shape)
 
+    def clear(self) -> None:
+        """Free every scratch tensor (they are made again on the next :meth:`get`)."""
+        self.storage.clear()
+
 
 def n_remove(n_eligible: Tensor, fraction: float) -> Tensor:
     """floor(p * n + 0.5) in float64, as an integer tensor of the shape of ``n_eligible``."""
@@ -185,11 +189,11 @@ def find_cut(key: Tensor, n: Tensor, k: Tensor, mode: str, relative: Tensor | No
         rows = slice(None) if rows is None else rows
         top = w if comp else n[rows]                 # sorted index just past the highest eligible
         at = (top - m[rows])[:, None]
+        upper, lower = at.clamp(0, w - 1), (at - 1).clamp(0, w - 1)
         if len(at):                                  # the ranks read below, in sorted place
-            sort_ranks_(part, int((at - 1).clamp(0, w - 1).min()),
-                        int(at.clamp(0, w - 1).max()))
-        hi[rows] = part.gather(-1, at.clamp(0, w - 1))[:, 0]
-        lo[rows] = part.gather(-1, (at - 1).clamp(0, w - 1))[:, 0]
+            sort_ranks_(part, int(lower.min()), int(upper.max()))
+        hi[rows] = part.gather(-1, upper)[:, 0]
+        lo[rows] = part.gather(-1, lower)[:, 0]
     cut = (m > 0) & (m < n)
     rel = 0.0 if relative is None else relative
     gap = rel * (hi.abs() + lo.abs()) + (0.0 if absolute is None else 2 * absolute)
