@@ -9,6 +9,7 @@ this process (no second torch import) and returns (exit status, stdout, stderr).
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
 import json
 import os
@@ -58,12 +59,22 @@ def temporaries(folder: Path) -> list[Path]:
     return [p for p in folder.rglob(".*") if ".tmp-" in p.name]
 
 
+ADDRESSES = {"DIMENSION_LIST", "REFERENCE_LIST"}   # HDF5 object references: file offsets
+
+
 def netcdf_contents(path: Path, skip_attrs=()) -> dict:
-    """Every dataset (values) and attribute of a netCDF4/HDF5 file, read with h5py."""
+    """Every dataset (values and attributes) and the file's attributes of a netCDF4/HDF5 file,
+    read with h5py. Dimension-scale references are left out: they hold file offsets, which
+    depend on how the bytes are laid out, not on what the file holds."""
     out = {}
+
+    def visit(name, obj):
+        if isinstance(obj, h5py.Dataset):
+            out[name] = obj[()]
+            out[f"{name}.attrs"] = {k: obj.attrs[k] for k in obj.attrs if k not in ADDRESSES}
+
     with h5py.File(path, "r") as f:
-        f.visititems(lambda name, obj: out.__setitem__(name, obj[()])
-                     if isinstance(obj, h5py.Dataset) else None)
+        f.visititems(visit)
         out["attrs"] = {k: f.attrs[k] for k in f.attrs if k not in skip_attrs}
     return out
 
@@ -71,7 +82,7 @@ def netcdf_contents(path: Path, skip_attrs=()) -> dict:
 def assert_bitwise_equal(a: dict, b: dict, where: str) -> None:
     assert a.keys() == b.keys(), (where, sorted(a.keys() ^ b.keys()))
     for name in a:
-        if name == "attrs":
+        if name == "attrs" or name.endswith(".attrs"):
             assert {k: str(v) for k, v in a[name].items()} == \
                    {k: str(v) for k, v in b[name].items()}, where
             continue
@@ -100,4 +111,25 @@ def readme(store: Path) -> str:
 
 
 def manifest(store: Path) -> dict:
-    return without_timestamps(json.loads((store / "manifest.json").read_text()))
+    """The store's manifest without timestamps and without the sha256 of each file it lists,
+    which is first checked against that file (hashed here).
+
+    Two runs are compared by their files' contents (:func:`netcdf_contents`), not by these
+    checksums: the bytes of a compressed file are not promised to repeat. On CI's machine two
+    runs once wrote the same values, attributes and chunks in other bytes.
+    """
+    return without_checksums(without_timestamps(json.loads((store / "manifest.json").read_text())),
+                             store)
+
+
+def without_checksums(obj, store: Path):
+    """``obj`` with each ``{"file": ..., "sha256": ...}`` entry's sha256 checked and removed."""
+    if isinstance(obj, list):
+        return [without_checksums(v, store) for v in obj]
+    if not isinstance(obj, dict):
+        return obj
+    if isinstance(obj.get("file"), str) and isinstance(obj.get("sha256"), str):
+        digest = hashlib.sha256((store / obj["file"]).read_bytes()).hexdigest()
+        assert digest == obj["sha256"], f"{store / obj['file']}: recorded sha256 is not the file's"
+    return {k: without_checksums(v, store) for k, v in obj.items()
+            if not (k == "sha256" and isinstance(obj.get("file"), str))}

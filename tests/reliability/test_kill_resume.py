@@ -5,7 +5,8 @@ are killed with SIGKILL (1) while a file is being written (a temporary file exis
 through the run; the second kill hits the resumed run. The same command then finishes (in this
 process, to save a torch import). Every dataset and attribute of every written netCDF file, read
 with h5py, must equal those of an uninterrupted run bit for bit, the manifest must be equal apart
-from timestamps, and no temporary file may remain.
+from timestamps and each file's sha256 (checked against its own file: compressed bytes are not
+promised to repeat), and no temporary file may remain.
 """
 
 from __future__ import annotations
@@ -123,7 +124,4 @@ def test_faithfulness_killed_twice_resumes_to_the_same_result(killed, tiny_model
     assert_bitwise_equal(netcdf_contents(out / "faithfulness.nc", skip_attrs={"created"}),
                          netcdf_contents(clean / "faithfulness.nc", skip_attrs={"created"}),
                          "faithfulness.nc")
-    got, want = manifest(out), manifest(clean)
-    got["faithfulness"]["faithfulness"].pop("sha256")   # the file's "created" attribute differs
-    want["faithfulness"]["faithfulness"].pop("sha256")
-    assert got == want
+    assert manifest(out) == manifest(clean)
