@@ -99,9 +99,7 @@ def test_streamed_shards_equal_the_shards_measured_in_memory(inputs, tmp_path, p
         a, b = streamed / "shards" / name, whole / "shards" / name
         assert _layout(a) == _layout(b), name
         assert_bitwise_equal(netcdf_contents(a), netcdf_contents(b), name)
-    got, want = manifest(streamed), manifest(whole)
-    for entry in got["shards"] + want["shards"]:
-        entry.pop("sha256")                      # the same values, laid out in another order
+    got, want = manifest(streamed), manifest(whole)      # without checksums: another layout
     got.pop("sources"), want.pop("sources")
     assert got == want and got["complete"] and got["counts"]["truncated"] == 1
     assert validate(streamed) == []
@@ -209,8 +207,6 @@ def test_killed_while_a_shard_is_written_is_rejected_then_resumed(inputs, tmp_pa
         assert_bitwise_equal(netcdf_contents(shards / name),
                              netcdf_contents(clean / "shards" / name), name)
     got, want = manifest(out), manifest(clean)
-    for entry in got["shards"] + want["shards"]:   # deflate's bytes may differ, not values
-        entry.pop("sha256")
     assert got == want and validate(out) == []
 
 
