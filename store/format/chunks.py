@@ -63,12 +63,16 @@ def _sums(b: np.ndarray, after: int) -> tuple[int, int]:
     """S1 and S2 modulo 65535 of the words of ``b`` (an even number of bytes), the first of
     which counts ``after`` times in S2 (each later one once less): per block of 360 words its
     sum and its sum weighted 360..1 (exact in float64: at most 2^33), then each block's sum
-    times the words after the block, in int64 modulo 65535."""
+    times the words after the block, in int64 modulo 65535. The weighted sums are einsum's own
+    loop: a BLAS product would start BLAS's threads inside each compressing worker, which then
+    spin beside torch's."""
     words = b.view(">u2").astype(np.float64)                           # big-endian words
     full, n = len(words) // BLOCK, len(words)
     blocks = words[:full * BLOCK].reshape(full, BLOCK)
     sums = np.append(blocks.sum(1), words[full * BLOCK:].sum()).astype(np.int64)
-    weighted = np.append(blocks @ _WEIGHTS, words[full * BLOCK:] @ _WEIGHTS[BLOCK - (n - full * BLOCK):])
+    weighted = np.append(np.einsum("ij,j->i", blocks, _WEIGHTS),
+                         np.einsum("i,i->", words[full * BLOCK:],
+                                   _WEIGHTS[BLOCK - (n - full * BLOCK):]))
     ends = np.minimum(BLOCK * np.arange(1, full + 2, dtype=np.int64), n)   # each block's end
     rest = (after - ends) % 65535                                       # the words after it
     s2 = int((rest * sums % 65535).sum() + (weighted.astype(np.int64) % 65535).sum()) % 65535
