@@ -10,11 +10,9 @@ whole batch at a time, then written (:func:`extract_shard`).
 
 from __future__ import annotations
 
-import contextlib
 import os
 from dataclasses import replace
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import xarray as xr
@@ -242,8 +240,7 @@ def stream_shard(writer: StoreWriter, index: int, loaded, items, start: int,
                       np.zeros((n, cfg.max_length), np.int8),
                       [[] for _ in range(n)] if cfg.store_text else None, np.zeros(n, np.int32))
     skeleton = shard_dataset(Rows(layout, blank, np.ones(n, np.int32)), start, cfg)
-    with torch_threads(dense_threads(cfg.device, cfg.mode)), \
-            writer.streamed_shard(skeleton, index, layout, encode_workers(cfg.device)) as stream:
+    with writer.streamed_shard(skeleton, index, layout, encode_workers(cfg.device)) as stream:
         rows = measure_rows(loaded, items, cfg, opts, stream, bar, current)
         stream.complete(shard_dataset(rows, start, cfg))
 
@@ -269,47 +266,9 @@ def encode_workers(device: str) -> tuple[int, int]:
     """
     import torch
 
-    cores = usable_cores()
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    cores = cores or 1
     after = min(8, cores)
     if not str(device).startswith("cpu"):
         return max(1, min(4, cores - 1)), after
     return max(0, min(4, cores - torch.get_num_threads())), after
-
-
-def dense_threads(device: str, mode: str) -> int | None:
-    """Torch's threads while a dense shard is measured on a CPU where torch would use every
-    core: all but half of them (at most 4, as :func:`encode_workers` caps its compressors),
-    which compress the layers beside it; None leaves torch's count.
-
-    Compressing a dense shard's (query, key) pairs is more work than measuring them, so
-    measuring on every core and compressing between layers is slower than splitting the cores
-    (benchmarks/RESULTS.md, issue 46)."""
-    import torch
-
-    cores = usable_cores()
-    if mode != DENSE or not str(device).startswith("cpu") or cores < 2 \
-            or torch.get_num_threads() < cores:
-        return None
-    return cores - min(4, cores // 2)
-
-
-@contextlib.contextmanager
-def torch_threads(n: int | None) -> Iterator[None]:
-    """Torch's intra-op thread count set to ``n`` inside the block, restored after (None:
-    unchanged)."""
-    import torch
-
-    before = torch.get_num_threads()
-    if n is not None:
-        torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        if n is not None:
-            torch.set_num_threads(before)
-
-
-def usable_cores() -> int:
-    """The cores this process may run on."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return cores or 1

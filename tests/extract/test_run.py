@@ -241,41 +241,6 @@ def test_encode_workers_leave_torchs_cores_alone(monkeypatch, device, cores, thr
     assert run_module.encode_workers(device) == expected
 
 
-@pytest.mark.parametrize("device, mode, cores, threads, expected", [
-    ("cpu", "dense", 2, 2, 1),      # every core measuring: one measures, one compresses
-    ("cpu", "dense", 16, 16, 12),   # four compress, as encode_workers allows
-    ("cpu", "dense", 3, 3, 2),
-    ("cpu", "dense", 2, 1, None),   # a core already left free (--threads 1)
-    ("cpu", "dense", 1, 1, None),   # nothing to split
-    ("cpu", "compact", 2, 2, None),  # compact: compressing is a small share of the work
-    ("cuda", "dense", 16, 16, None),
-])
-def test_dense_on_a_cpu_splits_the_cores_between_measuring_and_compressing(
-        monkeypatch, device, mode, cores, threads, expected):
-    import torch
-
-    monkeypatch.setattr(run_module.os, "sched_getaffinity", lambda pid: set(range(cores)),
-                        raising=False)
-    monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
-    assert run_module.dense_threads(device, mode) == expected
-    if expected is not None:                # and the compressors get the rest
-        monkeypatch.setattr(torch, "get_num_threads", lambda: expected)
-        assert run_module.encode_workers(device)[0] == min(4, cores - expected)
-
-
-def test_torch_threads_are_restored_after_the_block():
-    import torch
-
-    before = torch.get_num_threads()
-    with pytest.raises(RuntimeError):
-        with run_module.torch_threads(1):
-            assert torch.get_num_threads() == 1
-            raise RuntimeError
-    assert torch.get_num_threads() == before
-    with run_module.torch_threads(None):
-        assert torch.get_num_threads() == before
-
-
 def test_shard_written_from_encoded_chunks_equals_hdf5s_own(inputs, tmp_path):
     """The store's shards hold what HDF5's own filters give for the same arrays: the same
     shuffled bytes in each chunk's deflate stream (ISA-L's stream differs from zlib's in its
