@@ -116,7 +116,7 @@ def manifest(store: Path) -> dict:
 
     Two runs are compared by their files' contents (:func:`netcdf_contents`), not by these
     checksums: the bytes of a compressed file are not promised to repeat. On CI's machine two
-    runs once wrote the same values, attributes and chunks in other bytes.
+    runs once wrote the same values and attributes in other bytes.
     """
     return without_checksums(without_timestamps(json.loads((store / "manifest.json").read_text())),
                              store)
