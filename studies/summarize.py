@@ -8,8 +8,9 @@ The first study (studies/*/results_survey) goes between ``<!-- BEGIN GENERATED -
 studies/summarize_faithfulness.py) between
 ``<!-- BEGIN GENERATED 2 -->`` and ``<!-- END GENERATED 2 -->``, the fourth (the Qwen models:
 the same claims from both folders, whatever has run; the rest "not run") between
-``<!-- BEGIN GENERATED 4 -->`` and ``<!-- END GENERATED 4 -->``; every number comes from a CSV
-named next to it.
+``<!-- BEGIN GENERATED 4 -->`` and ``<!-- END GENERATED 4 -->``, the methods ranked on every model
+(studies/ranking.py) between ``<!-- BEGIN GENERATED 5 -->`` and ``<!-- END GENERATED 5 -->``;
+every number comes from a CSV named next to it.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import pandas as pd
 
+import ranking
 import summarize_faithfulness
 from tables import SHORT, f, markdown
 
@@ -29,6 +31,8 @@ FOURTH = ("qwen2.5-0.5b", "qwen2.5-1.5b")   # the fourth study's models
 BEGIN, END = "<!-- BEGIN GENERATED -->", "<!-- END GENERATED -->"
 BEGIN2, END2 = "<!-- BEGIN GENERATED 2 -->", "<!-- END GENERATED 2 -->"
 BEGIN4, END4 = "<!-- BEGIN GENERATED 4 -->", "<!-- END GENERATED 4 -->"
+BEGIN5, END5 = "<!-- BEGIN GENERATED 5 -->", "<!-- END GENERATED 5 -->"
+RANKED = ("smollm2-135m", "gemma3-270m", *FOURTH)   # the token runs, in order of size
 LM_RUNS = (("faith_prose", "prose"), ("faith_gsm8k", "GSM8K"), ("faith_prose_query", "prose, query gran."),
            ("mc_mmlu", "MMLU"), ("mc_winogrande", "WinoGrande"), ("mc_boolq", "BoolQ"))
 
@@ -294,13 +298,15 @@ def main() -> None:
     args = p.parse_args()
     ROOT[0] = args.root
     first, second, fourth = generated(), generated2(), generated4()
+    fifth = ranking.generated(ROOT[0], list(RANKED))
     if args.print:
-        print(first + "\n" + second + "\n" + fourth)
+        print(first + "\n" + second + "\n" + fourth + "\n" + fifth)
         return
     readme = HERE / "README.md"
     text = replace_block(readme.read_text(encoding="utf-8"), BEGIN, END, first)
     text = replace_block(text, BEGIN2, END2, second)
-    readme.write_text(replace_block(text, BEGIN4, END4, fourth), encoding="utf-8")
+    text = replace_block(text, BEGIN4, END4, fourth)
+    readme.write_text(replace_block(text, BEGIN5, END5, fifth), encoding="utf-8")
     print(f"updated {readme}")
 
 

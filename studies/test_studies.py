@@ -559,3 +559,34 @@ def test_summary_shows_a_planned_design_as_not_run_yet_with_its_pilot(tmp_path):
                  ).to_csv(folder / "gu_bos_shift.csv", index=False)
     assert "| m | natural | with BOS | 2.3 | 13.8 | 21.0 | 0.06 | 0.14 | 0.20 | 100 |" in \
         sf.bos_shift_details(tmp_path, ["m"])
+
+
+def test_ranking_tables_follow_the_exported_statistics(tmp_path):
+    import pandas as pd
+    import ranking
+
+    from attngeom.analysis import faithfulness_stats as fs
+
+    with xr.open_dataset(synthetic_result(tmp_path / "d1.nc")) as ds:
+        ds = with_random(ds.load())
+    folder = tmp_path / "m1" / ranking.FOLDER
+    export.export_design1(synthetic_like(ds, tmp_path / "tok.nc"), folder, ranking.NAME)
+    export.export_stats(fs.compute(ds, fs.StatsSettings(n_resamples=199)), folder, ranking.NAME)
+    text = ranking.generated(tmp_path, ["m1", "m2"])         # m2 has not run: left out
+    assert "m2" not in text and f"m1 (n={ds.sizes['sequence']})" in text
+    # the order line: methods by their AOPC of the log-PPL ratio, computed here from the result
+    aopc = np.log(ds["ppl"] / ds["clean_ppl"]).sel(rank="signed").mean(["fraction", "sequence"])
+    line = next(s for s in text.splitlines() if s.startswith("| comprehensiveness"))
+    names = [ranking.M.label(m, "short") for m in
+             aopc.sel(mode="comprehensiveness").to_series().sort_values(kind="stable").index]
+    steps = pd.read_csv(folder / f"{ranking.NAME}_ranking.csv").query(
+        "variable == 'log_ppl_ratio' and mode == 'comprehensiveness' and rank == 'signed'"
+    ).sort_values("position")
+    want = names[0] + "".join(f" {ranking.SIGN[v]} {n}" for v, n in zip(steps["verdict"],
+                                                                        names[1:]))
+    got = " ".join(w for w in line.split("|")[3].split() if not w[0].isdigit())
+    assert got == want
+    rnd = float(aopc.sel(mode="comprehensiveness", metric="random"))
+    cell = float(aopc.sel(mode="comprehensiveness", metric="contribution"))
+    row = next(s for s in text.splitlines() if s.startswith("| contribution |"))
+    assert f"({cell / rnd:.2f}×," in row                  # the ratio of means to random's
