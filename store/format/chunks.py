@@ -14,6 +14,7 @@ file as usual and verifies the checksums. Variables are float32, or int16 (packe
 from __future__ import annotations
 
 import functools
+import itertools
 import threading
 import zlib
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -22,6 +23,7 @@ from typing import Callable
 
 import numpy as np
 
+from . import schema as S
 from .packing import FILL
 
 LEVEL = 1                       # deflate level of every shard variable
@@ -29,6 +31,7 @@ CHUNK_BYTES = 8 * 1024 * 1024   # at most this many bytes per chunk
 BLOCK = 360                     # words per Fletcher-32 block before folding (HDF5's value)
 _WEIGHTS = np.arange(BLOCK, 0, -1, dtype=np.float64)   # word i of a block adds (360 - i)
 SEGMENT = 4096                  # blocks of words a Fletcher-32 pass reads at a time (11 MiB)
+TILE = 256                      # query and key positions per chunk of a (query, key) variable
 
 
 def fletcher32(data: bytes, segment: int = SEGMENT) -> int:
@@ -113,11 +116,50 @@ def chunk_rows(row_bytes: int, rows: int) -> int:
     return max(1, min(rows, CHUNK_BYTES // max(row_bytes, 1)))
 
 
-def layer_chunks(cells: tuple[int, ...], itemsize: int, rows: int) -> tuple[int, ...]:
-    """The chunk shape of a (sequence, layer, *cells) variable: :func:`chunk_rows` sequences
-    (at most ``rows``) of one layer."""
+def tiled(cells: tuple[int, ...], dims: tuple[str, ...] = ()) -> tuple[int, ...]:
+    """A chunk's extent along ``cells`` (the axes after sequence and layer, named by the last
+    ``dims``): a (query, key) variable in tiles of at most TILE x TILE positions, so that a
+    tile no query attends to (above the causal diagonal, outside a sliding window, padding)
+    holds only the fill value and is never stored (HDF5 reads a chunk never stored as the
+    fill value); the other axes whole."""
+    cells = tuple(int(c) for c in cells)
+    if tuple(dims[-2:]) != (S.QUERY, S.KEY):
+        return cells
+    return (*cells[:-2], *(min(c, TILE) for c in cells[-2:]))
+
+
+def layer_chunks(cells: tuple[int, ...], itemsize: int, rows: int,
+                 dims: tuple[str, ...] = ()) -> tuple[int, ...]:
+    """The chunk shape of a (sequence, layer, *cells) variable on ``dims``: :func:`chunk_rows`
+    sequences (at most ``rows``) of one layer, and :func:`tiled` along ``cells``."""
+    cells = tiled(cells, dims)
     row_bytes = int(np.prod(cells, dtype=np.int64)) * itemsize
     return (chunk_rows(row_bytes, rows), 1, *cells)
+
+
+def tiles(block: np.ndarray, chunks: tuple[int, ...]):
+    """The chunks of a row block (rows, 1, *cells) along its cells: (offset along the cells,
+    tile) pairs, edge tiles padded with the fill value to the full chunk (as HDF5 stores
+    edge chunks)."""
+    cells, step = block.shape[2:], chunks[2:]
+    if tuple(cells) == tuple(step):
+        yield (0,) * len(cells), block
+        return
+    for corner in itertools.product(*(range(0, n, c) for n, c in zip(cells, step))):
+        tile = block[(slice(None), slice(None),
+                      *(slice(o, o + c) for o, c in zip(corner, step)))]
+        short = [(0, c - n) for n, c in zip(tile.shape[2:], step)]
+        if any(w for _, w in short):
+            tile = np.pad(tile, [(0, 0), (0, 0), *short], constant_values=fill_value(tile.dtype))
+        yield corner, tile
+
+
+def encode_stored(block: np.ndarray, level: int = LEVEL) -> bytes | None:
+    """:func:`encode_chunk`, or None for a chunk whose every item is the fill value bit for bit
+    (not stored: it reads back as the same bits)."""
+    uint = f"u{block.itemsize}"
+    fill = np.asarray(fill_value(block.dtype), block.dtype).view(uint)
+    return None if (block.view(uint) == fill).all() else encode_chunk(block, level)
 
 
 def cut_chunks(parts: list[np.ndarray], rows: int, final: bool
@@ -162,12 +204,13 @@ class ChunkEncoder:
     arrays as float32, int16 arrays (packed) as they are.
 
     Chunks hold ``chunk_rows`` sequences (``rows`` must not exceed the shard's sequences:
-    HDF5 chunks are not larger than the variable) and one layer. ``add`` takes the next rows
-    of every variable and hands each complete chunk to the workers, at most ``during`` at a
-    time (0: none until ``finish``, when measuring leaves no core spare); ``finish`` lets
-    ``after`` work at once, encodes the rest, padding the last row block as HDF5 pads edge
-    chunks (NaN, or FILL for int16), and returns name -> Encoded (with its dims from
-    ``dims`` and attributes from ``attrs``, when given).
+    HDF5 chunks are not larger than the variable) and one layer, a (query, key) variable's in
+    tiles (:func:`tiled`; one holding only the fill value is not stored). ``add`` takes the
+    next rows of every variable and hands each complete chunk to the workers, at most
+    ``during`` at a time (0: none until ``finish``, when measuring leaves no core spare);
+    ``finish`` lets ``after`` work at once, encodes the rest, padding the last row block as
+    HDF5 pads edge chunks (NaN, or FILL for int16), and returns name -> Encoded (with its
+    dims from ``dims`` and attributes from ``attrs``, when given).
     """
 
     def __init__(self, rows: int, during: int, after: int, level: int = LEVEL,
@@ -186,9 +229,9 @@ class ChunkEncoder:
         self.layout: dict[str, tuple[int, ...]] = {}      # (L, ...) of each variable
         self.dtypes: dict[str, np.dtype] = {}
 
-    def _encode(self, block: np.ndarray) -> bytes:
+    def _encode(self, block: np.ndarray) -> bytes | None:
         with self.gate:
-            return encode_chunk(block, self.level)
+            return encode_stored(block, self.level)
 
     def add(self, arrays: dict[str, np.ndarray]) -> None:
         """The next rows (b, L, ...) of each variable, in sequence order."""
@@ -197,7 +240,8 @@ class ChunkEncoder:
             if x.dtype.kind == "f":
                 x = x.astype(np.float32, copy=False)
             if name not in self.chunks:
-                self.chunks[name] = layer_chunks(x.shape[2:], x.itemsize, self.rows)
+                self.chunks[name] = layer_chunks(x.shape[2:], x.itemsize, self.rows,
+                                                 tuple(self.dims.get(name, ())))
                 self.layout[name] = tuple(x.shape[1:])
                 self.dtypes[name] = fill_value(x.dtype).dtype
                 self.pending[name], self.done_rows[name], self.futures[name] = [], 0, {}
@@ -214,9 +258,9 @@ class ChunkEncoder:
         for start, block in blocks:
             row0 = self.done_rows[name] + start
             for layer in range(block.shape[1]):
-                offset = (row0, layer) + (0,) * (block.ndim - 2)
-                self.futures[name][offset] = self.pool.submit(
-                    self._encode, block[:, layer:layer + 1])
+                for corner, tile in tiles(block[:, layer:layer + 1], self.chunks[name]):
+                    self.futures[name][(row0, layer, *corner)] = self.pool.submit(
+                        self._encode, tile)
         self.done_rows[name] += whole
 
     def finish(self) -> dict[str, Encoded]:
@@ -230,8 +274,9 @@ class ChunkEncoder:
             out = {}
             for name, futures in self.futures.items():
                 shape = (self.done_rows[name], *self.layout[name])
+                blobs = {off: f.result() for off, f in futures.items()}
                 out[name] = Encoded(shape, self.chunks[name],
-                                    {off: f.result() for off, f in futures.items()},
+                                    {off: b for off, b in blobs.items() if b is not None},
                                     tuple(self.dims.get(name, ())), self.dtypes[name],
                                     dict(self.attrs.get(name, {})))
             return out

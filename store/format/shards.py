@@ -23,7 +23,7 @@ import numpy as np
 import xarray as xr
 
 from ..format import schema as S
-from .chunks import LEVEL, Encoded, chunk_rows, fill_value
+from .chunks import LEVEL, Encoded, chunk_rows, fill_value, tiled
 from attngeom.common.atomic import atomic_write_bytes
 from .packing import FILL, cf_attrs, is_packed, precision_of
 
@@ -88,7 +88,8 @@ def build_shard(arrays: Mapping[str, np.ndarray | Encoded], sequences: np.ndarra
 
 
 def encoding(ds: xr.Dataset, rows: int | None = None) -> dict[str, dict]:
-    """gzip + shuffle + Fletcher-32 checksums, chunks of one layer and ~8 MiB of sequences.
+    """gzip + shuffle + Fletcher-32 checksums, chunks of one layer and ~8 MiB of sequences
+    (a (query, key) variable's also in tiles: :func:`attngeom.store.format.chunks.tiled`).
 
     ``rows`` caps the sequences per chunk (extraction uses its batch size, so that chunks
     are complete after each batch). gzip level 1: level 4 wrote 1.15x slower for 1.2% fewer
@@ -101,6 +102,7 @@ def encoding(ds: xr.Dataset, rows: int | None = None) -> dict[str, dict]:
         shape = list(var.shape)
         if S.LAYER in var.dims:
             shape[var.dims.index(S.LAYER)] = 1
+        shape[-2:] = tiled(tuple(shape[-2:]), var.dims)     # (query, key) tiles
         per_seq = int(np.prod(shape[1:])) * var.dtype.itemsize
         shape[0] = chunk_rows(per_seq, min(shape[0], rows or shape[0]))
         enc[name] = {"zlib": True, "complevel": LEVEL, "shuffle": True, "chunksizes": tuple(shape),

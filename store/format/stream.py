@@ -8,8 +8,10 @@ compressed. The file is laid out in memory first, as
 variables by xarray, placeholders until the shard is measured; every measured variable created
 empty with the same chunks, filters, fill values and attributes), and written under its
 temporary name (:func:`attngeom.common.atomic.atomic_file`). Each layer's rows are then cut
-into those chunks, compressed (:func:`~attngeom.store.format.chunks.encode_chunk`, in worker
-threads) and stored with h5py's ``write_direct_chunk``, in order, as soon as a chunk is whole;
+into those chunks, compressed (:func:`~attngeom.store.format.chunks.encode_stored`, in worker
+threads) and stored with h5py's ``write_direct_chunk``, in order, as soon as a chunk is whole
+(a chunk holding only the fill value, such as a (query, key) tile above the causal diagonal,
+is not stored: HDF5 reads it as the fill value);
 :meth:`ShardStream.complete` writes the per-sequence values last. Until the writer renames it,
 the file has its temporary name and the manifest does not list it: a shard cut short is never
 read, and a rerun deletes it. Only h5py writes to the file on disk (a full disk is an OSError,
@@ -36,7 +38,7 @@ import xarray as xr
 from attngeom.common.vocab import PACKED
 
 from ..format import schema as S
-from .chunks import Encoded, cut_chunks, encode_chunk, layer_chunks
+from .chunks import Encoded, cut_chunks, encode_stored, layer_chunks, tiles
 from .packing import PACKED_VARIABLES, stored_attrs
 from .shards import shard_bytes
 
@@ -59,8 +61,8 @@ def measured_layout(mode: str, precision: str, learned_sinks: bool, sequences: i
         dtype = np.dtype(np.int16 if precision == PACKED and name in PACKED_VARIABLES
                          else np.float32)
         shape = tuple(sizes[d] for d in dims)
-        out[name] = Encoded(shape, layer_chunks(shape[2:], dtype.itemsize, rows), {}, dims,
-                            dtype, stored_attrs(name, precision))
+        out[name] = Encoded(shape, layer_chunks(shape[2:], dtype.itemsize, rows, dims), {},
+                            dims, dtype, stored_attrs(name, precision))
     return out
 
 
@@ -87,6 +89,8 @@ class ShardStream:
         self.saved: dict[tuple[str, int], tuple[int, list[np.ndarray]]] = {}
         self.pool = ThreadPoolExecutor(max(1, workers), thread_name_prefix="attngeom-stream")
         self.queue: deque[tuple[str, tuple[int, ...], Future, int]] = deque()
+        self.cut = {name: set() for name in self.layout}      # chunk offsets measured
+        self.stored = {name: set() for name in self.layout}   # those not only fill
         self.calls, self.finished, self.result = 0, False, None
 
     # ---------------------------------------------------------------- measured rows
@@ -122,11 +126,12 @@ class ShardStream:
                 self.pending[name, layer] = self._submit(name, layer, start, parts, True)
         self._write(keep=None)
         for name, enc in self.layout.items():
-            want = -(-enc.shape[0] // enc.chunks[0]) * enc.shape[1]
-            have = self.datasets[name].id.get_num_chunks()
-            if have != want:
-                raise ValueError(f"shard stream: {have} of the {want} chunks of '{name}' "
-                                 "were measured")
+            grid = [-(-n // c) for n, c in zip(enc.shape, enc.chunks)]
+            want, have = int(np.prod(grid)), self.datasets[name].id.get_num_chunks()
+            if len(self.cut[name]) != want or have != len(self.stored[name]):
+                raise ValueError(f"shard stream: {len(self.cut[name])} of the {want} chunks "
+                                 f"of '{name}' were measured, {have} of "
+                                 f"{len(self.stored[name])} stored")
         self.finished = True
         return {name: Encoded(enc.shape, enc.chunks, {}, enc.dims, enc.dtype, dict(enc.attrs))
                 for name, enc in self.layout.items()}
@@ -135,11 +140,14 @@ class ShardStream:
                 final: bool) -> tuple[int, list[np.ndarray]]:
         """Hand the whole chunks of ``parts`` (rows from ``start``) to the workers; return the
         rows left over (all of them, padded, when ``final``)."""
-        whole, blocks, rest = cut_chunks(parts, self.layout[name].chunks[0], final)
+        chunks = self.layout[name].chunks
+        whole, blocks, rest = cut_chunks(parts, chunks[0], final)
         for lo, block in blocks:
-            offset = (start + lo, layer) + (0,) * (block.ndim - 2)
-            self.queue.append((name, offset, self.pool.submit(encode_chunk, block),
-                               self.calls))
+            for corner, tile in tiles(block, chunks):
+                offset = (start + lo, layer, *corner)
+                self.cut[name].add(offset)
+                self.queue.append((name, offset, self.pool.submit(encode_stored, tile),
+                                   self.calls))
         return start + whole, rest
 
     def _write(self, keep: int | None) -> None:
@@ -148,8 +156,11 @@ class ShardStream:
         while self.queue and (keep is None or self.queue[0][3] != keep):
             name, offset, future, _ = self.queue.popleft()
             blob = future.result()
+            if blob is None:                     # only the fill value: read as such
+                continue
             with hdf5_errors():
                 self.datasets[name].id.write_direct_chunk(offset, blob)
+            self.stored[name].add(offset)
 
     # ---------------------------------------------------------------- the rest, the file
     def complete(self, ds: xr.Dataset) -> None:

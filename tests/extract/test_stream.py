@@ -243,3 +243,39 @@ def test_a_full_disk_while_a_shard_is_written_is_one_line(inputs, tmp_path):
             assert set(recorded) <= {p.name for p in (out / "shards").iterdir()}
         finally:
             subprocess.run(["umount", "-l", str(place)], capture_output=True)
+
+
+@pytest.mark.parametrize("precision", ["float32", "packed"])
+def test_pair_tiles_only_fill_are_not_stored_and_read_as_fill(inputs, tmp_path, precision,
+                                                              monkeypatch):
+    """(query, key) variables in tiles of 4 x 4 positions (TILE lowered from 256 so that the
+    tiny texts are tiled, with edge tiles): the tiles above the causal diagonal (and of padding)
+    are never stored, and the store reads bit for bit as the untiled one, streamed and
+    measured in memory alike."""
+    from attngeom.store.format import chunks as chunks_module
+
+    model, data, _ = inputs
+    untiled = _extract(model, data, tmp_path / "untiled", precision=precision)
+    monkeypatch.setattr(chunks_module, "TILE", 4)
+    streamed = _extract(model, data, tmp_path / "streamed", precision=precision)
+    whole = _extract(model, data, tmp_path / "whole", in_memory=True, precision=precision)
+    fill = np.asarray(chunks_module.fill_value(np.int16 if precision == "packed"
+                                               else np.float32))
+    for name in ("shard-00000.nc", "shard-00001.nc"):
+        a, b = streamed / "shards" / name, whole / "shards" / name
+        assert _layout(a) == _layout(b), name
+        contents = netcdf_contents(a)
+        assert_bitwise_equal(contents, netcdf_contents(untiled / "shards" / name), name)
+        with h5py.File(a, "r") as f:
+            d = f["alpha"]
+            assert d.chunks[-2:] == (4, 4) and d.shape[-2:] == (10, 10)
+            r = d.chunks[0]                                 # sequences per chunk
+            x = np.pad(d[()], [(0, -d.shape[0] % r)] + [(0, 0)] * 2 + [(0, 2), (0, 2)],
+                       constant_values=fill)                # edge chunks, as HDF5 pads them
+            # (row blocks, rows, layers, heads, 3 query tiles of 4, 3 key tiles of 4)
+            t = x.reshape(-1, r, *x.shape[1:3], 3, 4, 3, 4)
+            bits = t.view(f"u{x.itemsize}") != fill.view(f"u{x.itemsize}")
+            want = int(bits.any(axis=(1, 3, 5, 7)).sum())   # tiles holding any value
+            grid = np.prod([-(-n // c) for n, c in zip(d.shape, d.chunks)])
+            assert d.id.get_num_chunks() == want < grid     # above the diagonal: not stored
+    assert validate(streamed) == [] and validate(whole) == []
