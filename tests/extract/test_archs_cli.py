@@ -129,9 +129,11 @@ def test_learned_sinks_compact_store(tmp_path):
     s = sinks(ds)
     lsa = np.where(real, ds["learned_sink_alpha"].values, np.nan)[..., 1:]     # queries i >= 1
     want = np.nanmean(np.moveaxis(lsa, 0, -1).reshape(2, 4, -1), -1)          # (layer, head)
-    count = int((~np.isnan(lsa[:, 0, 0])).sum())                              # float64 means
+    count = int((~np.isnan(lsa[:, 0, 0])).sum())
+    # both are means of float32 values summed in float32 (xarray's and numpy's nanmean), in
+    # orders that depend on the CPU's vector width: each within gamma(count) of the exact mean
     np.testing.assert_allclose(s["learned_sink_rate_mean"].values, want,
-                               **tol.total(count, np.nanmax(want), tol.F64, vs=tol.F64))
+                               **tol.total(count, np.nanmax(want), tol.F32, vs=tol.F32))
     from attngeom.reports.style import style
 
     with style():
