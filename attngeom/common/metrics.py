@@ -120,6 +120,13 @@ class Metric:
         """The legend label: words and symbol ("value-weighted α‖ṽ‖")."""
         return f"{self.words} {self.symbol}"
 
+    def ranked_by(self, granularity: str) -> str:
+        """The metric whose scores a removal at ``granularity`` ranks keys by: one whose
+        ranking this one provably equals (``ranks_like``: the same removed keys, fewer float32
+        rows left near the cut), else this one."""
+        return next((other for gran, other, _ in self.ranks_like if gran == granularity),
+                    self.name)
+
     def same_ranking(self, granularity: str, among) -> tuple[str, str] | None:
         """(metric, why) whose ranking this one provably equals at ``granularity``, when that
         metric is among those run; else None."""

@@ -223,10 +223,11 @@ class Intervener:
                 self.kernels.step(ctx, alpha)
         if r is not None and (r.layers is None or layer in r.layers):
             eligible = eligible_keys(allowed, mask)
-            score, error = fast_scores(r.metric, alpha, value, self.projection(layer, dtype),
+            by = M.get(r.metric).ranked_by(r.granularity)
+            score, error = fast_scores(by, alpha, value, self.projection(layer, dtype),
                                        logit_scale(query, key, scaling, sinks), scores, blocks,
                                        ctx)
-            exact = ExactScores(r.metric, query, key, value, allowed, scaling, softcap, proj,
+            exact = ExactScores(by, query, key, value, allowed, scaling, softcap, proj,
                                 sinks, ctx)
             kept = select(score, eligible, r.fraction, r.mode, r.rank, r.granularity,
                           error, exact, self.work, inplace=score is not alpha, keep=True)
