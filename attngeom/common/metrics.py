@@ -79,6 +79,10 @@ class Metric:
         that granularity (its results are then copied, not recomputed).
     error_unit : float
         The float32 rounding error, in units of the kernel's error model.
+    within_unit : float
+        For a kernel whose error model is u Lambda |score|: its error within one (head, query)
+        row, a factor common to the row set aside, in units of u Lambda_w (the model without
+        the softmax normaliser's term); 0: not measured, the whole bound serves.
     scope : str
         ``"head"``, ``"layer"`` or ``"token"``: what a score needs (its head's output, every
         head's output) or is (one per query and key, heads combined).
@@ -103,6 +107,7 @@ class Metric:
     nonnegative: bool = False       # every score >= 0: |score| ranks as score
     ranks_like: tuple[tuple[str, str, str], ...] = ()   # (granularity, metric, why)
     error_unit: float = 32.0        # float32 rounding error, in units of the kernel's model
+    within_unit: float = 0.0        # the same within one head's row, in units of u Lambda_w
     scope: str = HEAD
     needs: tuple[str, ...] = ()     # among NEEDS
     fast: str = ""                  # a plugin's "module:function" of the float32 kernel
@@ -267,14 +272,15 @@ def _builtin(name, symbol, words, short, abbrev, paper, color, **kw) -> Metric:
 # In the paper's expected order of faithfulness (attention < value-weighted < output-normalized
 # < contribution), then the layer-level C. Error units: ten times the largest float32 error
 # ratio measured on SmolLM2-135M prose (benchmarks/RESULTS.md), in the units of each kernel's
-# error model (extract/faithfulness/removal_scores.py).
+# error model (extract/faithfulness/removal_scores.py); within units the same for the error
+# within a head's row (benchmarks/bench_row_error.py: 4.31 at T = 128, 3.55 at 4,096).
 _builtin(
     "attention", "α", "attention", "attention", "raw", "raw attention", "#8c8c8c",
-    nonnegative=True, error_unit=32.0)
+    nonnegative=True, error_unit=32.0, within_unit=44.0)
 _builtin(
     "value_weighted", "α‖ṽ‖", "value-weighted", "value-weighted", "vw",
     "value-weighted attention (Kobayashi et al. 2020)", "#4c72b0",
-    nonnegative=True, error_unit=32.0)
+    nonnegative=True, error_unit=32.0, within_unit=44.0)
 _builtin(
     "value_weighted_normalized", "α‖ṽ‖/‖o‖", "value-weighted normalized", "normalized", "vwn",
     "value-weighted output-normalized attention", "#55a868", nonnegative=True, error_unit=16.0,

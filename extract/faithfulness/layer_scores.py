@@ -11,6 +11,8 @@ inputs, with the same bits as :func:`metric_scores` (row-by-row arithmetic,
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from attngeom.common import metrics
@@ -20,7 +22,7 @@ from .base import exact_alpha, key_norms, rowmm, value_norms
 from .exact_scores import Rows64
 from .field_scores import TokenRows64
 from .kernels import kernels
-from .removal_scores import FastLayer
+from .removal_scores import FastLayer, within_scale
 from .selection import ErrorBound
 
 Tensor = torch.Tensor
@@ -44,9 +46,16 @@ def fast_scores(metric: str, alpha: Tensor, value: Tensor, proj: Projection, lam
     s_h')^2) / ||o||), s_h = sqrt(sum_j alpha^2 ||v~||^2); the sum of |terms| overstates it by
     up to sqrt(Tk) where attention is diffuse, and with it the rows recomputed in float64. The
     signed scores' error is relative to |score| except near 0 (a key almost orthogonal to o).
+    Within one (head, query) row alpha's error is O(u Lambda_w) once the normaliser's rounding,
+    common to the row, is set aside (:func:`~.removal_scores.within_scale`): the bound
+    ``within`` where a metric's registry entry has a ``within_unit``.
     """
-    unit = metrics.get(metric).error_unit * torch.finfo(alpha.dtype).eps / 2
-    return kernels(metric).fast(FastLayer(alpha, value, proj, lam, out, blocks, context), unit)
+    entry, u = metrics.get(metric), torch.finfo(alpha.dtype).eps / 2
+    score, error = kernels(metric).fast(FastLayer(alpha, value, proj, lam, out, blocks, context),
+                                        entry.error_unit * u)
+    if entry.within_unit:                                # an error of u Lambda |score|
+        error = replace(error, within=entry.within_unit * u * within_scale(lam, alpha.shape[-1]))
+    return score, error
 
 
 def metric_scores(metric: str, alpha: Tensor, vf: Tensor, z: Tensor, proj: Projection,

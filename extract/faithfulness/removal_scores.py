@@ -37,6 +37,13 @@ def logit_scale(query: Tensor, key: Tensor, scale: float,
     return lam if sinks is None else lam + sinks.float().abs()
 
 
+def within_scale(lam: Tensor, n_keys: int) -> Tensor:
+    """Lambda_w (B, H, T): :func:`logit_scale` without the softmax normaliser's sqrt(Tk),
+    whose rounding scales a whole (head, query) row alike; 1 for the exponential's and the
+    division's own rounding."""
+    return lam - (n_keys ** 0.5 - 1)
+
+
 class FastLayer:
     """One layer's float32 inputs to the fast scores, and what several metrics share (each
     computed once, on first use).

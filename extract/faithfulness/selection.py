@@ -45,11 +45,15 @@ class ErrorBound:
     """|score - exact score| <= relative |score| + root sqrt(|score|) + absolute per (head,
     query): ``relative`` (B, H, T), ``absolute`` and ``root`` (B, H, T) or None (0); H is 1 for
     scores of keys with the heads combined (a metric of scope ``token``). ``root`` bounds a
-    score computed as a squared distance of rounded vectors (value zeroing's)."""
+    score computed as a squared distance of rounded vectors (value zeroing's). ``within``
+    (B, H, T) or None: |score - c exact score| <= within |score| for a c > 0 common to the
+    (head, query) row (the softmax normaliser's rounding), which cannot reorder the row: the
+    bound for comparisons within one head's row (head granularity), where it is the smaller."""
 
     relative: Tensor
     absolute: Tensor | None = None
     root: Tensor | None = None
+    within: Tensor | None = None
 
 
 class Workspace:
@@ -357,6 +361,8 @@ def select(score: Tensor, eligible: Tensor, fraction: float, mode: str, rank: st
     key, n = _keys(score, eligible, rank, granularity, fill, work, inplace)
     N = key.shape[-1]
     rel = None if error is None else error.relative
+    if granularity == "head" and error is not None and error.within is not None:
+        rel = torch.minimum(error.within, rel)             # a row is one head's
     absolute = None if error is None else error.absolute
     root = None if error is None else error.root
     if rel is not None and granularity != "head":

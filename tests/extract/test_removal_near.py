@@ -164,6 +164,43 @@ def test_rows_within_their_bound_decide_like_the_full_rerank(granularity, bound)
                     assert np.array_equal(got.numpy(), want), (trial, p, mode, rank)
 
 
+@pytest.mark.parametrize("granularity", GRANULARITIES)
+def test_a_factor_common_to_a_head_row_is_left_out_of_its_comparisons(granularity):
+    """float32 scores c s (1 + e), c up to 30 % off for each (head, query) row and |e| within
+    ``within``: at head granularity ``within`` (the smaller) decides which rows are near and
+    the removed sets are the float64 rule's; rows that mix heads keep the whole bound."""
+    gen = torch.Generator().manual_seed(5)
+    B, H, T = 2, 3, 16
+    eligible = _eligible(B, H, T, per_head=granularity == "head", seed=4)
+    within = 1e-3 + torch.rand(B, H, T, generator=gen).double() * 4e-3
+    c = 1 + (2 * torch.rand(B, H, T, 1, generator=gen).double() - 1) * 0.3
+    whole = ((c - 1).abs()[..., 0] + within) * 1.5                    # covers c and e
+    for trial in range(3):
+        s64 = torch.randint(-6, 7, (B, H, T, T), generator=gen).double() / 4 + \
+            (trial == 2) * torch.randn(B, H, T, T, generator=gen).double()
+        if granularity == "token":
+            s64 = s64.abs()
+        e = (2 * torch.rand(B, H, T, T, generator=gen).double() - 1) * within[..., None] / 2
+        s32 = (c * s64 * (1 + e)).float()
+        error = ErrorBound(whole.float(), within=within.float())
+        for p in (0.1, 0.5, 0.9):
+            for mode in MODES:
+                for rank in RANKS:
+                    want = numpy_rule(s64.numpy(), eligible, p, mode, rank, granularity)
+                    asked = Asked(s64)
+                    got = select(s32.clone(), eligible, p, mode, rank, granularity, error,
+                                 asked, Workspace(), inplace=True)
+                    assert np.array_equal(got.numpy(), want), (trial, p, mode, rank)
+                    wide = Asked(s64)
+                    select(s32.clone(), eligible, p, mode, rank, granularity,
+                           ErrorBound(whole.float()), wide, Workspace(), inplace=True)
+                    rows = lambda x: sum(len(r[0]) for r in x.rows)  # noqa: E731
+                    if granularity == "head":
+                        assert rows(asked) < rows(wide)
+                    else:
+                        assert rows(asked) == rows(wide)
+
+
 def _layer_cases(metric):
     """Each layer of the tiny llama's clean pass: float32 scores, their bound inflated 1e3
     times (most rows near, many keys open; for the signed metrics with the absolute term the

@@ -305,6 +305,12 @@ def test_fast_scores_stay_within_their_bound(metric):
         real = allowed.expand_as(err)
         assert err[real].max() > 0                                   # float32 really differs
         assert (err <= bound)[real].all(), float((err / bound)[real].max())
+        if error.within is not None:          # up to a factor common to the (head, query) row
+            ratio = torch.where(real & (want > 0), got.double() / want, torch.nan)
+            c = ratio.nanmedian(-1).values.nan_to_num(1.0)[..., None]
+            rest = (got.double() - c * want).abs()
+            bound = error.within[..., None].double() * got.double().abs()
+            assert (rest <= bound)[real].all(), float((rest / bound)[real].max())
 
 
 def test_shared_scratch_tensors_change_nothing():
