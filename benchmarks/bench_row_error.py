@@ -7,7 +7,9 @@ still counts it, as the sqrt(Tk) term of Lambda. On the real SmolLM2-135M and Wi
 cut to T tokens, every layer, for each head-local metric this prints:
 
 - ``whole``: the largest |s~ - s| in units of the present error model (the registry's
-  ``error_unit`` is ten times the largest seen);
+  ``error_unit`` is ten times the largest seen), relative to |s~| (keys within 1 % of their
+  row's largest |s| of zero left out) or, for the signed metrics, to |s~| plus the key's term,
+  as tests/extract/test_selection.py bounds them;
 - ``within``: the largest |s~ - c s| with c the row's median ratio s~ / s over its keys,
   in units of the model with Lambda_w = Lambda - sqrt(Tk) + 1 in place of Lambda's first term;
 - the share of ranking rows near the cut (p = 0.1, both modes) under the present bound and
@@ -30,33 +32,52 @@ METRICS = ("attention", "value_weighted", "contribution", "contribution_layer")
 P = 0.1
 
 
-def within_ratio(fast, exact, rel_w, allowed):
-    """Largest |s~ - c s| / (rel_w |s~|), c the row's median s~ / s over its nonzero keys."""
+def within_ratio(fast, exact, rel_w, allowed, term=None):
+    """Largest |s~ - c s| / (rel_w size), c the row's median s~ / s over keys away from zero;
+    size |s~|, plus the key's term for a signed metric (``term``, as the tests bound it)."""
     import torch
 
     f, e = fast.double(), exact.double()
     ok = away_from_zero(e, allowed) & (f.abs() > 0)
     ratio = torch.where(ok, f / torch.where(ok, e, 1.0), torch.nan)
     c = ratio.nanmedian(-1).values.nan_to_num(1.0)                       # (B, H, T)
-    d = (f - c[..., None] * e).abs()
-    bound = (rel_w[..., None].double() * f.abs()).clamp_min(1e-300)
-    return float(torch.where(ok, d / bound, 0).max())
+    return _largest(f - c[..., None] * e, f, rel_w, allowed if term is not None else ok, term)
 
 
 def away_from_zero(exact, allowed):
-    """Keys whose score is not within 1e-2 of its row's largest |score| of zero: the signed
-    scores' error is not relative to |score| there (keys almost orthogonal to the output),
-    as the removal's docstring says; no cut of p = 0.1 lies among them on prose."""
+    """Keys whose score is not within 1e-2 of its row's largest |score| of zero."""
     a = exact.abs().masked_fill(~allowed, 0)
     return allowed & (a > 1e-2 * a.amax(-1, keepdim=True))
 
 
-def whole_ratio(fast, exact, rel, allowed):
+def whole_ratio(fast, exact, rel, allowed, term=None):
+    """Largest |s~ - s| / (rel size) (size as in :func:`within_ratio`)."""
+    where = allowed if term is not None else away_from_zero(exact, allowed)
+    return _largest(fast.double() - exact, fast.double(), rel, where, term)
+
+
+def _largest(d, f, rel, where, term):
     import torch
 
-    d = (fast.double() - exact).abs()
-    bound = (rel[..., None].double() * fast.double().abs()).clamp_min(1e-300)
-    return float(torch.where(away_from_zero(exact, allowed), d / bound, 0).max())
+    size = f.abs() if term is None else f.abs() + term
+    bound = (rel[..., None].double() * size).clamp_min(1e-300)
+    return float(torch.where(where, d.abs() / bound, 0).max())
+
+
+def key_term(metric, a64, vf, proj64):
+    """A signed metric's key term (the size its error follows where the key is almost
+    orthogonal to the output, as tests/extract/test_selection.py bounds it), else None."""
+    from attngeom.extract.faithfulness.base import rowmm
+    from attngeom.extract.faithfulness.layer_scores import metric_scores
+
+    if metric == "contribution":
+        return metric_scores("value_weighted_normalized", a64, vf, rowmm(a64, vf), proj64)
+    if metric == "contribution_layer":
+        B, H, T, dh = vf.shape[0], vf.shape[1], a64.shape[2], vf.shape[-1]
+        o = rowmm(rowmm(a64, vf).transpose(1, 2).reshape(B, T, H * dh), proj64.weight)
+        return metric_scores("value_weighted", a64, vf, None, proj64) / \
+            o.norm(dim=-1)[:, None, :, None]
+    return None
 
 
 def cut(fast, allowed, mode: str):
@@ -124,9 +145,11 @@ class RowProbe:
             model_w = rel / unit - lam + within_scale(lam, Tk)  # Lambda -> Lambda_w
             u = torch.finfo(torch.float32).eps / 2
             o = self.out.setdefault(m, {"whole": 0.0, "within": 0.0})
-            o["whole"] = max(o["whole"], whole_ratio(fast, exact, rel, allowed)
+            term = key_term(m, a64, vf, proj64)
+            o["whole"] = max(o["whole"], whole_ratio(fast, exact, rel, allowed, term)
                              * M.get(m).error_unit)
-            o["within"] = max(o["within"], within_ratio(fast, exact, model_w * u, allowed))
+            o["within"] = max(o["within"], within_ratio(fast, exact, model_w * u, allowed,
+                                                        term))
             for mode in ("comprehensiveness", "sufficiency"):
                 o.setdefault(mode, []).append((*cut(fast, allowed, mode), rel, model_w))
         return z.to(call.query.dtype)
