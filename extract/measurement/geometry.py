@@ -111,10 +111,10 @@ def fill_disallowed_(x: Tensor, allowed: Tensor, fill: float) -> Tensor:
 
 
 def softmax_masked(logits: Tensor, allowed: Tensor) -> Tensor:
-    """Softmax over keys; rows with no allowed key give zeros instead of NaN."""
-    logits = logits.masked_fill(~allowed, float("-inf"))
-    alpha = torch.softmax(logits, dim=-1)
-    return alpha.nan_to_num(0.0)
+    """Softmax over keys; rows with no allowed key give zeros instead of NaN (looked for in
+    ``allowed`` first: a pass over NaNs costs more than the softmax itself)."""
+    alpha = torch.softmax(logits.masked_fill(~allowed, float("-inf")), dim=-1)
+    return alpha if bool(allowed.any(-1).all()) else alpha.nan_to_num_(0.0)
 
 
 def attention_probs(q: Tensor, k: Tensor, scale: float, allowed: Tensor,

@@ -146,3 +146,21 @@ def test_vecdot_in_slices_is_the_whole_product_summed_bit_for_bit(monkeypatch, s
     # a float32 sum of d products errs by at most d * 2**-24 * sum |a_i b_i| (rounding)
     bound = x.shape[-1] * 2.0**-24 * np.abs(x * y).sum(-1)
     assert (np.abs(geometry.vecdot(a, b).double().numpy() - exact) <= bound).all()
+
+
+def test_a_row_with_no_allowed_key_attends_nowhere():
+    """softmax_masked: zeros where a row sees no key, the plain softmax over the allowed keys
+    elsewhere (closed form exp(x_j) / sum_allowed exp(x_k)), with and without such a row."""
+    softmax_masked = geometry.softmax_masked
+    # float64 over 7 keys: exp, the sum and the division differ by a few u between the two
+    # forms (softmax subtracts the row's max first); rtol 1e-14 is about 45 u
+    x = torch.randn(2, 3, 5, 7, dtype=torch.float64)
+    allowed = torch.rand(2, 1, 5, 7) < 0.6
+    allowed[..., 0] = True
+    want = torch.where(allowed, x.exp(), 0) / torch.where(allowed, x.exp(), 0).sum(-1, True)
+    torch.testing.assert_close(softmax_masked(x, allowed), want, rtol=1e-14, atol=0)
+    allowed[1, 0, 2] = False                                        # one row sees nothing
+    want[1, :, 2] = 0
+    got = softmax_masked(x, allowed)
+    assert not got.isnan().any()
+    torch.testing.assert_close(got, torch.where(allowed, want, 0.0), rtol=1e-14, atol=0)
