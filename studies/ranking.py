@@ -15,10 +15,11 @@ from pathlib import Path
 
 import pandas as pd
 
+import summarize_faithfulness
 from attngeom.common import metrics as M
 from tables import f
 
-FOLDER, NAME = "results_faithfulness", "d1_prose_token"
+FOLDER, NAME = summarize_faithfulness.FOLDER, "d1_prose_token"
 VARIABLE = "log_ppl_ratio"       # the primary outcome; delta_ppl is in the same CSVs
 RANK = "signed"                  # the token runs rank by the signed score only
 # (mode, which way is more faithful, decimals of its AOPCs)
@@ -31,11 +32,9 @@ SIGN = {"holds": "<", "does not hold: equivalent within ±δ": "≈",
 
 
 def read(root: Path, model: str, part: str) -> pd.DataFrame | None:
-    path = root / model / FOLDER / f"{NAME}_{part}.csv"
-    if not path.exists():
-        return None
-    t = pd.read_csv(path)
-    if "variable" in t:
+    """The token run's ``part`` table (its primary outcome and rank only), or None."""
+    t = summarize_faithfulness.read(root, model, f"{NAME}_{part}")
+    if t is not None and "variable" in t:
         t = t[(t["variable"] == VARIABLE) & (t["rank"] == RANK)]
     return t
 
