@@ -3,8 +3,9 @@
 Within one (head, query) row the float32 softmax's normaliser rounds once for every key: alpha~_j
 = alpha_j (1 + e_j)(1 + d), d common to the row. Ranking a row compares its keys only, so d
 cannot reorder them; the error model of the removal (extract/faithfulness/removal_scores.py)
-still counts it, as the sqrt(Tk) term of Lambda. On the real SmolLM2-135M and WikiText-2 prose
-cut to T tokens, every layer, for each head-local metric this prints:
+still counts it, as the sqrt(Tk) term of Lambda. On a real model (``--model``, SmolLM2-135M by
+default) and WikiText-2 prose cut to T tokens, every layer, for each head-local metric this
+prints:
 
 - ``whole``: the largest |s~ - s| in units of the present error model (the registry's
   ``error_unit`` is ten times the largest seen), relative to |s~| (keys within 1 % of their
@@ -157,6 +158,7 @@ class RowProbe:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="smollm2-135m", help="a built-in model's name")
     p.add_argument("--length", type=int, default=2048)
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--metrics", default=",".join(METRICS))
@@ -173,13 +175,13 @@ def main(argv=None) -> int:
     from attngeom.extract.loading.models import load
     from attngeom.extract.measurement.hooks import attention_handler
 
-    loaded = load("smollm2-135m", device="cpu", dtype="float32")
+    loaded = load(a.model, device="cpu", dtype="float32")
     model, batch = loaded.model.eval(), batch_of(loaded.tokenizer, a.length, a.batch)
     layers = None if a.layers is None else {int(x) for x in a.layers.split(",")}
     probe = RowProbe(model, a.metrics.split(","), layers)
     with torch.inference_mode(), attention_handler(model, probe), watching(probe):
         model(**batch, use_cache=False)
-    print(f"| metric (T = {a.length}) | whole (units) | within (units of Lambda_w) | "
+    print(f"| metric ({a.model}, T = {a.length}) | whole (units) | within (units of Lambda_w) | "
           "near rows, comp: present / within | suff: present / within |\n|---|---|---|---|---|")
     for m, o in probe.out.items():
         unit_w = a.within_unit or M.get(m).within_unit or 10 * o["within"]
@@ -187,7 +189,7 @@ def main(argv=None) -> int:
         shares = {mode: [near_share(o[mode], None), near_share(o[mode], scale)]
                   for mode in ("comprehensiveness", "sufficiency")}
         c, s = ([f"{100 * x:.2f} %" for x in shares[k]] for k in shares)
-        emit({"bench": "row_error", "metric": m, "length": a.length, "whole": o["whole"],
+        emit({"bench": "row_error", "model": a.model, "metric": m, "length": a.length, "whole": o["whole"],
               "within": o["within"], "within_unit": unit_w, "near": shares})
         print(f"| {m} | {o['whole']:.2f} | {o['within']:.2f} | {c[0]} / {c[1]} | "
               f"{s[0]} / {s[1]} |", flush=True)
