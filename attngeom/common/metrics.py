@@ -1,7 +1,7 @@
 """The faithfulness metrics: each one entry, the only place a metric is described.
 
 An entry (:class:`Metric`) holds the metric's name, its labels, whether its scores are
-non-negative (then ranking by |score| is ranking by score), which metric it provably ranks keys
+non-negative (then ranking by ``|score|`` is ranking by score), which metric it provably ranks keys
 like at a granularity (then its results are copied, not recomputed) and the unit of its float32
 rounding error. Its two score kernels live in extract/faithfulness/ (torch stays out of the
 store): a built-in metric's are found by its name in the table of
@@ -80,7 +80,7 @@ class Metric:
     error_unit : float
         The float32 rounding error, in units of the kernel's error model.
     within_unit : float
-        For a kernel whose error model is u Lambda |score|: its error within one (head, query)
+        For a kernel whose error model is ``u Lambda |score|``: its error within one (head, query)
         row, a factor common to the row set aside, in units of u Lambda_w (the model without
         the softmax normaliser's term); 0: not measured, the whole bound serves.
     scope : str
