@@ -6,11 +6,17 @@ exists) is seen however fast the machine writes: ``store merge`` hard-links smal
 microseconds, faster than a poll. Only the timing changes: the write, its fsync and its rename
 are :func:`attngeom.common.atomic.atomic_file`'s own, and a signal during the hold ends the
 command as one during the write does (the temporary file removed, the rename not done).
+
+SIGINT gets Python's own handler back first: a process started from a shell's background job
+(``cmd &`` without job control, as ``nohup`` scripts run the suite) inherits SIGINT ignored, and
+Python then keeps ignoring it (POSIX). The tests stand for a command in the foreground, where
+Ctrl-C or a scheduler's SIGINT reaches it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import signal
 import sys
 import time
 
@@ -18,6 +24,7 @@ HOLD = 0.05                 # seconds each temporary file stays before its renam
 
 
 def main() -> int:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     from attngeom.common import atomic
 
     write = atomic.atomic_file
