@@ -234,17 +234,19 @@ def write_csv(ds: xr.Dataset, directory: str | os.PathLike) -> list[Path]:
 
 def write_pdf(ds: xr.Dataset, out: str | os.PathLike, png: str | os.PathLike | None = None
               ) -> Path:
-    """The comparison PDF (and, with ``png``, the per-layer figure as a PNG)."""
+    """The comparison PDF (and, with ``png``, its main figure as a PNG: the per-layer figure,
+    or the ranking figure for stores that hold faithfulness results only)."""
     from matplotlib.backends.backend_pdf import PdfPages
 
     from .report import decorate
 
     out = Path(out)
     layered = any(n in ds for n, _ in LAYER_PANELS)     # faithfulness-only stores have none
-    if png is not None and not layered:
-        raise Refusal("--png: the stores hold no per-layer results (faithfulness only), so "
-                      "there is no per-layer figure; leave out --png or compare analysed stores")
     with style():
+        ranking = _ranking_page(ds)
+        if png is not None and not layered and ranking is None:
+            raise Refusal("--png: the stores hold neither per-layer results nor a faithfulness "
+                          "ranking, so there is no figure to write; leave out --png")
         pages = [_table_page(ds)]
         if layered:
             pages.append(Page(
@@ -253,14 +255,14 @@ def write_pdf(ds: xr.Dataset, out: str | os.PathLike, png: str | os.PathLike | N
                 "different depth share the axis (a subset store keeps its place). Vertex "
                 "panel: y clipped to [−0.25, 1.25] (α* lies in [0, 1]; a near-flat parabola's "
                 "CI runs off the axis)."))
-        pages += [p for p in (_faith_page(ds), _ranking_page(ds), _table1_page(ds))
-                  if p is not None]
+        pages += [p for p in (_faith_page(ds), ranking, _table1_page(ds)) if p is not None]
         with atomic_file(out) as tmp, PdfPages(tmp, metadata={"Title": "attngeom compare"}) \
                 as pdf:
             for n, page in enumerate(pages, 1):
                 decorate(page, n, len(pages), f"{ds.sizes['store']} stores")
                 pdf.savefig(page.fig)
         if png is not None:
+            fig = layer_figure(ds) if layered else ranking.fig
             with atomic_file(png) as tmp:
-                layer_figure(ds).savefig(tmp, format="png", dpi=110, bbox_inches="tight")
+                fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight")
     return out

@@ -164,7 +164,8 @@ class CompareCommand:
     csv: str | None = option(None, "also write summary.csv, layers.csv (table1.csv for probe "
                              "stores; ranking.csv and order.csv for faithfulness) here",
                              type=str)
-    png: str | None = option(None, "also write the per-layer figure as a PNG", type=str)
+    png: str | None = option(None, "also write the main figure as a PNG: the per-layer one, "
+                                   "or the ranking for faithfulness-only stores", type=str)
     labels: str | None = option(None, "comma-separated labels, one per store (default: model "
                                       "· data, and what tells alike stores apart)", type=str)
     faithfulness: str = faithfulness_option()
