@@ -154,8 +154,9 @@ def _ranking_page(ds: xr.Dataset) -> Page | None:
     modes = [str(m) for m in ds["mode"].values]
     metrics = [str(m) for m in ds["metric"].values]
     labels = [str(x) for x in ds["label"].values]
-    fig = figure(top=0.9, bottom=0.08, hspace=0.5, wspace=0.45)
-    grid = fig.add_gridspec(2, len(modes), height_ratios=[1.3, 1])
+    fig = figure(top=0.9, bottom=0.27, hspace=0.35, wspace=0.45)
+    grid = fig.add_gridspec(2, len(modes), height_ratios=[0.9, 1])
+    flagged = ds["aopc_minmax"].attrs.get("differs", "")
     rows = []
     for metric in metrics:
         row = [M.label(metric, "short")]
@@ -170,7 +171,7 @@ def _ranking_page(ds: xr.Dataset) -> Page | None:
     n = len(header) - 1
     table(fig.add_subplot(grid[0, :]), rows, header, [0.18] + [0.82 / n] * n,
           f"Ranking position (1 = least faithful) and AOPC min–max, {rank} ranking"
-          + (f" {FLAG}" if ds["aopc_minmax"].attrs.get("differs") else ""))
+          + (f" {FLAG}" if flagged else ""))
     for c, mode in enumerate(modes):
         ax = fig.add_subplot(grid[1, c])
         for i, label in enumerate(labels):
@@ -186,8 +187,10 @@ def _ranking_page(ds: xr.Dataset) -> Page | None:
                 "Each store's AOPC of its loss rescaled per unit between the lowest (0) and the "
                 "highest (1) AOPC of the rankings it ran (random included), mean over units: "
                 "raw AOPC is not comparable across models (Edin et al., ACL 2025), this is "
-                "when the stores ran the same metrics (a † flags stores that did not). The "
-                "number before it is the metric's position in the store's ranking by mean AOPC.")
+                "when the stores ran the same metrics. The number before it is the metric's "
+                "position in the store's ranking by mean AOPC."
+                + (f" † The stores differ in {flagged} (a model's own texts, cut by its own "
+                   "tokenizer, have another data_sha256)." if flagged else ""))
 
 
 def _table1_page(ds: xr.Dataset) -> Page | None:
@@ -262,7 +265,7 @@ def write_pdf(ds: xr.Dataset, out: str | os.PathLike, png: str | os.PathLike | N
                 decorate(page, n, len(pages), f"{ds.sizes['store']} stores")
                 pdf.savefig(page.fig)
         if png is not None:
-            fig = layer_figure(ds) if layered else ranking.fig
+            fig = layer_figure(ds) if layered else _ranking_page(ds).fig   # undecorated
             with atomic_file(png) as tmp:
                 fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight")
     return out
