@@ -96,7 +96,7 @@ def _per_layer(values: xr.DataArray, layers: np.ndarray) -> np.ndarray:
 
 
 def _one(store: Path, label: str, layers: np.ndarray, faith_name: str,
-         settings: StatsSettings) -> dict:
+         settings: StatsSettings, loss: str | None = None) -> dict:
     manifest = read_manifest(store)
     info = describe_store(manifest)
     directory = store / ANALYSIS_DIR
@@ -140,12 +140,12 @@ def _one(store: Path, label: str, layers: np.ndarray, faith_name: str,
         row["lmg"] = d["lmg_share"].reindex({S.LAYER: layers})
         row["pooled_lmg"] = d["pooled_lmg_share"]
         row["paper_pattern"] = str(d["pooled_paper_pattern"].item())
-    _faithfulness(row, store, manifest, directory, faith_name, settings)
+    _faithfulness(row, store, manifest, directory, faith_name, settings, loss)
     return row
 
 
 def _faithfulness(row: dict, store: Path, manifest: dict, directory: Path, name: str,
-                  settings: StatsSettings) -> None:
+                  settings: StatsSettings, loss: str | None = None) -> None:
     if not row["causal"]:
         row["why"]["faithfulness"] = "not applicable: an encoder has no next-token loss"
         return
@@ -158,16 +158,20 @@ def _faithfulness(row: dict, store: Path, manifest: dict, directory: Path, name:
                                       f"analyze {store} --out {directory}`)")
         return
     stats = read(path)
-    row["faith_loss_variable"] = stats.attrs["loss_variable"]
+    variable = loss or stats.attrs["loss_variable"]
+    if variable not in stats.variables:
+        raise Refusal(f"--loss {variable}: {path} holds statistics of "
+                      f"{', '.join(stats.variables)}; choose one of those")
+    row["faith_loss_variable"] = variable
     row.setdefault("level", float(stats.attrs["level"]))
-    row["aopc"] = stats.for_variable(stats.aopc)
+    row["aopc"] = stats.for_variable(stats.aopc, variable)
     row["faith_metrics"] = ",".join(sorted(set(row["aopc"]["metric"])))
     row["granularity"] = stats.attrs.get("granularity", "")
-    ranking = stats.for_variable(stats.ranking) if len(stats.ranking) else None
+    ranking = stats.for_variable(stats.ranking, variable) if len(stats.ranking) else None
     row["positions"] = {} if ranking is None else {
         (r.higher if last else r.lower, r.mode, r.rank): r.position + last
         for r in ranking.itertuples() for last in (0, 1)}
-    order = stats.for_variable(stats.order)
+    order = stats.for_variable(stats.order, variable)
     for r in order.itertuples():
         row["steps"][f"{r.mode}/{r.rank}: {r.lower} → {r.higher}"] = (r.verdict, r.mde)
 
@@ -191,7 +195,7 @@ def _differs(rows: list[dict]) -> dict[str, list[str]]:
 
 def compare(stores: Sequence[str | Path], labels: Sequence[str] | None = None, *,
             faithfulness: str = "faithfulness",
-            settings: StatsSettings = StatsSettings()) -> xr.Dataset:
+            settings: StatsSettings = StatsSettings(), loss: str | None = None) -> xr.Dataset:
     """Lay the stored analyses of ``stores`` side by side (see the module docstring).
 
     Parameters
@@ -204,6 +208,9 @@ def compare(stores: Sequence[str | Path], labels: Sequence[str] | None = None, *
         The name of the faithfulness result to read, where a store has one.
     settings : StatsSettings
         Which stored faithfulness statistics to read (level, resamples, seed, margins).
+    loss : str, optional
+        The loss whose faithfulness statistics to read (``delta_ppl``, ``log_ppl_ratio``);
+        default each store's own loss variable.
 
     Returns
     -------
@@ -220,7 +227,7 @@ def compare(stores: Sequence[str | Path], labels: Sequence[str] | None = None, *
     for i, store in enumerate(stores):
         info = describe_store(read_manifest(store))
         label = labels[i] if labels else f"{info['model']} · {Path(str(info['data'])).name}"
-        rows.append(_one(store, label, layers, faithfulness, settings))
+        rows.append(_one(store, label, layers, faithfulness, settings, loss))
     if labels is None:
         _tell_apart(rows, stores)
     return _dataset(rows, layers, _differs(rows))

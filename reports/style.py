@@ -42,17 +42,19 @@ def metric_color(metric: str) -> str | None:
 
 
 def table(ax, rows, header, widths=None, title: str = "") -> None:
-    """A plain table of strings filling ``ax`` (header row shaded)."""
+    """A plain table of strings filling ``ax`` (header row shaded, as tall as its most lines)."""
     ax.axis("off")
     t = ax.table(cellText=rows, colLabels=header, loc="upper center", cellLoc="center",
                  colWidths=widths)
     t.auto_set_font_size(False)
     t.set_fontsize(7.5)
     t.scale(1, 1.25)
+    lines = 1 + max(str(h).count("\n") for h in header)     # a header of several lines
     for (r, _), cell in t.get_celld().items():
         cell.set_linewidth(0.3)
         if r == 0:
             cell.set_facecolor("#e8e8e8")
+            cell.set_height(cell.get_height() * lines)
     ax.set_title(title, loc="left", fontsize=10)
 
 

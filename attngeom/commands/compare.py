@@ -25,7 +25,7 @@ def run(args: argparse.Namespace) -> int:
     from attngeom.reports.documents.compare import write_csv, write_pdf
 
     labels = args.labels.split(",") if args.labels else None
-    ds = compare(args.stores, labels, faithfulness=args.faithfulness)
+    ds = compare(args.stores, labels, faithfulness=args.faithfulness, loss=args.loss)
     if args.csv:                 # the PDF last: a run stopped before it has not finished
         for f in write_csv(ds, args.csv):
             print(f"attngeom: wrote {f}")

@@ -167,7 +167,7 @@ def _ranking_page(ds: xr.Dataset) -> Page | None:
                 row.append("" if not np.isfinite(mm) else
                            f"{int(pos) if np.isfinite(pos) else '–'}. {fmt(mm)}")
         rows.append(row)
-    header = ["metric"] + [f"{mode[:4]}. {label}" for mode in modes for label in labels]
+    header = ["metric"] + [f"{mode[:4]}.\n{label}" for mode in modes for label in labels]
     n = len(header) - 1
     table(fig.add_subplot(grid[0, :]), rows, header, [0.18] + [0.82 / n] * n,
           f"Ranking position (1 = least faithful) and AOPC min–max, {rank} ranking"

@@ -135,6 +135,22 @@ def test_faithfulness_cells_are_the_stored_statistics(ds, stores):
     assert (ds["verdict"].values[[1, 2, 3, 5, 6]] == "").all()    # 4 is the dense subset
 
 
+def test_another_loss_reads_its_own_statistics(ds, stores):
+    """--loss log_ppl_ratio: the cells are the stored statistics of that loss, not the
+    store's own (ΔPPL); a loss the statistics do not hold is refused."""
+    stats = read(stats_path(stores["dense"] / "analysis", "faithfulness", StatsSettings()))
+    assert stats.attrs["loss_variable"] == "delta_ppl" and "log_ppl_ratio" in stats.variables
+    other = compare([stores["dense"]], ["d"], loss="log_ppl_ratio")
+    aopc = stats.for_variable(stats.aopc, "log_ppl_ratio")
+    for r in aopc.itertuples():
+        at = dict(store=0, metric=r.metric, mode=r.mode, rank=r.rank)
+        assert other["aopc"].sel(at) == r.aopc_mean
+        assert other["aopc"].sel(at) != ds["aopc"].sel(at)
+    assert str(other["faith_loss_variable"].values[0]) == "log_ppl_ratio"
+    with pytest.raises(ValueError, match="--loss nll: .* log_ppl_ratio"):
+        compare([stores["dense"]], ["d"], loss="nll")
+
+
 def test_table1_pivot_of_probe_stores(ds):
     pivot = table1(ds)
     assert list(pivot.columns) == ["natural", "random", "repeated"]

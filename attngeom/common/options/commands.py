@@ -169,6 +169,9 @@ class CompareCommand:
     labels: str | None = option(None, "comma-separated labels, one per store (default: model "
                                       "· data, and what tells alike stores apart)", type=str)
     faithfulness: str = faithfulness_option()
+    loss: str | None = option(None, "the loss whose statistics the faithfulness pages and CSVs "
+                                    "read, e.g. log_ppl_ratio (default: each store's own)",
+                              type=str)
 
 
 def size_in_bytes(text: str) -> int:
