@@ -189,8 +189,7 @@ def _ranking_page(ds: xr.Dataset) -> Page | None:
                 "raw AOPC is not comparable across models (Edin et al., ACL 2025), this is "
                 "when the stores ran the same metrics. The number before it is the metric's "
                 "position in the store's ranking by mean AOPC."
-                + (f" † The stores differ in {flagged} (a model's own texts, cut by its own "
-                   "tokenizer, have another data_sha256)." if flagged else ""))
+                + (f" † The stores differ in {flagged}." if flagged else ""))
 
 
 def _table1_page(ds: xr.Dataset) -> Page | None:
