@@ -150,7 +150,7 @@ def extract(model: str, data: str, out: str | Path, cfg: ExtractConfig | None = 
     if texts is not None and not texts.texts:
         raise Refusal(f"data '{data}' has no non-empty texts")
     loaded = load(model, device=cfg.device, dtype=cfg.dtype, trust_remote_code=trust_remote_code,
-                  tower=cfg.tower)
+                  tower=cfg.tower, progress=progress)
     if is_probe(data):                    # token ids drawn from this tokenizer's vocabulary
         texts = probe_set(data, loaded.tokenizer, bos=cfg.bos == "yes")
     elif cfg.min_length and texts.kind == "text":

@@ -285,7 +285,8 @@ def faithfulness(model: str, data: str, out: str | Path, cfg: FaithConfig | None
     cfg = cfg or FaithConfig()
     cfg.check()
     out = Path(out)
-    loaded = load(model, device=cfg.device, dtype=cfg.dtype, trust_remote_code=trust_remote_code)
+    loaded = load(model, device=cfg.device, dtype=cfg.dtype, trust_remote_code=trust_remote_code,
+                  progress=progress)
     if not loaded.info["causal"] or loaded.tokenizer is None:
         raise Refusal(f"faithfulness scores next-token predictions, so it needs a causal "
                          f"language model; '{model}' is a {loaded.info['model_type']} encoder")

@@ -8,6 +8,8 @@ load is fast.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import hashlib
 import importlib.util
 import json
@@ -154,7 +156,8 @@ def resolve(spec: str, assemble: bool = True) -> tuple[Path | str, str | None]:
                      f"(owner/name) or built-in name ({', '.join(BUILTIN)})")
 
 
-def _gguf_cached(directory: Path, gguf: str, dtype: "torch.dtype", trust: bool):
+def _gguf_cached(directory: Path, gguf: str, dtype: "torch.dtype", trust: bool,
+                 progress: bool = True):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     digest = hashlib.sha256(f"{(directory / gguf).resolve()}:{(directory / gguf).stat().st_size}"
@@ -163,8 +166,9 @@ def _gguf_cached(directory: Path, gguf: str, dtype: "torch.dtype", trust: bool):
     if (cached / "config.json").is_file():
         return (AutoModelForCausalLM.from_pretrained(cached, dtype=dtype),
                 AutoTokenizer.from_pretrained(cached), cached)
-    model = AutoModelForCausalLM.from_pretrained(directory, gguf_file=gguf, dtype=dtype,
-                                                 trust_remote_code=trust)
+    with _gguf_bar(progress):                 # the one-time conversion, a minute or two
+        model = AutoModelForCausalLM.from_pretrained(directory, gguf_file=gguf, dtype=dtype,
+                                                     trust_remote_code=trust)
     tok = AutoTokenizer.from_pretrained(directory, gguf_file=gguf, trust_remote_code=trust)
     tmp = cached.with_name(cached.name + f".tmp-{os.getpid()}")
     model.hf_quantizer = None                 # weights are already dequantized floats
@@ -175,6 +179,23 @@ def _gguf_cached(directory: Path, gguf: str, dtype: "torch.dtype", trust: bool):
     tok.save_pretrained(tmp)
     os.replace(tmp, cached) if not cached.exists() else None
     return model, tok, cached
+
+
+@contextlib.contextmanager
+def _gguf_bar(show: bool):
+    """transformers' GGUF conversion bar (a plain ``tqdm``, which its
+    ``disable_progress_bar`` does not reach) shown only where progress is."""
+    import transformers.modeling_gguf_pytorch_utils as gguf_utils
+
+    bar = getattr(gguf_utils, "tqdm", None)
+    if show or bar is None:
+        yield
+        return
+    gguf_utils.tqdm = functools.partial(bar, disable=True)
+    try:
+        yield
+    finally:
+        gguf_utils.tqdm = bar
 
 
 def auto_class(config) -> str:
@@ -239,13 +260,15 @@ def _processor(where, kind: str, trust: bool):
 
 
 def load(spec: str, device: str = "cpu", dtype: str = "float32",
-         trust_remote_code: bool = False, tower: str | None = None) -> Loaded:
+         trust_remote_code: bool = False, tower: str | None = None,
+         progress: bool = True) -> Loaded:
     """Load a model and its tokenizer (or image processor) in eval mode, with provenance.
 
     ``tower`` picks one tower of a multimodal checkpoint (``vision`` for the vision model of
     a full CLIP or SigLIP checkpoint). The attention layers are discovered by one probe pass
     (:func:`attngeom.extract.measurement.archs.discover`), which refuses, in one line, a model
-    attngeom cannot decompose exactly.
+    attngeom cannot decompose exactly. ``progress`` shows the bar of a GGUF file's one-time
+    conversion.
     """
     import torch
     from transformers.utils import logging as hf_logging
@@ -260,7 +283,8 @@ def load(spec: str, device: str = "cpu", dtype: str = "float32",
     if gguf:
         if tower is not None:
             raise Refusal("--tower applies to multimodal checkpoints, not .gguf files")
-        model, tok, cached = _gguf_cached(Path(where), gguf, torch_dtype, trust_remote_code)
+        model, tok, cached = _gguf_cached(Path(where), gguf, torch_dtype, trust_remote_code,
+                                          progress)
         revision = _source_digest(Path(where) / gguf, cached)
     else:
         model, config = _load_hf(where, spec, torch_dtype, trust_remote_code, tower)

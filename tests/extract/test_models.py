@@ -42,3 +42,18 @@ def test_source_digest_ignores_a_damaged_note(tmp_path, note):
     gguf.write_bytes(b"x" * 10)
     (cached / "attngeom-source.json").write_text(note)
     assert models._source_digest(gguf, cached) == hashlib.sha256(b"x" * 10).hexdigest()
+
+
+def test_gguf_conversion_bar_follows_progress(capsys):
+    """transformers converts a GGUF file under a plain tqdm bar that its own
+    disable_progress_bar does not reach: shown only where progress is (not with --quiet)."""
+    import transformers.modeling_gguf_pytorch_utils as gguf_utils
+
+    original = gguf_utils.tqdm
+    with models._gguf_bar(False):
+        list(gguf_utils.tqdm(range(3), desc="converting"))
+    assert "converting" not in capsys.readouterr().err
+    assert gguf_utils.tqdm is original
+    with models._gguf_bar(True):
+        list(gguf_utils.tqdm(range(3), desc="converting"))
+    assert "converting" in capsys.readouterr().err
