@@ -100,7 +100,7 @@ class ExactScores:
     asked for. Keys and values are converted to float64 once per layer and gathered as blocks.
     """
 
-    CHUNK = 1 << 18        # rows x keys computed at a time (padded rows included; 2 MiB float64)
+    CHUNK = 1 << 20        # rows x keys computed at a time (padded rows included; 8 MiB float64)
 
     def __init__(self, metric: str, query: Tensor, key: Tensor, value: Tensor, allowed: Tensor,
                  scale: float, softcap: float | None, proj: Projection,
