@@ -4,7 +4,7 @@ The kernels (:mod:`.exact_scores`, :mod:`.removal_scores`, :mod:`.field_scores`,
 :mod:`.random_scores`, :mod:`.zeroing`) and the dispatchers above them (:mod:`.layer_scores`)
 import these; this module imports none of them.
 
-Every contraction over a query's vector in float64 is one padded matrix product
+Every contraction over a query's vector in float64 is a product in blocks of rows
 (:func:`rowmm`) whose rows have the same bits however many rows are computed together, so a
 row's float64 scores are the same whether it is computed alone or with every other row: a
 float64 tie (e.g. c = 1 at every head of a query that sees one key) is then broken by position
@@ -13,13 +13,20 @@ the same way in the fast path, in the tests and whatever the batch.
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+
 import torch
 import torch.nn.functional as F
 
 from ..measurement.geometry import softmax_masked, vecdot
 
 Tensor = torch.Tensor
-ALIGN = 8                # rowmm pads M, K and N to multiples of this (8 float64: 64 bytes)
+PAD = 8                  # rowmm pads K and N to multiples of this (8 float64: 64 bytes)
+ROWS = 24                # rows per block of rowmm: one BLAS product of one shape each
+SERIAL = 1 << 21         # rowmm's products under this many multiply-adds run on one thread
 
 
 def finite(x: Tensor) -> Tensor:
@@ -30,34 +37,115 @@ def finite(x: Tensor) -> Tensor:
 
 def rowmm(a: Tensor, b: Tensor) -> Tensor:
     """``a @ b`` for a (..., M, K), b (..., K, N) whose rows have the same bits however many
-    rows are computed together and wherever they lie in memory.
+    rows are computed together, wherever they lie in memory and however many threads run.
 
-    One batched matrix product of contiguous, 64-byte aligned operands (copied where they are
-    not) with M, K and N zero-padded to multiples of :data:`ALIGN`: BLAS kernels (MKL's on x86)
-    compute the last M mod 4 rows, and operands that are not 64-byte aligned, with another
-    summation order, so an unpadded row's last bits depend on M and on its address; padded, a
-    row's result is a function of the row alone (``tests/extract/test_selection.py`` checks it
-    against every M up to 600, with 1 and 2 threads). 2.5-3x faster than one matrix-vector
-    product per row. A column's bits are not a function of the column alone (MKL: they change
-    with the columns computed beside it), so a subset of b's columns is never multiplied alone.
+    Every row is computed in a block of :data:`ROWS` rows, each block one BLAS product of the
+    same shape on one thread (:func:`one_thread`): the blocks of consecutive rows, and where
+    ROWS does not divide M a last block of the last ROWS rows (a smaller M is zero-padded, as K
+    and N to multiples of :data:`PAD`, in aligned contiguous copies where needed); the blocks
+    are spread over torch's threads by a thread pool. BLAS gives a row other bits with another
+    M (another blocking of the rows), another alignment and, on several threads, another split
+    of the product (MKL splits a long sum over threads, by the product's shape and the batch);
+    a block of one shape on one thread leaves a row's bits to its values and its place in the
+    block, and every place gives the same bits when ROWS is a multiple of the kernels' row
+    tiles (probed on each of MKL's code paths: blocks of 4, 12, 16, 24 and 48 rows on all, not
+    6, 8 or 32 on its AVX2 path). ``tests/extract/test_selection.py`` checks every M up to 600,
+    long sums and batches of products on 1 and 2 threads; ``.ci/standins`` runs it on MKL's
+    other code paths. A column's bits are not a function of the column alone (they change with
+    the columns computed beside it), so a subset of b's columns is never multiplied alone.
     """
     M, N = a.shape[-2], b.shape[-1]
+    if b.dim() == 2 and a.dim() > 2:                     # one b: a's rows are one product's
+        return rowmm(a.reshape(-1, a.shape[-1]), b).view(*a.shape[:-1], N)
     lead = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
-    a, b = _padded(a), _padded(b)
+    a, b = _padded(a, max(M, ROWS)), _padded(b, PAD)     # a: at least ROWS rows
     (Mp, Kp), Np = a.shape[-2:], b.shape[-1]
-    out = torch.bmm(a.expand(*lead, Mp, Kp).reshape(-1, Mp, Kp),
-                    b.expand(*lead, Kp, Np).reshape(-1, Kp, Np))
+    a = a.expand(*lead, Mp, Kp).reshape(-1, Mp, Kp)                        # (L, Mp, Kp)
+    b = b.expand(*lead, Kp, Np).reshape(-1, Kp, Np)                        # (L, Kp, Np)
+    out = a.new_empty(a.shape[0], Mp, Np)                                  # (L, Mp, Np)
+    with one_thread() as n:
+        n = n if a.shape[0] * Mp * Kp * Np >= SERIAL else 1
+        _spread([[x for unit in part for x in _products(a, b, out, *unit)]
+                 for part in _parts(a.shape[0], Mp, n)])
     return out.view(*lead, Mp, Np)[..., :M, :N]
 
 
-def _padded(x: Tensor) -> Tensor:
-    """x (..., R, C) itself if contiguous, 64-byte aligned and R, C multiples of :data:`ALIGN`,
-    else a fresh (aligned) contiguous copy zero-padded to that (a transposed operand would
-    take another kernel, with other bits)."""
+@contextmanager
+def one_thread() -> Iterator[int]:
+    """torch, and with it MKL, on one thread within; yields the thread count outside."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield n
+    finally:
+        torch.set_num_threads(n)
+
+
+def _parts(L: int, M: int, n: int) -> list[list[tuple[int, int, int, int]]]:
+    """n parts of equal work of the row blocks of L products of M rows (M >= :data:`ROWS`):
+    (l0, l1, j0, j1): blocks j0 to j1 of products l0 to l1, block j the rows j ROWS to
+    (j + 1) ROWS, and, where ROWS does not divide M, a last block of M's last ROWS rows."""
+    nb = -(-M // ROWS)
+    cuts = [t * L * nb // n for t in range(n + 1)]
+    if nb == 1:
+        return [[(lo, hi, 0, 1)] for lo, hi in zip(cuts, cuts[1:]) if hi > lo]
+    return [[(l, l + 1, max(lo - l * nb, 0), min(hi - l * nb, nb))
+             for l in range(lo // nb, -(-hi // nb))] for lo, hi in zip(cuts, cuts[1:]) if hi > lo]
+
+
+Product = tuple[Tensor, Tensor, Tensor, bool]     # a, b, out, out is a last block's tail
+
+
+def _products(a: Tensor, b: Tensor, out: Tensor, l0: int, l1: int, j0: int, j1: int
+              ) -> list[Product]:
+    """The products of one of :func:`_parts`' units: the full blocks in one batch (b broadcast,
+    not copied); the last block's rows that no full block has, if the unit ends with it."""
+    M, full = a.shape[1], a.shape[1] // ROWS
+    j, products = min(j1, full), []
+    if j > j0:
+        rows = slice(j0 * ROWS, j * ROWS)
+        products.append((a[l0:l1, rows].reshape(-1, ROWS, a.shape[2]),
+                         b[l0:l1].expand(j - j0, *b.shape[1:]) if l1 - l0 == 1 else b[l0:l1],
+                         out[l0:l1, rows].reshape(-1, ROWS, out.shape[2]), False))
+    if j1 > full:
+        products.append((a[l0:l1, M - ROWS:], b[l0:l1], out[l0:l1, full * ROWS:], True))
+    return products
+
+
+def _spread(parts: list[list[Product]]) -> None:
+    """Each part's products (a tail: the product's last rows into out), the parts on the
+    threads of a pool (one-thread workers, in the caller's inference and grad modes: both are
+    per thread)."""
+    modes = torch.is_inference_mode_enabled(), torch.is_grad_enabled()
+
+    def run(part: list[Product]) -> None:
+        with torch.inference_mode(modes[0]), torch.set_grad_enabled(modes[1]):
+            for a, b, out, tail in part:
+                if tail:
+                    out.copy_(torch.bmm(a, b)[:, ROWS - out.shape[1]:])
+                else:
+                    torch.bmm(a, b, out=out)
+    if len(parts) == 1:
+        return run(parts[0])
+    key = (os.getpid(), len(parts))                          # a forked child needs its own
+    if _POOL.get("key") != key:
+        _POOL.update(key=key, pool=ThreadPoolExecutor(len(parts), "attngeom-rowmm",
+                                                      torch.set_num_threads, (1,)))
+    for _ in _POOL["pool"].map(run, parts):
+        pass
+
+
+_POOL: dict = {}
+
+
+def _padded(x: Tensor, rows: int) -> Tensor:
+    """x (..., R, C) itself if contiguous, 64-byte aligned, R a multiple of ``rows`` and C of
+    :data:`PAD`, else a fresh (aligned) contiguous copy zero-padded to that (a transposed
+    operand would take another kernel, with other bits)."""
     R, C = x.shape[-2:]
-    if R % ALIGN or C % ALIGN:
-        return F.pad(x.contiguous(), (0, -C % ALIGN, 0, -R % ALIGN))   # F.pad keeps strides
-    if not x.is_contiguous() or x.data_ptr() % (8 * ALIGN):
+    if R % rows or C % PAD:
+        return F.pad(x.contiguous(), (0, -C % PAD, 0, -R % rows))   # F.pad keeps strides
+    if not x.is_contiguous() or x.data_ptr() % (8 * PAD):
         return x.clone(memory_format=torch.contiguous_format)
     return x
 

@@ -39,7 +39,7 @@ from torch import Tensor, nn
 from attngeom.common.errors import Refusal
 
 from ..measurement.archs import attention_layers, decoder_stack
-from .base import ALIGN
+from .base import ROWS, one_thread
 from .residual import Norm, as_norm
 from .taps import BlockHooks, first_tensor, per_model, probe_pass
 
@@ -244,14 +244,15 @@ class SublayerCall:
 
     def outputs64(self, x: Tensor, z: Tensor) -> Tensor:
         """The same in float64 (:func:`float64_block`), each row's bits the same however many
-        rows are computed together: the rows are zero-padded to a multiple of
-        :data:`~.base.ALIGN` (BLAS computes the last M mod 4 rows of a product in another
-        order, :func:`~.base.rowmm`), so a near row's float64 scores do not depend on which
-        other rows are decided with it."""
-        n = len(x)
-        pad = (0, 0, 0, -n % ALIGN)
-        return self.sub.run(self.call, F.pad(x.double(), pad), F.pad(z.double(), pad),
-                            float64_block(self.sub))[:n]
+        rows are computed together: the block runs on :data:`~.base.ROWS` rows at a time
+        (zero-padded) on one thread, as :func:`~.base.rowmm`'s products, so a near row's
+        float64 scores do not depend on which other rows are decided with it."""
+        n, block = len(x), float64_block(self.sub)
+        pad = (0, 0, 0, -n % ROWS)
+        x, z = F.pad(x.double(), pad), F.pad(z.double(), pad)
+        with one_thread():
+            return torch.cat([self.sub.run(self.call, xb, zb, block)
+                              for xb, zb in zip(x.split(ROWS), z.split(ROWS))])[:n]
 
 
 class BlockTap(BlockHooks):

@@ -278,6 +278,29 @@ def test_a_row_product_has_the_same_bits_wherever_the_row_lies(K, N):
         torch.set_num_threads(threads)
 
 
+@pytest.mark.parametrize("K,N", [(4096, 64), (64, 2048)])
+def test_a_row_product_has_the_same_bits_in_any_batch_of_products(K, N):
+    """Long sums (alpha v over every key, K = 4,096: BLAS splits them over threads by the
+    product's shape) and wide rows, each pair's rows computed with other pairs' products in
+    one call or alone, with 1 and 2 threads: the same bits."""
+    g = torch.Generator().manual_seed(K)
+    a = torch.randn(5, 130, K, dtype=torch.float64, generator=g)
+    b = torch.randn(5, K, N, dtype=torch.float64, generator=g)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        full = torch.stack([rowmm(a[p], b[p]) for p in range(5)])    # one pair at a time
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            assert torch.equal(rowmm(a, b), full), n                  # every pair together
+            assert torch.equal(rowmm(a[2], b[2]), full[2]), n           # one pair alone
+            for M in (1, 23, 25, 49, 130):
+                got = rowmm(a[1:4, 130 - M:], b[1:4])
+                assert torch.equal(got, full[1:4, 130 - M:]), (n, M)
+    finally:
+        torch.set_num_threads(threads)
+
+
 @pytest.mark.parametrize("metric", METRICS)
 def test_fast_scores_stay_within_their_bound(metric):
     _, _, seen = _layers()
