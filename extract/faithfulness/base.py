@@ -114,8 +114,8 @@ def _products(a: Tensor, b: Tensor, out: Tensor, l0: int, l1: int, j0: int, j1: 
 
 def _spread(parts: list[list[Product]]) -> None:
     """Each part's products (a tail: the product's last rows into out), the parts on the
-    threads of a pool (one-thread workers, in the caller's inference and grad modes: both are
-    per thread)."""
+    calling thread and the threads of a pool (one-thread workers, in the caller's inference and
+    grad modes: both are per thread)."""
     modes = torch.is_inference_mode_enabled(), torch.is_grad_enabled()
 
     def run(part: list[Product]) -> None:
@@ -125,14 +125,14 @@ def _spread(parts: list[list[Product]]) -> None:
                     out.copy_(torch.bmm(a, b)[:, ROWS - out.shape[1]:])
                 else:
                     torch.bmm(a, b, out=out)
-    if len(parts) == 1:
-        return run(parts[0])
-    key = (os.getpid(), len(parts))                          # a forked child needs its own
-    if _POOL.get("key") != key:
-        _POOL.update(key=key, pool=ThreadPoolExecutor(len(parts), "attngeom-rowmm",
+    key = (os.getpid(), len(parts) - 1)                      # a forked child needs its own
+    if len(parts) > 1 and _POOL.get("key") != key:
+        _POOL.update(key=key, pool=ThreadPoolExecutor(key[1], "attngeom-rowmm",
                                                       torch.set_num_threads, (1,)))
-    for _ in _POOL["pool"].map(run, parts):
-        pass
+    done = [_POOL["pool"].submit(run, part) for part in parts[1:]]
+    run(parts[0])                                        # the calling thread takes a part too
+    for future in done:
+        future.result()
 
 
 _POOL: dict = {}
