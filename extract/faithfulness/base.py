@@ -35,7 +35,7 @@ def finite(x: Tensor) -> Tensor:
     return torch.nan_to_num(x, nan=0.0, posinf=big, neginf=-big)
 
 
-def rowmm(a: Tensor, b: Tensor) -> Tensor:
+def rowmm(a: Tensor, b: Tensor, rows: int = ROWS) -> Tensor:
     """``a @ b`` for a (..., M, K), b (..., K, N) whose rows have the same bits however many
     rows are computed together, wherever they lie in memory and however many threads run.
 
@@ -48,25 +48,26 @@ def rowmm(a: Tensor, b: Tensor) -> Tensor:
     of the product (MKL splits a long sum over threads, by the product's shape and the batch);
     a block of one shape on one thread leaves a row's bits to its values and its place in the
     block, and every place gives the same bits when ROWS is a multiple of the kernels' row
-    tiles (probed on each of MKL's code paths: blocks of 4, 12, 16, 24 and 48 rows on all, not
+    tiles (probed on each of MKL's code paths: blocks of 4, 12, 16, 24, 48, 96 and 192 rows on all, not
     6, 8 or 32 on its AVX2 path). ``tests/extract/test_selection.py`` checks every M up to 600,
     long sums and batches of products on 1 and 2 threads; ``.ci/standins`` runs it on MKL's
     other code paths. A column's bits are not a function of the column alone (they change with
     the columns computed beside it), so a subset of b's columns is never multiplied alone.
+    ``rows``: the block (probed as ROWS is; larger for a large b, which every block packs anew).
     """
     M, N = a.shape[-2], b.shape[-1]
     if b.dim() == 2 and a.dim() > 2:                     # one b: a's rows are one product's
-        return rowmm(a.reshape(-1, a.shape[-1]), b).view(*a.shape[:-1], N)
+        return rowmm(a.reshape(-1, a.shape[-1]), b, rows).view(*a.shape[:-1], N)
     lead = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
-    a, b = _padded(a, max(M, ROWS)), _padded(b, PAD)     # a: at least ROWS rows
+    a, b = _padded(a, max(M, rows)), _padded(b, PAD)     # a: at least a block's rows
     (Mp, Kp), Np = a.shape[-2:], b.shape[-1]
     a = a.expand(*lead, Mp, Kp).reshape(-1, Mp, Kp)                        # (L, Mp, Kp)
     b = b.expand(*lead, Kp, Np).reshape(-1, Kp, Np)                        # (L, Kp, Np)
     out = a.new_empty(a.shape[0], Mp, Np)                                  # (L, Mp, Np)
     with one_thread() as n:
         n = n if a.shape[0] * Mp * Kp * Np >= SERIAL else 1
-        _spread([[x for unit in part for x in _products(a, b, out, *unit)]
-                 for part in _parts(a.shape[0], Mp, n)])
+        _spread([[x for unit in part for x in _products(a, b, out, rows, *unit)]
+                 for part in _parts(a.shape[0], Mp, n, rows)])
     return out.view(*lead, Mp, Np)[..., :M, :N]
 
 
@@ -81,11 +82,11 @@ def one_thread() -> Iterator[int]:
         torch.set_num_threads(n)
 
 
-def _parts(L: int, M: int, n: int) -> list[list[tuple[int, int, int, int]]]:
-    """n parts of equal work of the row blocks of L products of M rows (M >= :data:`ROWS`):
-    (l0, l1, j0, j1): blocks j0 to j1 of products l0 to l1, block j the rows j ROWS to
-    (j + 1) ROWS, and, where ROWS does not divide M, a last block of M's last ROWS rows."""
-    nb = -(-M // ROWS)
+def _parts(L: int, M: int, n: int, R: int) -> list[list[tuple[int, int, int, int]]]:
+    """n parts of equal work of the blocks of R rows of L products of M >= R rows: (l0, l1,
+    j0, j1): blocks j0 to j1 of products l0 to l1, block j the rows j R to (j + 1) R, and,
+    where R does not divide M, a last block of M's last R rows."""
+    nb = -(-M // R)
     cuts = [t * L * nb // n for t in range(n + 1)]
     if nb == 1:
         return [[(lo, hi, 0, 1)] for lo, hi in zip(cuts, cuts[1:]) if hi > lo]
@@ -96,33 +97,33 @@ def _parts(L: int, M: int, n: int) -> list[list[tuple[int, int, int, int]]]:
 Product = tuple[Tensor, Tensor, Tensor, bool]     # a, b, out, out is a last block's tail
 
 
-def _products(a: Tensor, b: Tensor, out: Tensor, l0: int, l1: int, j0: int, j1: int
+def _products(a: Tensor, b: Tensor, out: Tensor, R: int, l0: int, l1: int, j0: int, j1: int
               ) -> list[Product]:
     """The products of one of :func:`_parts`' units: the full blocks in one batch (b broadcast,
     not copied); the last block's rows that no full block has, if the unit ends with it."""
-    M, full = a.shape[1], a.shape[1] // ROWS
+    M, full = a.shape[1], a.shape[1] // R
     j, products = min(j1, full), []
     if j > j0:
-        rows = slice(j0 * ROWS, j * ROWS)
-        products.append((a[l0:l1, rows].reshape(-1, ROWS, a.shape[2]),
+        rows = slice(j0 * R, j * R)
+        products.append((a[l0:l1, rows].reshape(-1, R, a.shape[2]),
                          b[l0:l1].expand(j - j0, *b.shape[1:]) if l1 - l0 == 1 else b[l0:l1],
-                         out[l0:l1, rows].reshape(-1, ROWS, out.shape[2]), False))
+                         out[l0:l1, rows].reshape(-1, R, out.shape[2]), False))
     if j1 > full:
-        products.append((a[l0:l1, M - ROWS:], b[l0:l1], out[l0:l1, full * ROWS:], True))
+        products.append((a[l0:l1, M - R:], b[l0:l1], out[l0:l1, full * R:], True))
     return products
 
 
 def _spread(parts: list[list[Product]]) -> None:
     """Each part's products (a tail: the product's last rows into out), the parts on the
-    calling thread and the threads of a pool (one-thread workers, in the caller's inference and
-    grad modes: both are per thread)."""
-    modes = torch.is_inference_mode_enabled(), torch.is_grad_enabled()
+    calling thread and the threads of a pool (one-thread workers, in the caller's inference
+    mode, which is per thread; no autograd: the exact scores are never differentiated)."""
+    inference = torch.is_inference_mode_enabled()
 
     def run(part: list[Product]) -> None:
-        with torch.inference_mode(modes[0]), torch.set_grad_enabled(modes[1]):
+        with torch.inference_mode(inference), torch.no_grad():
             for a, b, out, tail in part:
                 if tail:
-                    out.copy_(torch.bmm(a, b)[:, ROWS - out.shape[1]:])
+                    out.copy_(torch.bmm(a, b)[:, a.shape[1] - out.shape[1]:])
                 else:
                     torch.bmm(a, b, out=out)
     key = (os.getpid(), len(parts) - 1)                      # a forked child needs its own

@@ -33,13 +33,12 @@ import weakref
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attngeom.common.errors import Refusal
 
 from ..measurement.archs import attention_layers, decoder_stack
-from .base import ROWS, one_thread
+from .base import rowmm
 from .residual import Norm, as_norm
 from .taps import BlockHooks, first_tensor, per_model, probe_pass
 
@@ -113,6 +112,25 @@ class ExactNorm(nn.Module):
         return n.gamma.to(y) * n.center(y) / n.scale(y)[..., None] + n.beta.to(y)
 
 
+class RowLinear(nn.Module):
+    """A float64 linear layer (``nn.Linear``, or transformers' ``Conv1D``, which holds W as
+    (in, out)) as ``x W + b`` by :func:`~.base.rowmm`: a row's bits do not depend on the rows
+    computed with it (``F.linear``'s one BLAS product gives them other bits with another
+    number of rows). ``weight`` stays the module's own, for code that reads it."""
+
+    ROWS = 96        # rows per block: every block packs W (d x 4 d for an MLP) anew
+
+    def __init__(self, linear: nn.Module):
+        super().__init__()
+        self.weight, self.bias = linear.weight, linear.bias
+        xw = linear.weight.T if isinstance(linear, nn.Linear) else linear.weight
+        self.register_buffer("xw", xw.detach().contiguous(), persistent=False)  # (in, out)
+
+    def forward(self, x: Tensor) -> Tensor:
+        y = rowmm(x.reshape(-1, x.shape[-1]), self.xw, self.ROWS).reshape(*x.shape[:-1], -1)
+        return y if self.bias is None else y + self.bias
+
+
 _F64: dict[str, tuple] = {}            # "last": (weakref to a block, its float64 copy)
 
 
@@ -126,6 +144,10 @@ def float64_block(sub: Sublayer) -> nn.Module:
     for path, norm in sub.norms:
         owner, _, name = path.rpartition(".")
         setattr(block.get_submodule(owner) if owner else block, name, ExactNorm(norm))
+    for path, m in list(block.named_modules()):
+        if isinstance(m, nn.Linear) or type(m).__name__ == "Conv1D":
+            owner, _, name = path.rpartition(".")
+            setattr(block.get_submodule(owner) if owner else block, name, RowLinear(m))
     _F64["last"] = (weakref.ref(sub.block), block)
     return block
 
@@ -244,15 +266,10 @@ class SublayerCall:
 
     def outputs64(self, x: Tensor, z: Tensor) -> Tensor:
         """The same in float64 (:func:`float64_block`), each row's bits the same however many
-        rows are computed together: the block runs on :data:`~.base.ROWS` rows at a time
-        (zero-padded) on one thread, as :func:`~.base.rowmm`'s products, so a near row's
-        float64 scores do not depend on which other rows are decided with it."""
-        n, block = len(x), float64_block(self.sub)
-        pad = (0, 0, 0, -n % ROWS)
-        x, z = F.pad(x.double(), pad), F.pad(z.double(), pad)
-        with one_thread():
-            return torch.cat([self.sub.run(self.call, xb, zb, block)
-                              for xb, zb in zip(x.split(ROWS), z.split(ROWS))])[:n]
+        rows are computed together: the float64 block's linear layers are
+        :func:`~.base.rowmm` products, so a near row's float64 scores do not depend on which
+        other rows are decided with it."""
+        return self.sub.run(self.call, x.double(), z.double(), float64_block(self.sub))
 
 
 class BlockTap(BlockHooks):
