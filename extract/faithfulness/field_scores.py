@@ -29,7 +29,7 @@ from __future__ import annotations
 import torch
 
 from ..measurement.geometry import repeat_kv
-from .base import exact_alpha, finite
+from .base import ROWS, exact_alpha, finite, rowmm
 from .context import LayerContext
 from .dense import weighted_values
 from .residual import float64_copy
@@ -60,7 +60,7 @@ def scales(ctx: LayerContext, z: Tensor, weight: Tensor) -> tuple[Tensor | None,
     z (B, H, T, dh) the head outputs before W_O; the attention output is ``o_i + b_O``."""
     B, H, T, dh = z.shape
     res = ctx.residual
-    o = z.transpose(1, 2).reshape(B, T, H * dh) @ weight                  # (B, T, d)
+    o = _rows(z.transpose(1, 2).reshape(B, T, H * dh), weight)             # (B, T, d)
     if res.bias is not None:
         o = o + res.bias.to(o)
     s_a = s_r = None
@@ -70,6 +70,13 @@ def scales(ctx: LayerContext, z: Tensor, weight: Tensor) -> tuple[Tensor | None,
     if res.after_residual is not None:
         s_r = res.after_residual.scale(ctx.x.to(o) + o)
     return s_a, s_r
+
+
+def _rows(a: Tensor, b: Tensor, rows: int = ROWS) -> Tensor:
+    """``a @ b``; in float64 (the exact scores) by :func:`~.base.rowmm`, a query row's bits then
+    the same whichever rows are computed with it (blocks of 4 rows for the sum over heads:
+    one product per key, b only H x d)."""
+    return rowmm(a, b, rows) if a.dtype == torch.float64 else a @ b
 
 
 def _module(norm, y: Tensor):
@@ -82,7 +89,7 @@ def terms(alpha: Tensor, vt: Tensor, x: Tensor, queries: Tensor, res,
 
     alpha (B, H, m, Tk) of those queries; vt (B, Tk, H, d) contiguous (:func:`by_key`); x
     (B, m, d) their residual input; s_a, s_r (B, m) or None."""
-    t = torch.matmul(alpha.permute(0, 3, 2, 1), vt)                      # (B, Tk, m, d)
+    t = _rows(alpha.permute(0, 3, 2, 1), vt, 4)                           # (B, Tk, m, d)
     t = t.transpose(1, 2).contiguous()                                   # (B, m, Tk, d)
     if res.after_attention is not None:
         t = res.after_attention.linear(t, s_a[..., None])
@@ -206,7 +213,7 @@ class TokenRows64:
         """T_i(x_j) (m, Tk, d) and the self keys' attention parts (m, d) at queries i of b."""
         ctx, alpha = self.context, self.alpha(b, i)                      # (H, m, Tk)
         vt, x = self.sequence(b)
-        z = alpha @ repeat_kv(ctx.value[b][None].double(), alpha.shape[0])[0]   # (H, m, dh)
+        z = rowmm(alpha, repeat_kv(ctx.value[b][None].double(), alpha.shape[0])[0])  # (H, m, dh)
         one = LayerContext(ctx.layer, ctx.query, ctx.key, ctx.value, ctx.allowed, ctx.scaling,
                            ctx.softcap, ctx.sinks, ctx.proj, x=x[i][None],
                            residual=ctx.residual)

@@ -239,3 +239,45 @@ def test_float32_kernels_are_within_their_error_bound(arch):
     with torch.inference_mode(), attention_handler(model, handler), watching(handler):
         model(**inputs)
     assert handler.worst and all(r <= 1.0 for r in handler.worst.values()), handler.worst
+
+
+class _RowSubsets(_FastAndExact):
+    """Attention handler: each token-scope metric's float64 rows at every layer, computed for
+    every query at once and for subsets of the queries; counts the rows whose bits differ."""
+
+    def attend(self, call):
+        from attngeom.extract.faithfulness.context import LayerContext
+        from attngeom.extract.faithfulness.dense import attention_weights
+        from attngeom.extract.faithfulness.field_scores import TokenRows64
+        from attngeom.extract.faithfulness.kernels import kernels
+
+        alpha = attention_weights(call.query, call.key, call.allowed, call.scaling,
+                                  call.softcap, torch.float32, call.sinks)
+        ctx = LayerContext(call.index, call.query, call.key, call.value, call.allowed,
+                           call.scaling, call.softcap, call.sinks,
+                           self.inner.projection(call.index), x=self.tap.x[call.index],
+                           residual=self.tap.structure[call.index], carry=self.carry)
+        T = alpha.shape[2]
+        b, i = torch.zeros(T, dtype=torch.long), torch.arange(T)
+        for m in self.metrics:
+            full = kernels(m).exact(TokenRows64(ctx, b, i))
+            for rows in ([5], [3, 4, 5, 6, 7], list(range(1, T, 2))):
+                r = torch.tensor(rows)
+                got = kernels(m).exact(TokenRows64(ctx, b[r], i[r]))
+                self.worst[m] = self.worst.get(m, 0) + int((got != full[r]).any(-1).sum())
+        return (alpha @ repeat(call.value, alpha.shape[1])).to(call.query.dtype)
+
+
+@pytest.mark.parametrize("arch", ("llama", "bert"))
+def test_float64_rows_have_the_same_bits_whichever_rows_run_together(arch):
+    """A near row's float64 scores (ALTI, the residual norms) do not depend on the rows decided
+    with it: every product over a query's row is :func:`~.base.rowmm`'s."""
+    from attngeom.extract.measurement.hooks import attention_handler
+    from attngeom.extract.faithfulness.interventions import watching
+
+    model = tm.build(arch)
+    handler = _RowSubsets(model, ("alti", "norm_residual"))
+    inputs = tm.example_inputs(arch, batch=1, seq_len=40)
+    with torch.inference_mode(), attention_handler(model, handler), watching(handler):
+        model(**inputs)
+    assert handler.worst == {"alti": 0, "norm_residual": 0}, handler.worst
