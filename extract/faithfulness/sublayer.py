@@ -22,7 +22,8 @@ a model where it does not is refused in one line.
 
 The float64 definition runs a float64 copy of the block (:func:`float64_block`), its
 normalisations replaced by their float64 formula with their own epsilon
-(:func:`~.residual.as_norm`): transformers' RMSNorms compute in float32 inside.
+(:func:`~.residual.as_norm`): transformers' RMSNorms compute in float32 inside; its linear layers
+by :class:`RowLinear` (a row's bits whatever rows run with it).
 """
 
 from __future__ import annotations
@@ -135,21 +136,25 @@ _F64: dict[str, tuple] = {}            # "last": (weakref to a block, its float6
 
 
 def float64_block(sub: Sublayer) -> nn.Module:
-    """A float64 copy of the sublayer's block with exact normalisations (one kept: the last)."""
+    """A float64 copy of the sublayer's block with exact normalisations and row-stable linear
+    layers (:class:`RowLinear`) (one kept: the last)."""
     held = _F64.get("last")
     if held is not None and held[0]() is sub.block:
         return held[1]
     _F64.pop("last", None)
     block = copy.deepcopy(sub.block).double().eval()
     for path, norm in sub.norms:
-        owner, _, name = path.rpartition(".")
-        setattr(block.get_submodule(owner) if owner else block, name, ExactNorm(norm))
+        _replace(block, path, ExactNorm(norm))
     for path, m in list(block.named_modules()):
         if isinstance(m, nn.Linear) or type(m).__name__ == "Conv1D":
-            owner, _, name = path.rpartition(".")
-            setattr(block.get_submodule(owner) if owner else block, name, RowLinear(m))
+            _replace(block, path, RowLinear(m))
     _F64["last"] = (weakref.ref(sub.block), block)
     return block
+
+
+def _replace(block: nn.Module, path: str, module: nn.Module) -> None:
+    owner, _, name = path.rpartition(".")
+    setattr(block.get_submodule(owner) if owner else block, name, module)
 
 
 # ------------------------------------------------------------------------------ discovery
