@@ -48,8 +48,8 @@ def rowmm(a: Tensor, b: Tensor, rows: int = ROWS) -> Tensor:
     of the product (MKL splits a long sum over threads, by the product's shape and the batch);
     a block of one shape on one thread leaves a row's bits to its values and its place in the
     block, and every place gives the same bits when ROWS is a multiple of the kernels' row
-    tiles (probed on each of MKL's code paths: blocks of 4, 12, 16, 24, 48, 96 and 192 rows on all, not
-    6, 8 or 32 on its AVX2 path). ``tests/extract/test_selection.py`` checks every M up to 600,
+    tiles (probed on each of MKL's code paths: blocks of 4, 12, 16, 24, 48, 96 and 192 rows
+    on all, not 6, 8 or 32 on its AVX2 path). ``tests/extract/test_selection.py`` checks every M up to 600,
     long sums and batches of products on 1 and 2 threads; ``.ci/standins`` runs it on MKL's
     other code paths. A column's bits are not a function of the column alone (they change with
     the columns computed beside it), so a subset of b's columns is never multiplied alone.
@@ -57,7 +57,7 @@ def rowmm(a: Tensor, b: Tensor, rows: int = ROWS) -> Tensor:
     """
     M, N = a.shape[-2], b.shape[-1]
     if b.dim() == 2 and a.dim() > 2:                     # one b: a's rows are one product's
-        return rowmm(a.reshape(-1, a.shape[-1]), b, rows).view(*a.shape[:-1], N)
+        return rowmm(a.reshape(-1, a.shape[-1]), b, rows).reshape(*a.shape[:-1], N)
     lead = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
     a, b = _padded(a, max(M, rows)), _padded(b, PAD)     # a: at least a block's rows
     (Mp, Kp), Np = a.shape[-2:], b.shape[-1]
