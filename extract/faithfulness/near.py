@@ -18,7 +18,10 @@ their float64 scores, higher first, ties to the lower position, the first ``m - 
 go above the cut. The float64 work of a near row is its row-level quantities (the normaliser,
 the head output) and the open candidates' scores, not the row's every score and a sort of them.
 The result is the float64 rule's wherever the float32 scores are within their bound, the
-condition on which every row that is not near is decided in float32.
+condition on which every row that is not near is decided in float32. Where the bound is
+``rel |s~| + abs`` (every metric but value zeroing) L and U increase with s~, so X = U(lo),
+Y = L(hi), and the open candidates are those between two thresholds of s~ (:func:`reach`):
+two comparisons per candidate, no scan of its interval.
 """
 
 from __future__ import annotations
@@ -82,13 +85,14 @@ def open_candidates(key: Tensor, rows: Tensor, hi: Tensor, lo: Tensor, m: Tensor
         r = by_width[start:start + step]
         w = key.shape[1] if width is None else max(1, int(width[r].max()))
         s = key[r, :w]                                                   # (c, w)
-        real = s.isfinite()
-        e = error_size(s, *(None if t is None else t[r] for t in (relative, absolute, root)))
-        low, high = s - e, s + e
-        x = high.masked_fill(~(real & (s <= lo[r, None])), -torch.inf).amax(-1)
-        y = low.masked_fill(~(real & (s >= hi[r, None])), torch.inf).amin(-1)
-        above = real & (low > x[:, None])
-        row, col = (real & ~above & (high >= y[:, None])).nonzero(as_tuple=True)
+        bound = [None if t is None else t[r] for t in (relative, absolute, root)]
+        if root is None:                                 # the ends monotone in s~: thresholds
+            t0, t1 = reach(hi[r], lo[r], *bound[:2])
+            above = (s > t1[:, None]) & (s < torch.inf)
+            is_open = (s >= t0[:, None]) & (s <= t1[:, None])
+        else:
+            above, is_open = _scanned(s, hi[r], lo[r], *bound)
+        row, col = is_open.nonzero(as_tuple=True)
         parts.append((row + start, col))
         need.append(m[r] - above.sum(-1))
     if not parts:
@@ -100,6 +104,43 @@ def open_candidates(key: Tensor, rows: Tensor, hi: Tensor, lo: Tensor, m: Tensor
         at = torch.argsort(row * key.shape[1] + col)
         row, col = row[at], col[at]
     return Band(rows, row, col, need)
+
+
+def reach(hi: Tensor, lo: Tensor, relative: Tensor | None, absolute: Tensor | None
+          ) -> tuple[Tensor, Tensor]:
+    """(t0, t1) (r,) in the scores' dtype: the candidates with t0 <= s~_j <= t1 are open, those
+    above t1 above the cut, for error intervals s~ -+ (rel |s~| + abs), whose ends L and U are
+    increasing in s~ (rel < 1): X = U(lo), Y = L(hi), t1 = L^-1(X), t0 = U^-1(Y), in float64
+    and widened by 2^-22 of their size (four times the rounding to the scores' dtype; more
+    open candidates, never fewer: each is decided in float64); a row with rel >= 1/2 has
+    every finite candidate open."""
+    f = hi.double()
+    rel = torch.zeros_like(f) if relative is None else relative.double().expand_as(f)
+    err = torch.zeros_like(f) if absolute is None else absolute.double().expand_as(f)
+    x = lo.double() + rel * lo.double().abs() + err                     # U(lo)
+    y = f - rel * f.abs() - err                                          # L(hi)
+    t1 = torch.where(x + err >= 0, (x + err) / (1 - rel), (x + err) / (1 + rel))
+    t0 = torch.where(y - err >= 0, (y - err) / (1 + rel), (y - err) / (1 - rel))
+    tiny, big = torch.finfo(hi.dtype).tiny, torch.finfo(hi.dtype).max
+    t1 = t1 + 2.0 ** -22 * (t1.abs() + x.abs()) + tiny
+    t0 = t0 - 2.0 ** -22 * (t0.abs() + y.abs()) - tiny
+    wide = ~(rel < 0.5)                                                  # NaN too
+    t1 = t1.masked_fill(wide, big).clamp(-big, big)
+    t0 = t0.masked_fill(wide, -big).clamp(-big, big)
+    return t0.to(hi.dtype), t1.to(hi.dtype)
+
+
+def _scanned(s: Tensor, hi: Tensor, lo: Tensor, relative: Tensor | None,
+             absolute: Tensor | None, root: Tensor | None) -> tuple[Tensor, Tensor]:
+    """Above and open (c, w) bool from each candidate's interval (a root term: s~ + root
+    sqrt|s~| is not increasing near 0, so X and Y are found by a scan of the row)."""
+    real = s.isfinite()
+    e = error_size(s, relative, absolute, root)
+    low, high = s - e, s + e
+    x = high.masked_fill(~(real & (s <= lo[:, None])), -torch.inf).amax(-1)
+    y = low.masked_fill(~(real & (s >= hi[:, None])), torch.inf).amin(-1)
+    above = real & (low > x[:, None])
+    return above, real & ~above & (high >= y[:, None])
 
 
 def padded(band: Band, lo: int, hi: int) -> tuple[Tensor, Tensor]:

@@ -9,7 +9,8 @@ must remove the same keys:
   (signed and magnitude ranks, comprehensiveness and sufficiency, every granularity): the same
   removed set, only those keys' exact scores asked for, and float32 alone gets it wrong;
 - random rows (ties, signs, padding) with exact scores anywhere within a relative, absolute
-  or square-root bound, and fractions from 0 to 1;
+  or square-root bound, and fractions from 0 to 1; the open candidates found from two
+  thresholds against the intervals' definition;
 - the tiny model's layers with the bound inflated (so that most rows are near and many keys
   open): ExactScores at the open keys, for every paper metric, and value zeroing, whose open
   keys alone rerun the sublayer in float64.
@@ -31,6 +32,7 @@ from attngeom.extract.faithfulness import selection
 from attngeom.extract.faithfulness.base import exact_alpha, rowmm
 from attngeom.extract.faithfulness.interventions import GRANULARITIES, MODES, RANKS, watching
 from attngeom.extract.faithfulness.layer_scores import ExactScores, fast_scores, metric_scores
+from attngeom.extract.faithfulness.near import open_candidates
 from attngeom.extract.faithfulness.removal_scores import logit_scale
 from attngeom.extract.faithfulness.selection import ErrorBound, Workspace, select
 from attngeom.extract.measurement.hooks import attention_handler
@@ -226,6 +228,49 @@ def _layer_cases(metric):
         wide = ErrorBound(rel, absolute=None if term is None else rel * term.amax(-1))
         yield fast, wide, full, ExactScores(metric, q, k, v, allowed, scale, softcap, proj), \
             allowed
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_thresholds_open_what_the_intervals_definition_opens(mode):
+    """The open candidates from two thresholds of s~ (a relative and an absolute bound; rows
+    of keys packed within 1e-4 of each other, so that many lie at an interval's end): every
+    candidate the definition opens (X the largest U_j of the candidates <= lo, Y the
+    smallest L_j of those >= hi, in float64 over each row), a few more within 2^-20 of a
+    threshold at most, and the same count above; a row with rel >= 1/2 opens every candidate."""
+    gen = torch.Generator().manual_seed(4)
+    R, N = 400, 300
+    s = torch.randn(R, N, generator=gen) * torch.rand(R, 1, generator=gen) * 10 ** torch.randint(
+        -3, 3, (R, 1), generator=gen)
+    s[::7] = (s[::7] * 8).round() / 8                                # ties
+    s[1::3] = (1 + 1e-4 * torch.randn(len(s[1::3]), N, generator=gen)) * s[1::3, :1]  # packed
+    n = torch.randint(2, N + 1, (R,), generator=gen)
+    real = torch.arange(N) < n[:, None]
+    key = s.masked_fill(~real, -torch.inf if mode == "comprehensiveness" else torch.inf)
+    m = torch.randint(1, 10**6, (R,), generator=gen) % (n - 1) + 1   # 0 < m < n
+    desc = key.masked_fill(~real, -torch.inf).sort(-1, descending=True).values
+    hi, lo = desc.gather(-1, m[:, None] - 1)[:, 0], desc.gather(-1, m[:, None])[:, 0]
+    rel = 10.0 ** -torch.randint(2, 7, (R,), generator=gen).float()
+    rel[1::3] = 1e-5                                                 # many keys at the edges
+    rel[:5] = 0.7
+    absolute = torch.rand(R, generator=gen) * 1e-3 * (torch.rand(R, generator=gen) < 0.5)
+    band = open_candidates(key, torch.arange(R), hi, lo, m, rel, absolute, None, 64)
+    got = torch.zeros(R, N, dtype=torch.bool)
+    got[band.row, band.col] = True
+    s64, e = s.double(), rel.double()[:, None] * s.double().abs() + absolute.double()[:, None]
+    low, high = s64 - e, s64 + e
+    x = high.masked_fill(~(real & (s <= lo[:, None])), -np.inf).amax(-1)
+    y = low.masked_fill(~(real & (s >= hi[:, None])), np.inf).amin(-1)
+    above = real & (low > x[:, None])
+    want = real & ~above & (high >= y[:, None])
+    assert (want & ~got).sum() == 0                                  # none left out
+    extra = got & ~want
+    assert extra[5:].sum() <= 0.01 * want.sum()
+    edge = torch.minimum((low - x[:, None]).abs(), (high - y[:, None]).abs())
+    tol = 2.0 ** -20 * (s64.abs() + e + x.abs()[:, None] + y.abs()[:, None])
+    assert bool((edge <= tol)[5:][extra[5:]].all())
+    assert torch.equal(got[:5], real[:5]) and torch.equal(band.need[:5], m[:5])
+    assert bool((band.need[5:] >= m[5:] - above[5:].sum(-1)).all())
+    assert bool((band.need[5:] <= m[5:] - above[5:].sum(-1) + extra[5:].sum(-1)).all())
 
 
 @pytest.mark.parametrize("metric", METRICS)
