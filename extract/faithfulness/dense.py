@@ -22,12 +22,14 @@ def grouped(x: Tensor, groups: int) -> Tensor:
 
 def attention_weights(query: Tensor, key: Tensor, allowed: Tensor, scale: float,
                       softcap: float | None, dtype, sinks: Tensor | None = None,
-                      out: Tensor | None = None, logits: Tensor | None = None) -> Tensor:
+                      out: Tensor | None = None, logits: Tensor | None = None,
+                      bias: Tensor | None = None) -> Tensor:
     """Dense attention alpha (B, H, T, Tk) in ``dtype``, written into ``out``.
 
-    ``logits``: scratch (B, H, T, Tk) for the logits (dead once alpha is made). ``sinks``:
-    learned sink logits broadcastable to (B, H, T), or None; the sink joins the softmax as a
-    virtual key with no value. Without sinks it is ``torch.softmax`` (the eager attention's).
+    ``logits``: scratch (B, H, T, Tk) for the logits (dead once alpha is made); ``bias``:
+    ``allowed``'s -inf bias where the caller keeps it (:mod:`.masks`; made here otherwise).
+    ``sinks``: learned sink logits broadcastable to (B, H, T), or None; the sink joins the
+    softmax as a virtual key with no value. Without sinks it is ``torch.softmax`` (the eager attention's).
     A query with no allowed key (and no sink) gets zeros (no NaN).
     """
     B, H, T, dh = query.shape
@@ -38,7 +40,10 @@ def attention_weights(query: Tensor, key: Tensor, allowed: Tensor, scale: float,
     torch.matmul(q, key.to(dtype).transpose(-1, -2), out=grouped(s, G))
     if softcap is not None:
         s.div_(softcap).tanh_().mul_(softcap)
-    fill_disallowed_(s, allowed, float("-inf"))
+    if bias is None:
+        fill_disallowed_(s, allowed, float("-inf"))
+    else:
+        s.add_(bias)
     if sinks is None:
         torch.softmax(s, -1, out=out)
         return out.nan_to_num_(nan=0.0) if not allowed.any(-1).all() else out

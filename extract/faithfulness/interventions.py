@@ -64,9 +64,10 @@ from ..measurement.geometry import Projection, norm_from_gram, repeat_kv
 from ..measurement.hooks import attention_handler
 from .base import exact_alpha
 from .context import LayerContext
-from .dense import attention_weights, row_blocks, weighted_values
+from .dense import attention_weights, weighted_values
 from .kernels import kernels
 from .layer_scores import ExactScores, fast_scores, metric_scores  # noqa: F401  (API)
+from .masks import identity, layer_masks
 from .removal_scores import logit_scale
 from .residual import ResidualTap
 from .selection import Workspace, n_remove, select  # noqa: F401  (n_remove: API)
@@ -140,6 +141,7 @@ class Intervener:
         self.trace = trace
         self.token_mask: Tensor | None = None
         self.work = Workspace() if workspace is None else workspace
+        self.masks: dict = {}           # the layers' masks, by the model's mask (masks.py)
         self.start = 0                  # layers skipped below the first call (resume.py)
 
     def projection(self, layer: int, dtype: torch.dtype = torch.float64) -> Projection:
@@ -190,6 +192,17 @@ class Intervener:
         counts = torch.stack([has.sum((1, 2)), own.sum((1, 2))], 1).double()
         self.self_counts = counts if self.self_counts is None else self.self_counts + counts
 
+    def real_tokens(self, B: int, T: int, device) -> Tensor:
+        """The batch's real tokens (B, T) bool on ``device`` (all, without a token mask): one
+        tensor for every layer of a forward pass, so that :func:`~.masks.layer_masks` finds
+        the masks it made."""
+        m = self.token_mask
+        key = ("tokens", B, T, str(device), None if m is None else identity(m))
+        if key not in self.masks:
+            self.masks[key] = (m, torch.ones(B, T, dtype=torch.bool, device=device)
+                               if m is None else m.to(device))
+        return self.masks[key][1]
+
     def attend(self, call) -> Tensor:
         """Head outputs z (B, H, T, dv) of one attention call (:class:`~.hooks.Call`).
 
@@ -204,32 +217,30 @@ class Intervener:
         B, H, T, _ = query.shape
         dtype = torch.promote_types(query.dtype, torch.float32)          # computed in
         proj = self.projection(layer)
-        mask = self.token_mask
-        mask = (torch.ones(B, T, dtype=torch.bool, device=query.device) if mask is None
-                else mask.to(query.device))
-        allowed = call.allowed & mask[:, None, None, :]
+        mask = self.real_tokens(B, T, query.device)
+        masks = layer_masks(self.masks, call.allowed, mask)        # made once per mask
+        allowed, blocks = masks.allowed, masks.blocks   # blocks: rows that stop short
         scaling, softcap, sinks = call.scaling, call.softcap, call.sinks
         shape = (B, H, T, key.shape[2])
         scores = self.work.get("score", shape, dtype, query.device)   # the logits first
         alpha = attention_weights(query, key, allowed, scaling, softcap, dtype, sinks,
                                   out=self.work.get("alpha", shape, dtype, query.device),
-                                  logits=scores)
+                                  logits=scores, bias=masks.attended.fill(-torch.inf, dtype))
         weights, kept = alpha, None
-        blocks = row_blocks(allowed)                    # rows that stop short of the last key
         r = self.removal
         if r is not None:
             ctx = self.context(layer, call, allowed, proj)
             if self.kernels.step is not None:           # every layer, before its removal
                 self.kernels.step(ctx, alpha)
         if r is not None and (r.layers is None or layer in r.layers):
-            eligible = eligible_keys(allowed, mask)
+            eligible = masks.eligible.mask
             by = M.get(r.metric).ranked_by(r.granularity)
             score, error = fast_scores(by, alpha, value, self.projection(layer, dtype),
                                        logit_scale(query, key, scaling, sinks), scores, blocks,
                                        ctx)
             exact = ExactScores(by, query, key, value, allowed, scaling, softcap, proj,
                                 sinks, ctx)
-            kept = select(score, eligible, r.fraction, r.mode, r.rank, r.granularity,
+            kept = select(score, masks.eligible, r.fraction, r.mode, r.rank, r.granularity,
                           error, exact, self.work, inplace=score is not alpha, keep=True)
             self.count_self(kept, eligible)
             weights = alpha.mul_(kept)                                   # removed terms: 0
@@ -251,6 +262,7 @@ class Intervener:
                 "gram": proj.gram, "weight": proj.weight})
         if layer == self.n_layers - 1:  # the pass's scratch freed before the logits are made
             self.work.clear()
+            self.masks.clear()
         return z.to(query.dtype)
 
 
@@ -311,6 +323,8 @@ def forward_logits(model: nn.Module, inputs: dict[str, Tensor], handler) -> Tens
     """Logits (B, T, V) of ``model`` with every attention layer routed through ``handler``."""
     mask = inputs.get("attention_mask")
     handler.token_mask = mask.bool() if mask is not None else None
+    if hasattr(handler, "masks"):
+        handler.masks.clear()                      # the masks of this pass's batch only
     with attention_handler(model, handler), watching(handler):
         out = model(**inputs, use_cache=False)
     return out.logits

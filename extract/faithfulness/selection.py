@@ -33,6 +33,7 @@ import torch
 from attngeom.common.errors import Refusal
 
 from ..measurement.geometry import fill_disallowed_
+from .masks import Candidates
 from .near import Band, Exact, above_cut, open_candidates, padded, take
 
 Tensor = torch.Tensor
@@ -255,21 +256,21 @@ def _flat(x: Tensor) -> Tensor:
     return x.permute(0, 2, 3, 1).reshape(B, T, Tk * H)
 
 
-def _keys(score: Tensor, eligible: Tensor, rank: str, granularity: str, fill: float,
+def _keys(score: Tensor, c: Candidates, rank: str, granularity: str, fill: float,
           work: Workspace | None, inplace: bool) -> tuple[Tensor, Tensor]:
     """Ranking keys (..., n) with ineligible candidates at ``fill``, and eligible counts."""
     B, H, T, Tk = score.shape
-    count = torch.count_nonzero(eligible, -1)                          # (B, 1|H, T)
+    eligible, count = c.mask, c.count                                  # count: (B, 1|H, T)
     if granularity == "head":
         key = score if inplace else (score.clone() if work is None else
                                      work.get("key", score.shape, score.dtype,
                                               score.device).copy_(score))
         if rank == "magnitude":
             key.abs_()
-        return fill_disallowed_(key, eligible, fill), count.expand(B, H, T)
+        return key.add_(c.fill(fill, key.dtype)), count.expand(B, H, T)
     if granularity == "query":
         key = score.abs() if rank == "magnitude" else score.clone()
-        key = _flat(fill_disallowed_(key, eligible, fill))
+        key = _flat(key.add_(c.fill(fill, key.dtype)))
         return key, count.sum(1) if count.shape[1] > 1 else count[:, 0] * H
     if granularity == "token" and H == 1:                              # heads combined already
         e = eligible.any(1)
@@ -284,12 +285,10 @@ def _keys(score: Tensor, eligible: Tensor, rank: str, granularity: str, fill: fl
     raise Refusal(f"unknown granularity '{granularity}'; use head, query or token")
 
 
-def _widths(eligible: Tensor, granularity: str, H: int) -> Tensor:
+def _widths(c: Candidates, granularity: str, H: int) -> Tensor:
     """(rows,) how many leading candidates of each ranking row can be eligible."""
-    e = eligible if granularity == "head" else eligible.any(1, keepdim=True)
-    B, _, T, Tk = e.shape
-    position = torch.arange(1, Tk + 1, dtype=torch.int32, device=e.device)
-    last = torch.mul(e, position).amax(-1)                             # (B, 1|H, T), 0: none
+    last = c.last if granularity == "head" else Candidates(c.mask.any(1, keepdim=True)).last
+    B, _, T = last.shape                                               # 0: none eligible
     if granularity == "head":
         return last.expand(B, H, T).reshape(-1)
     return last.reshape(-1) * (H if granularity == "query" else 1)
@@ -334,7 +333,8 @@ def _decide(chosen: Tensor, band: Band, exact: Exact, e: Tensor, rank: str, gran
         chosen[idx[:, None].expand_as(cols)[real], cols[real]] = value[real]
 
 
-def select(score: Tensor, eligible: Tensor, fraction: float, mode: str, rank: str = "signed",
+def select(score: Tensor, eligible: Tensor | Candidates, fraction: float, mode: str,
+           rank: str = "signed",
            granularity: str = "head", error: ErrorBound | None = None,
            exact: Exact | None = None, work: Workspace | None = None,
            inplace: bool = False, keep: bool = False) -> Tensor:
@@ -342,7 +342,8 @@ def select(score: Tensor, eligible: Tensor, fraction: float, mode: str, rank: st
 
     Parameters
     ----------
-    score : (B, H, T, Tk) metric scores; eligible : (B, 1 or H, T, Tk) bool.
+    score : (B, H, T, Tk) metric scores; eligible : (B, 1 or H, T, Tk) bool, or as
+        :class:`~.masks.Candidates` (what is read of it kept from layer to layer).
     error : the scores' rounding error (None: exact); exact : exact scores of near rows at
         their open candidates (:data:`.near.Exact`; None: ``score`` itself, so only ties at
         the cut are near).
@@ -353,12 +354,14 @@ def select(score: Tensor, eligible: Tensor, fraction: float, mode: str, rank: st
         key is dropped from every head; where it is not eligible its alpha is 0).
     """
     B, H, T, Tk = score.shape
-    if H == 1 and eligible.shape[1] > 1:               # scores of keys, the heads combined
-        eligible = eligible.any(1, keepdim=True)
+    c = eligible if isinstance(eligible, Candidates) else Candidates(eligible)
+    if H == 1 and c.mask.shape[1] > 1:                 # scores of keys, the heads combined
+        c = Candidates(c.mask.any(1, keepdim=True))
+    eligible = c.mask
     if exact is None:
         exact, inplace = _given(score), False
     fill = float("-inf") if mode == "comprehensiveness" else float("inf")
-    key, n = _keys(score, eligible, rank, granularity, fill, work, inplace)
+    key, n = _keys(score, c, rank, granularity, fill, work, inplace)
     N = key.shape[-1]
     rel = None if error is None else error.relative
     if granularity == "head" and error is not None and error.within is not None:
@@ -371,7 +374,7 @@ def select(score: Tensor, eligible: Tensor, fraction: float, mode: str, rank: st
         root = None if root is None else root.amax(1)
     flat, k = key.reshape(-1, N), n_remove(n, fraction).reshape(-1)
     bound = [None if t is None else t.reshape(-1) for t in (rel, absolute, root)]
-    width = _widths(eligible, granularity, H)
+    width = _widths(c, granularity, H)
     cut = find_cut(flat, n.reshape(-1), k, mode, bound[0], work, width, bound[1], bound[2])
     step = max(1, NEAR_CHUNK // N)        # the near rows' copies bounded, not (n, N)
     band = open_candidates(flat, cut.near.nonzero()[:, 0], cut.hi, cut.lo, cut.m, *bound,

@@ -106,8 +106,13 @@ def fill_disallowed_(x: Tensor, allowed: Tensor, fill: float) -> Tensor:
     softmax. The bias has the mask's shape ((B, 1, T, Tk) for a mask shared by the heads).
     x + 0 is x, bit for bit; an infinite x would give NaN where it is masked.
     """
-    bias = torch.zeros(allowed.shape, dtype=x.dtype, device=x.device)
-    return x.add_(bias.masked_fill_(~allowed, fill))
+    return x.add_(disallowed_bias(allowed, fill, x.dtype))
+
+
+def disallowed_bias(allowed: Tensor, fill: float, dtype: torch.dtype) -> Tensor:
+    """The additive bias of :func:`fill_disallowed_`: 0 where allowed, ``fill`` elsewhere."""
+    bias = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
+    return bias.masked_fill_(~allowed, fill)
 
 
 def softmax_masked(logits: Tensor, allowed: Tensor) -> Tensor:
