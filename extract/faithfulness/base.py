@@ -26,7 +26,6 @@ from ..measurement.geometry import softmax_masked, vecdot
 Tensor = torch.Tensor
 PAD = 8                  # rowmm pads K and N to multiples of this (8 float64: 64 bytes)
 ROWS = 24                # rows per block of rowmm: one BLAS product of one shape each
-BLOCK = 256              # rowmm's columns and terms in blocks of this (each its own product)
 SERIAL = 1 << 21         # rowmm's products under this many multiply-adds run on one thread
 
 
@@ -36,8 +35,7 @@ def finite(x: Tensor) -> Tensor:
     return torch.nan_to_num(x, nan=0.0, posinf=big, neginf=-big)
 
 
-def rowmm(a: Tensor, b: Tensor, rows: int = ROWS, cols: Tensor | None = None,
-          terms: Tensor | None = None) -> Tensor:
+def rowmm(a: Tensor, b: Tensor, rows: int = ROWS) -> Tensor:
     """``a @ b`` for a (..., M, K), b (..., K, N) whose rows have the same bits however many
     rows are computed together, wherever they lie in memory and however many threads run.
 
@@ -53,57 +51,24 @@ def rowmm(a: Tensor, b: Tensor, rows: int = ROWS, cols: Tensor | None = None,
     tiles (probed on each of MKL's code paths: blocks of 4, 12, 16, 24, 48, 96 and 192 rows
     on all, not 6, 8 or 32 on its AVX2 path). ``tests/extract/test_selection.py`` checks every M up to 600,
     long sums and batches of products on 1 and 2 threads; ``.ci/standins`` runs it on MKL's
-    other code paths. A column's bits change with the columns computed beside it, and a sum's
-    with its length, so past :data:`BLOCK` columns (terms) each block of BLOCK is a product of
-    its own (the last one shorter) and the terms' blocks are added in order: a column's bits
-    depend on N and K, never on which other blocks are computed.
-
-    ``rows``: the block (probed as ROWS is; larger for a large b, which every block packs
-    anew). ``cols`` (..., M) int: row r is needed in its first cols[r] columns only; ``terms``
-    (..., M): a's row r is 0 past its first terms[r] entries. A block of rows then skips the
-    column (term) blocks past its rows' largest: the skipped columns are 0, the rest the same
-    bits as without (a skipped sum's block adds exactly 0).
+    other code paths. A column's bits are not a function of the column alone (they change with
+    the columns computed beside it), so a subset of b's columns is never multiplied alone.
+    ``rows``: the block (probed as ROWS is; larger for a large b, which every block packs anew).
     """
     M, N = a.shape[-2], b.shape[-1]
-    width = cols if terms is None else terms
     if b.dim() == 2 and a.dim() > 2:                     # one b: a's rows are one product's
-        flat = None if width is None else width.expand(a.shape[:-1]).reshape(-1)
-        out = rowmm(a.reshape(-1, a.shape[-1]), b, rows, *((flat, None) if terms is None
-                                                             else (None, flat)))
-        return out.reshape(*a.shape[:-1], N)
+        return rowmm(a.reshape(-1, a.shape[-1]), b, rows).reshape(*a.shape[:-1], N)
     lead = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
     a, b = _padded(a, max(M, rows)), _padded(b, PAD)     # a: at least a block's rows
     (Mp, Kp), Np = a.shape[-2:], b.shape[-1]
     a = a.expand(*lead, Mp, Kp).reshape(-1, Mp, Kp)                        # (L, Mp, Kp)
     b = b.expand(*lead, Kp, Np).reshape(-1, Kp, Np)                        # (L, Kp, Np)
     out = a.new_empty(a.shape[0], Mp, Np)                                  # (L, Mp, Np)
-    need = None if width is None else _needed(width.expand(*lead, M).reshape(-1, M), Mp,
-                                              rows, Np if terms is None else Kp)
     with one_thread() as n:
         n = n if a.shape[0] * Mp * Kp * Np >= SERIAL else 1
-        _spread([[x for unit in part for x in _products(a, b, out, rows, need, terms is None,
-                                                         *unit)]
+        _spread([[x for unit in part for x in _products(a, b, out, rows, *unit)]
                  for part in _parts(a.shape[0], Mp, n, rows)])
     return out.view(*lead, Mp, Np)[..., :M, :N]
-
-
-def _needed(width: Tensor, Mp: int, R: int, size: int) -> list[list[int]]:
-    """(L, blocks): how many :data:`BLOCK`s of columns (terms) each block of R rows needs, the
-    blocks as :func:`_parts` makes them (the last one the last R rows), from each row's width
-    (L, M) (padded rows need none)."""
-    L, M = width.shape
-    w = torch.zeros(L, Mp, dtype=torch.long, device=width.device)
-    w[:, :M] = width.clamp(0, size)
-    nb, full = -(-Mp // R), Mp // R
-    top = w[:, :full * R].reshape(L, full, R).amax(-1)
-    if nb > full:
-        top = torch.cat([top, w[:, Mp - R:].amax(-1, keepdim=True)], 1)
-    return (-(-top // BLOCK)).tolist()
-
-
-def _blocks(size: int) -> list[tuple[int, int]]:
-    """The blocks of :data:`BLOCK` columns (terms) of a product: one when size <= BLOCK."""
-    return [(s, min(s + BLOCK, size)) for s in range(0, size, BLOCK)] or [(0, 0)]
 
 
 @contextmanager
@@ -129,55 +94,23 @@ def _parts(L: int, M: int, n: int, R: int) -> list[list[tuple[int, int, int, int
              for l in range(lo // nb, -(-hi // nb))] for lo, hi in zip(cuts, cuts[1:]) if hi > lo]
 
 
-Product = tuple[Tensor, Tensor, Tensor, bool, int, bool]
-# a (X, R, K), b (X, K, N), out, out is a last block's tail, blocks needed, over columns
+Product = tuple[Tensor, Tensor, Tensor, bool]     # a, b, out, out is a last block's tail
 
 
-def _products(a: Tensor, b: Tensor, out: Tensor, R: int, need: list | None, over_cols: bool,
-              l0: int, l1: int, j0: int, j1: int) -> list[Product]:
-    """The products of one of :func:`_parts`' units: runs of full blocks that need as many
-    column (term) blocks, each run one batch (b broadcast, not copied); the last block's rows
-    that no full block has, if the unit ends with it."""
-    M, K, full = a.shape[1], a.shape[2], a.shape[1] // R
-    every = len(_blocks(b.shape[2] if over_cols else K))
+def _products(a: Tensor, b: Tensor, out: Tensor, R: int, l0: int, l1: int, j0: int, j1: int
+              ) -> list[Product]:
+    """The products of one of :func:`_parts`' units: the full blocks in one batch (b broadcast,
+    not copied); the last block's rows that no full block has, if the unit ends with it."""
+    M, full = a.shape[1], a.shape[1] // R
     j, products = min(j1, full), []
-    items = [(l, 0) for l in range(l0, l1)] if l1 - l0 > 1 else [(l0, jj) for jj in range(j0, j)]
-    runs: list[list] = []
-    for l, jj in items:
-        c = every if need is None else need[l][jj]
-        if runs and runs[-1][2] == c:
-            runs[-1][1] = (l, jj)
-        else:
-            runs.append([(l, jj), (l, jj), c])
-    for (la, ja), (lb, jb), c in runs:
-        rows = slice(ja * R, (jb + 1) * R)
-        lo, hi = la, lb + 1
-        x = (hi - lo) * (jb + 1 - ja)
-        products.append((a[lo:hi, rows].reshape(x, R, K),
-                         b[lo:hi].expand(x, *b.shape[1:]) if hi - lo == 1 else b[lo:hi],
-                         out[lo:hi, rows].reshape(x, R, out.shape[2]), False, c, over_cols))
+    if j > j0:
+        rows = slice(j0 * R, j * R)
+        products.append((a[l0:l1, rows].reshape(-1, R, a.shape[2]),
+                         b[l0:l1].expand(j - j0, *b.shape[1:]) if l1 - l0 == 1 else b[l0:l1],
+                         out[l0:l1, rows].reshape(-1, R, out.shape[2]), False))
     if j1 > full:
-        c = every if need is None else need[l0][-1]
-        products.append((a[l0:l1, M - R:], b[l0:l1], out[l0:l1, full * R:], True, c, over_cols))
+        products.append((a[l0:l1, M - R:], b[l0:l1], out[l0:l1, full * R:], True))
     return products
-
-
-def _product(a: Tensor, b: Tensor, out: Tensor, used: int, over_cols: bool) -> None:
-    """out = a @ b (X, R, N) by :data:`BLOCK`s of columns and terms, the first ``used`` blocks
-    of columns (zero past them) or of terms (the rest of a is 0)."""
-    cols, terms = _blocks(b.shape[2]), _blocks(a.shape[2])
-    if len(cols) == len(terms) == 1 and used == 1:
-        torch.bmm(a, b, out=out)
-        return
-    cols, terms = (cols[:used], terms) if over_cols else (cols, terms[:used])
-    for c0, c1 in cols:
-        acc = None
-        for k0, k1 in terms:                             # the terms' blocks added in order
-            p = torch.bmm(a[:, :, k0:k1], b[:, k0:k1, c0:c1])
-            acc = p if acc is None else acc.add_(p)
-        out[..., c0:c1] = 0.0 if acc is None else acc
-    if over_cols:
-        out[..., cols[-1][1] if cols else 0:] = 0.0
 
 
 def _spread(parts: list[list[Product]]) -> None:
@@ -188,13 +121,11 @@ def _spread(parts: list[list[Product]]) -> None:
 
     def run(part: list[Product]) -> None:
         with torch.inference_mode(inference), torch.no_grad():
-            for a, b, out, tail, used, over_cols in part:
+            for a, b, out, tail in part:
                 if tail:
-                    whole = a.new_empty(a.shape[0], a.shape[1], b.shape[2])
-                    _product(a, b, whole, used, over_cols)
-                    out.copy_(whole[:, a.shape[1] - out.shape[1]:])
+                    out.copy_(torch.bmm(a, b)[:, a.shape[1] - out.shape[1]:])
                 else:
-                    _product(a, b, out, used, over_cols)
+                    torch.bmm(a, b, out=out)
     key = (os.getpid(), len(parts) - 1)                      # a forked child needs its own
     if len(parts) > 1 and _POOL.get("key") != key:
         _POOL.update(key=key, pool=ThreadPoolExecutor(key[1], "attngeom-rowmm",
@@ -220,30 +151,20 @@ def _padded(x: Tensor, rows: int) -> Tensor:
     return x
 
 
-def logits64(q: Tensor, k: Tensor, scale: float, softcap: float | None,
-             width: Tensor | None = None) -> Tensor:
-    """Attention logits (..., Tq, Tk) in float64, row by row (``width`` (..., Tq): each row's
-    first so many only, :func:`rowmm`'s ``cols``; 0 past them)."""
-    s = rowmm(q.double(), k.double().transpose(-1, -2), cols=width) * scale
+def logits64(q: Tensor, k: Tensor, scale: float, softcap: float | None) -> Tensor:
+    """Attention logits (..., Tq, Tk) in float64, row by row."""
+    s = rowmm(q.double(), k.double().transpose(-1, -2)) * scale
     return s if softcap is None else torch.tanh(s / softcap) * softcap
 
 
-def last_allowed(allowed: Tensor) -> Tensor:
-    """(...,) int: one past each row's last allowed key, of ``allowed`` (..., Tk) bool."""
-    position = torch.arange(1, allowed.shape[-1] + 1, dtype=torch.int32, device=allowed.device)
-    return torch.mul(allowed, position).amax(-1)
-
-
 def exact_alpha(q: Tensor, k: Tensor, allowed: Tensor, scale: float, softcap: float | None,
-                sinks: Tensor | None = None, width: Tensor | None = None) -> Tensor:
+                sinks: Tensor | None = None) -> Tensor:
     """Float64 attention (..., Tq, Tk) of query rows q over keys k (per query head).
 
     ``sinks``: learned sink logits broadcastable to (..., Tq), or None; the sink joins the
-    softmax as a virtual key with no value (its weight is left out of alpha). ``width``
-    (..., Tq): :func:`last_allowed` of ``allowed``, where the caller has it: the logits past
-    it are not computed (the same bits).
+    softmax as a virtual key with no value (its weight is left out of alpha).
     """
-    logits = logits64(q, k, scale, softcap, width)
+    logits = logits64(q, k, scale, softcap)
     if sinks is None:
         return softmax_masked(logits, allowed)
     logits = logits.masked_fill(~allowed, float("-inf"))

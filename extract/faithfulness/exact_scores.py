@@ -32,15 +32,13 @@ class Rows64:
     open candidates of near rows, :mod:`.near`), or None (every key); a built-in kernel
     computes the row-level quantities in full and its per-key terms at :meth:`at` only (the
     same bits as the full row's there), a plugin's is given None and its rows are gathered.
-    width (P, M) or None: one past each row's last allowed key (alpha is 0 past it), so that
-    the products over keys stop there (:func:`~.base.rowmm`; the same bits).
     """
 
     def __init__(self, alpha: Tensor, v: Tensor, vt: Tensor, gram: Tensor,
                  value_norm: Callable[[], Tensor], z: Tensor | None = None,
                  where: tuple[Tensor, Tensor, Tensor] | None = None, context=None,
-                 keys: Tensor | None = None, width: Tensor | None = None):
-        self.alpha, self.v, self.vt, self.gram, self.width = alpha, v, vt, gram, width
+                 keys: Tensor | None = None):
+        self.alpha, self.v, self.vt, self.gram = alpha, v, vt, gram
         self._value_norm, self._z, self._output = value_norm, z, None
         self.context, self.keys = context, keys
         self.where = None if where is None else tuple(
@@ -60,7 +58,7 @@ class Rows64:
     def output(self) -> tuple[Tensor, Tensor]:
         """z_i G_h (P, M, dh) and ||o_i^h|| (P, M)."""
         if self._output is None:
-            z = rowmm(self.alpha, self.v, terms=self.width) if self._z is None else self._z
+            z = rowmm(self.alpha, self.v) if self._z is None else self._z
             zg = rowmm(z, self.gram)
             self._output = zg, vecdot(zg, z).clamp_min(0).sqrt()
         return self._output
@@ -88,8 +86,7 @@ def exact_contribution(x: Rows64) -> Tensor:
     <o_i^h, v~_j^h> is computed for the row's every key even when a few are asked for: a
     column's bits in a matrix product depend on the columns beside it (:func:`~.base.rowmm`)."""
     zg, output_norm = x.output()
-    dot = rowmm(zg, x.vt, cols=x.width)                                # 0 past a row's keys
-    return finite(x.at(x.alpha) * x.at(dot) / output_norm.square()[..., None])
+    return finite(x.at(x.alpha) * x.at(rowmm(zg, x.vt)) / output_norm.square()[..., None])
 
 
 def exact_contribution_layer(alpha: Tensor, dot: Tensor, norm_sq: Tensor) -> Tensor:

@@ -18,7 +18,7 @@ import torch
 from attngeom.common import metrics
 
 from ..measurement.geometry import Projection
-from .base import exact_alpha, key_norms, last_allowed, rowmm, value_norms
+from .base import exact_alpha, key_norms, rowmm, value_norms
 from .exact_scores import Rows64
 from .field_scores import TokenRows64
 from .kernels import kernels
@@ -172,17 +172,15 @@ class ExactScores:
         g = h // self.rep
         head = h if self.allowed.shape[1] > 1 else torch.zeros_like(h)
         allowed = self.allowed[b[:, None], head[:, None], i]                    # (P, M, Tk)
-        width = last_allowed(allowed)                                           # (P, M)
         sinks = None if self.sinks is None else self.sinks[b[:, None], h[:, None], i]
         kt, v, vt = self.kv()
         alpha = exact_alpha(self.q[b[:, None], h[:, None], i], self.take(kt, b, g).mT, allowed,
-                            self.scale, self.softcap, sinks, width)             # (P, M, Tk)
+                            self.scale, self.softcap, sinks)                    # (P, M, Tk)
         v, vt = self.take(v, b, g), self.take(vt, b, g)                         # (P, Tk, dh)
         gram = None if self.proj is None else self.proj.gram[h]
         return self._at(self.kernel(Rows64(
             alpha, v, vt, gram, lambda: self._norms(b, h, v), where=(b[:, None], h[:, None], i),
-            context=self.context, keys=keys if self.entry.builtin else None,
-            width=width)), keys)
+            context=self.context, keys=keys if self.entry.builtin else None)), keys)
 
     def _at(self, scores: Tensor, keys: Tensor | None) -> Tensor:
         """A plugin kernel's full rows (..., Tk) at ``keys`` (..., K) (a built-in kernel's
@@ -231,28 +229,25 @@ class ExactScores:
         kt, v, vt = (x[b] for x in self.kv())                          # (G, dh, Tk), (G, Tk, dh)
         by_kv = lambda x: x.expand(H, *x.shape[1:]).reshape(G, -1, *x.shape[2:])  # noqa: E731
         allowed = by_kv(self.allowed[b][:, query])                      # (G, rep * mq, Tk)
-        width = last_allowed(allowed)                                   # (G, rep * mq)
         sinks = None if self.sinks is None else by_kv(self.sinks[b][:, query])
         alpha = exact_alpha(by_kv(self.q[b][:, query]), kt.mT, allowed, self.scale,
-                            self.softcap, sinks, width)                 # (G, rep * mq, Tk)
-        z = rowmm(alpha, v, terms=width).reshape(H, mq, -1)               # (H, mq, dh)
+                            self.softcap, sinks)                        # (G, rep * mq, Tk)
+        z = rowmm(alpha, v).reshape(H, mq, -1)                            # (H, mq, dh)
         o = rowmm(z.transpose(0, 1).reshape(mq, -1), self.proj.weight)  # (mq, d)
         layer_sq = o.square().sum(-1)                                   # ||o_i||^2 (mq,)
         u = rowmm(o, self.proj.transposed()).reshape(mq, H, -1).transpose(0, 1)  # o_i W_O^T
         alpha = alpha.reshape(H, mq, -1)
         if h is None:
-            c = rowmm(u.reshape(G, -1, u.shape[-1]), vt, cols=width)     # <o_i, v~_j^h>
-            c = c.reshape(H, mq, -1)
+            c = rowmm(u.reshape(G, -1, u.shape[-1]), vt).reshape(H, mq, -1)  # <o_i, v~_j^h>
             if keys is not None:
                 k3 = keys.expand(H, *keys.shape)
                 alpha, c = alpha.gather(-1, k3), c.gather(-1, k3)
             return self.kernel(alpha, c, layer_sq[None, :, None])
         out = alpha.new_empty(len(i), alpha.shape[-1] if keys is None else keys.shape[1])
-        width = width.reshape(H, mq)
         for g in (h // self.rep).unique().tolist():     # only the rows asked for, by kv head
             rows = (h // self.rep == g).nonzero()[:, 0]
             hh, at = h[rows], where[rows]
-            a, c = alpha[hh, at], rowmm(u[hh, at], vt[g], cols=width[hh, at])   # (r, Tk)
+            a, c = alpha[hh, at], rowmm(u[hh, at], vt[g])               # (r, Tk)
             if keys is not None:
                 a, c = a.gather(-1, keys[rows]), c.gather(-1, keys[rows])
             out[rows] = self.kernel(a, c, layer_sq[at, None])
