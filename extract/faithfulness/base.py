@@ -152,9 +152,10 @@ def _padded(x: Tensor, rows: int) -> Tensor:
 
 
 def logits64(q: Tensor, k: Tensor, scale: float, softcap: float | None) -> Tensor:
-    """Attention logits (..., Tq, Tk) in float64, row by row."""
-    s = rowmm(q.double(), k.double().transpose(-1, -2)) * scale
-    return s if softcap is None else torch.tanh(s / softcap) * softcap
+    """Attention logits (..., Tq, Tk) in float64, row by row (scaled and capped in place:
+    at long contexts a fresh (rows, Tk) float64 tensor costs as much as the pass over it)."""
+    s = rowmm(q.double(), k.double().transpose(-1, -2)).mul_(scale)
+    return s if softcap is None else s.div_(softcap).tanh_().mul_(softcap)
 
 
 def exact_alpha(q: Tensor, k: Tensor, allowed: Tensor, scale: float, softcap: float | None,
@@ -166,7 +167,7 @@ def exact_alpha(q: Tensor, k: Tensor, allowed: Tensor, scale: float, softcap: fl
     """
     logits = logits64(q, k, scale, softcap)
     if sinks is None:
-        return softmax_masked(logits, allowed)
+        return softmax_masked(logits, allowed, inplace=True)
     logits = logits.masked_fill(~allowed, float("-inf"))
     column = sinks.double().expand(logits.shape[:-1])[..., None]            # (..., Tq, 1)
     return torch.softmax(torch.cat([logits, column], -1), dim=-1)[..., :-1]

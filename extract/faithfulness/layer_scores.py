@@ -94,13 +94,19 @@ class ExactScores:
     """Float64 scores of chosen rows of one layer, from its inputs (see :data:`.near.Exact`).
 
     The same bits as :func:`metric_scores` of the whole layer (row by row arithmetic), for a
-    few rows at a time (``CHUNK`` rows x keys at most). Head-local metrics compute only the rows
-    asked for, every (sequence, head) pair's rows in one batch; contribution_layer needs every
-    head's output at a query, so it computes those once per query and the scores of the heads
-    asked for. Keys and values are converted to float64 once per layer and gathered as blocks.
+    few rows at a time (``CHUNK`` rows x keys at most; ``LAYER_CHUNK`` for every head's rows
+    of contribution_layer: a float64 tensor of that size is reused from the C heap, one over
+    glibc's largest mmap threshold (32 MiB) is mapped and zeroed afresh by the system, which
+    at long contexts costs as much as the pass over it, while smaller chunks make more
+    products of few rows). Head-local
+    metrics compute only the rows asked for, every (sequence, head) pair's rows in one batch;
+    contribution_layer needs every head's output at a query, so it computes those once per
+    query and the scores of the heads asked for. Keys and values are converted to float64
+    once per layer and gathered as blocks.
     """
 
     CHUNK = 1 << 20        # rows x keys computed at a time (padded rows included; 8 MiB float64)
+    LAYER_CHUNK = 3 << 20  # contribution_layer's: every head's (24 MiB, under glibc's 32 MiB)
 
     def __init__(self, metric: str, query: Tensor, key: Tensor, value: Tensor, allowed: Tensor,
                  scale: float, softcap: float | None, proj: Projection,
@@ -262,7 +268,7 @@ class ExactScores:
         order = torch.argsort(b * self.q.shape[2] + i, stable=True)    # a query's rows together
         width = self.k.shape[2] if keys is None else keys.shape[1]
         out = self.q.new_empty(len(b), width, dtype=torch.float64)
-        step = max(1, self.CHUNK // self.k.shape[2])
+        step = max(1, self.LAYER_CHUNK // self.k.shape[2] // self.q.shape[1])
         for lo in range(0, len(b), step):
             rows = order[lo:lo + step]
             for bb in b[rows].unique().tolist():        # one sequence's keys gathered once
@@ -275,8 +281,9 @@ class ExactScores:
                  keys: Tensor | None = None) -> Tensor:
         """Rows (b, h, i), or whole queries (b, i) with h None, ``CHUNK`` entries at a time."""
         H, Tk = self.q.shape[1], self.k.shape[2]
-        per_entry = H if h is None and not (self.layer_scope or self.token_scope) else 1
-        step = max(1, self.CHUNK // Tk // per_entry)
+        per_entry = H if h is None and not self.token_scope else 1
+        chunk = self.LAYER_CHUNK if self.layer_scope else self.CHUNK
+        step = max(1, chunk // Tk // per_entry)
         part = (lambda x, lo: None if x is None else x[lo:lo + step])       # noqa: E731
         parts = [self.queries(b[lo:lo + step], i[lo:lo + step], part(keys, lo)) if h is None
                  else self.local(b[lo:lo + step], h[lo:lo + step], i[lo:lo + step],

@@ -115,10 +115,12 @@ def disallowed_bias(allowed: Tensor, fill: float, dtype: torch.dtype) -> Tensor:
     return bias.masked_fill_(~allowed, fill)
 
 
-def softmax_masked(logits: Tensor, allowed: Tensor) -> Tensor:
+def softmax_masked(logits: Tensor, allowed: Tensor, inplace: bool = False) -> Tensor:
     """Softmax over keys; rows with no allowed key give zeros instead of NaN (looked for in
-    ``allowed`` first: a pass over NaNs costs more than the softmax itself)."""
-    alpha = torch.softmax(logits.masked_fill(~allowed, float("-inf")), dim=-1)
+    ``allowed`` first: a pass over NaNs costs more than the softmax itself); ``inplace``:
+    the disallowed logits are set to -inf in ``logits`` itself."""
+    fill = logits.masked_fill_ if inplace else logits.masked_fill
+    alpha = torch.softmax(fill(~allowed, float("-inf")), dim=-1)
     return alpha if bool(allowed.any(-1).all()) else alpha.nan_to_num_(0.0)
 
 
