@@ -29,8 +29,8 @@ def attention_weights(query: Tensor, key: Tensor, allowed: Tensor, scale: float,
     ``logits``: scratch (B, H, T, Tk) for the logits (dead once alpha is made); ``bias``:
     ``allowed``'s -inf bias where the caller keeps it (:mod:`.masks`; made here otherwise).
     ``sinks``: learned sink logits broadcastable to (B, H, T), or None; the sink joins the
-    softmax as a virtual key with no value. Without sinks it is ``torch.softmax`` (the eager attention's).
-    A query with no allowed key (and no sink) gets zeros (no NaN).
+    softmax as a virtual key with no value. Without sinks it is ``torch.softmax`` (the eager
+    attention's). A query with no allowed key (and no sink) gets zeros (no NaN).
     """
     B, H, T, dh = query.shape
     G, Tk = key.shape[1], key.shape[2]
