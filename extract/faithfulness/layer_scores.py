@@ -98,11 +98,10 @@ class ExactScores:
     of contribution_layer: a float64 tensor of that size is reused from the C heap, one over
     glibc's largest mmap threshold (32 MiB) is mapped and zeroed afresh by the system, which
     at long contexts costs as much as the pass over it, while smaller chunks make more
-    products of few rows). Head-local
-    metrics compute only the rows asked for, every (sequence, head) pair's rows in one batch;
-    contribution_layer needs every head's output at a query, so it computes those once per
-    query and the scores of the heads asked for. Keys and values are converted to float64
-    once per layer and gathered as blocks.
+    products of few rows). Head-local metrics compute only the rows asked for, every
+    (sequence, head) pair's rows in one batch; contribution_layer needs every head's output
+    at a query, so it computes those once per query and the scores of the heads asked for.
+    Keys and values are converted to float64 once per layer and gathered as blocks.
     """
 
     CHUNK = 1 << 20        # rows x keys computed at a time (padded rows included; 8 MiB float64)
