@@ -125,7 +125,7 @@ class LayerRows:
         b = len(rows["value_norm"])
         self.finite_at[self.row:self.row + b] &= finite_positions(rows)
         self.stream.add_layer(layer, stored_arrays(rows, self.cfg.mode, self.cfg.precision))
-        release()                  # the layer's freed tensors given back, not kept in the heap
+        release(b * self.width)    # the layers' freed tensors given back, not kept in the heap
 
     def commit(self, n: int) -> None:
         self.row += n

@@ -1,5 +1,6 @@
 """extract/heap.py's release: the free pages inside the C heap go back to the system, once the
-resident set has grown by the given bytes since the last time. In a fresh process, with the C
+resident set has grown by the given bytes and RELEASE_TOKENS tokens were measured since the last
+time. In a fresh process, with the C
 library's own malloc: 40 MB of 100 kB blocks (heap blocks, below the mmap threshold) written,
 all but the last freed (the heap cannot shrink past it)."""
 
@@ -28,10 +29,11 @@ for b in blocks:
 for b in blocks[:-1]:
     libc.free(b)
 held = heap.resident_bytes()
-small = heap.release(grown=1 << 40)               # grown by less: nothing
+small = heap.release(tokens=0, grown=1 << 40)     # grown by less: nothing
+few = heap.release(tokens=heap.RELEASE_TOKENS - 1, grown=8 * MB)   # grown, too few tokens
 kept = heap.resident_bytes()
-done = heap.release(grown=8 * MB)
-print(json.dumps({"first": first, "small": small, "done": done,
+done = heap.release(tokens=1, grown=8 * MB)       # the tokens add up
+print(json.dumps({"first": first, "small": small, "few": few, "done": done,
                   "kept": (held - kept) / MB, "freed": (kept - heap.resident_bytes()) / MB}))
 """
 
@@ -49,7 +51,8 @@ def test_release_gives_back_the_heap_s_free_pages():
     out = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True,
                          check=True)
     got = json.loads(out.stdout.strip().splitlines()[-1])
-    assert got["first"] is True and got["small"] is False and got["done"] is True
+    assert got["first"] is True and got["small"] is False and got["few"] is False
+    assert got["done"] is True
     assert abs(got["kept"]) < 1                   # not trimmed below the growth asked for
     assert got["freed"] > 30                      # 40 MB freed in the heap, pages given back
 
