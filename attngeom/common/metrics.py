@@ -274,7 +274,9 @@ def _builtin(name, symbol, words, short, abbrev, paper, color, **kw) -> Metric:
 # ratio measured on SmolLM2-135M prose (benchmarks/RESULTS.md), in the units of each kernel's
 # error model (extract/faithfulness/removal_scores.py); within units the same for the error
 # within a head's row, on SmolLM2-135M, Gemma 3 270M and Qwen2.5-0.5B prose
-# (benchmarks/bench_row_error.py: largest 4.86, Qwen2.5-0.5B at T = 128).
+# (benchmarks/bench_row_error.py: largest 4.86, Qwen2.5-0.5B at T = 128). contribution's unit
+# is ten times its largest ratio on SmolLM2-135M at T = 128, 512 and 4,096 (1.29, T = 512:
+# benchmarks/bench_contribution_bound.py; Gemma 3 270M 0.91; one layer of Qwen2.5-0.5B 4.29).
 _builtin(
     "attention", "α", "attention", "attention", "raw", "raw attention", "#8c8c8c",
     nonnegative=True, error_unit=32.0, within_unit=50.0)
@@ -290,7 +292,7 @@ _builtin(
                  "query)"),))
 _builtin(
     "contribution", "c", "contribution", "contribution", "contrib", "contribution weights",
-    "#c44e52", error_unit=10.0)
+    "#c44e52", error_unit=13.0)
 _builtin(
     "contribution_layer", "C", "layer contribution", "layer contribution", "contrib_layer",
     "layer-level contribution weights", "#8172b2", error_unit=10.0, scope=LAYER)

@@ -20,6 +20,7 @@ from .dense import grouped, weighted_values
 from .selection import ErrorBound
 
 Tensor = torch.Tensor
+SPREAD_BYTES = 4 << 20   # the temporary of :attr:`FastLayer.spread`, a block of rows at a time
 
 
 def logit_scale(query: Tensor, key: Tensor, scale: float,
@@ -75,6 +76,23 @@ class FastLayer:
         return vecdot(self.vf @ self.proj.gram[None], self.vf).clamp_min(0).sqrt()
 
     @cached_property
+    def spread(self) -> Tensor:
+        """q (B, H, T) = sqrt(sum_j alpha^2 ||v~_j||^2): the size of the head output's error
+        from alpha's, whose roundings have independent signs. Computed a block of rows at a
+        time over its leading keys (:func:`~.dense.row_blocks`), so that no (B, H, T, Tk)
+        temporary is made."""
+        B, H, T, Tk = self.alpha.shape
+        a = self.alpha.reshape(B * H, T, Tk)
+        n = self.value_norm.reshape(B * H, 1, Tk).to(a.dtype)
+        q = a.new_empty(B * H, T)
+        for t0, t1, w in self.blocks or ((0, T, Tk),):
+            rows = max(1, SPREAD_BYTES // (a.element_size() * B * H * max(1, w)))
+            for r in range(t0, t1, rows):
+                e = min(r + rows, t1)
+                torch.linalg.vector_norm(a[:, r:e, :w] * n[..., :w], dim=-1, out=q[:, r:e])
+        return q.view(B, H, T)
+
+    @cached_property
     def head_output(self) -> tuple[Tensor, Tensor, Tensor]:
         """z_i^h (B, H, T, dh), z_i G_h and ||o_i^h|| (B, H, T), and the mass
         sum_j alpha ||v~_j|| (B, H, T), from one pass of alpha over [v, ||v~||]."""
@@ -106,34 +124,33 @@ def fast_value_weighted_normalized(x: FastLayer, unit: float) -> tuple[Tensor, E
 
 
 def fast_contribution(x: FastLayer, unit: float) -> tuple[Tensor, ErrorBound]:
-    """alpha <o, v~> / ||o||^2; error u Lambda (1 + kappa) alpha ||v~|| / ||o||."""
-    zg, output_norm, mass = x.head_output
+    """alpha <o, v~> / ||o||^2; error u (Lambda_w + Lambda q / ||o||) alpha ||v~|| / ||o||.
+
+    The score is unchanged by a factor common to alpha's row (the normaliser's rounding scales
+    o alike): alpha's own error counts Lambda_w (:func:`within_scale`); o's error from alpha's
+    is taken in quadrature (q, :attr:`FastLayer.spread`), with Lambda's sqrt(Tk) for the sum's
+    own rounding.
+    """
+    zg, output_norm, _ = x.head_output
     g = zg / output_norm.square()[..., None]                            # o_i^h / ||o_i^h||^2
-    rel = unit * x.lam * (1 + mass / output_norm)
+    lam_w = within_scale(x.lam, x.alpha.shape[-1])
+    rel = unit * (lam_w + x.lam * x.spread / output_norm)
     return _project(x.alpha, g, x.value, output_norm, x.out), ErrorBound(finite(rel))
 
 
 def fast_contribution_layer(x: FastLayer, unit: float) -> tuple[Tensor, ErrorBound]:
     """alpha <o_i, v~_j^h> / ||o_i||^2; error in quadrature over heads (see fast_scores)."""
-    return _layer_scores(x.alpha, x.value, x.value_norm, x.proj, x.lam, unit, x.out, x.blocks)
-
-
-def _layer_scores(alpha: Tensor, value: Tensor, value_norm: Tensor, proj: Projection,
-                  lam: Tensor, unit: float, out: Tensor, blocks) -> tuple[Tensor, ErrorBound]:
-    """contribution_layer's fast scores (see :func:`fast_scores`)."""
+    alpha, value, lam = x.alpha, x.value, x.lam
     B, H, T, _ = alpha.shape
     dh = value.shape[-1]
-    zf = weighted_values(alpha, value, blocks).transpose(1, 2).reshape(B, T, H * dh)   # z_i
-    u = zf @ proj.full                                                  # o_i W_O^T = z_i W_O W_O^T
+    zf = weighted_values(alpha, value, x.blocks).transpose(1, 2).reshape(B, T, H * dh)  # z_i
+    u = zf @ x.proj.full                                                # o_i W_O^T = z_i W_O W_O^T
     layer_norm = vecdot(u, zf).clamp_min(0).sqrt()                      # ||o_i|| (B, T)
     u = u.view(B, T, H, dh).transpose(1, 2)                             # o_i (W_O^h)^T per head
     g = u / layer_norm.square()[:, None, :, None]
-    # s_h = sqrt(sum_j alpha^2 ||v~||^2): the norm of the value-weighted scores (B, H, T)
-    weighted = torch.mul(alpha, value_norm[:, :, None, :], out=out)
-    spread = torch.linalg.vector_norm(weighted, dim=-1)
-    heads = (lam * spread).square().sum(1).sqrt()                       # (B, T) in quadrature
+    heads = (lam * x.spread).square().sum(1).sqrt()                     # (B, T) in quadrature
     rel = unit * (lam + (heads / layer_norm)[:, None])
-    return _project(alpha, g, value, layer_norm, out), ErrorBound(finite(rel))
+    return _project(alpha, g, value, layer_norm, x.out), ErrorBound(finite(rel))
 
 
 def _project(alpha: Tensor, g: Tensor, value: Tensor, norm: Tensor, out: Tensor) -> Tensor:
