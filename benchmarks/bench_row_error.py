@@ -12,7 +12,8 @@ prints:
   row's largest |s| of zero left out) or, for the signed metrics, to |s~| plus the key's term,
   as tests/extract/test_selection.py bounds them;
 - ``within``: the largest |s~ - c s| with c the row's median ratio s~ / s over its keys,
-  in units of the model with Lambda_w = Lambda - sqrt(Tk) + 1 in place of Lambda's first term;
+  in units of the model with Lambda_w = Lambda - sqrt(Tk) + 1 in place of Lambda's first term
+  (contribution's model has it there already);
 - the share of ranking rows near the cut (p = 0.1, both modes) under the present bound and
   under the within-row one (its unit: ``--within-unit``, else the registry's ``within_unit``,
   else ten times the largest within ratio of the run, as the registry's units are fitted).
@@ -143,7 +144,9 @@ class RowProbe:
             exact = metric_scores(m, a64, vf, a64 @ vf, proj64)
             unit = M.get(m).error_unit * torch.finfo(torch.float32).eps / 2
             rel = err.relative.expand(B, H, T)
-            model_w = rel / unit - lam + within_scale(lam, Tk)  # Lambda -> Lambda_w
+            model_w = rel / unit                   # contribution's counts Lambda_w already
+            if m != "contribution":
+                model_w = model_w - lam + within_scale(lam, Tk)  # Lambda -> Lambda_w
             u = torch.finfo(torch.float32).eps / 2
             o = self.out.setdefault(m, {"whole": 0.0, "within": 0.0})
             term = key_term(m, a64, vf, proj64)

@@ -129,13 +129,15 @@ def fast_contribution(x: FastLayer, unit: float) -> tuple[Tensor, ErrorBound]:
     The score is unchanged by a factor common to alpha's row (the normaliser's rounding scales
     o alike): alpha's own error counts Lambda_w (:func:`within_scale`); o's error from alpha's
     is taken in quadrature (q, :attr:`FastLayer.spread`), with Lambda's sqrt(Tk) for the sum's
-    own rounding.
+    own rounding. Ranked by |score| it is summed, u Lambda (1 + kappa) (``magnitude``).
     """
-    zg, output_norm, _ = x.head_output
+    zg, output_norm, mass = x.head_output
     g = zg / output_norm.square()[..., None]                            # o_i^h / ||o_i^h||^2
     lam_w = within_scale(x.lam, x.alpha.shape[-1])
     rel = unit * (lam_w + x.lam * x.spread / output_norm)
-    return _project(x.alpha, g, x.value, output_norm, x.out), ErrorBound(finite(rel))
+    summed = unit * x.lam * (1 + mass / output_norm)
+    return (_project(x.alpha, g, x.value, output_norm, x.out),
+            ErrorBound(finite(rel), magnitude=finite(summed)))
 
 
 def fast_contribution_layer(x: FastLayer, unit: float) -> tuple[Tensor, ErrorBound]:

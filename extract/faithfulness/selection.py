@@ -49,12 +49,16 @@ class ErrorBound:
     score computed as a squared distance of rounded vectors (value zeroing's). ``within``
     (B, H, T) or None: |score - c exact score| <= within |score| for a c > 0 common to the
     (head, query) row (the softmax normaliser's rounding), which cannot reorder the row: the
-    bound for comparisons within one head's row (head granularity), where it is the smaller."""
+    bound for comparisons within one head's row (head granularity), where it is the smaller.
+    ``magnitude`` (B, H, T) or None: ``relative`` when ranking by |score|, whose cut in
+    sufficiency lies among scores near 0 (a signed metric's error there follows the key's
+    size, not |score|: the case a relative bound covers least)."""
 
     relative: Tensor
     absolute: Tensor | None = None
     root: Tensor | None = None
     within: Tensor | None = None
+    magnitude: Tensor | None = None
 
 
 class Workspace:
@@ -364,6 +368,8 @@ def select(score: Tensor, eligible: Tensor | Candidates, fraction: float, mode: 
     key, n = _keys(score, c, rank, granularity, fill, work, inplace)
     N = key.shape[-1]
     rel = None if error is None else error.relative
+    if rank == "magnitude" and error is not None and error.magnitude is not None:
+        rel = error.magnitude
     if granularity == "head" and error is not None and error.within is not None:
         rel = torch.minimum(error.within, rel)             # a row is one head's
     absolute = None if error is None else error.absolute

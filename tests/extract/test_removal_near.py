@@ -203,6 +203,36 @@ def test_a_factor_common_to_a_head_row_is_left_out_of_its_comparisons(granularit
                         assert rows(asked) == rows(wide)
 
 
+@pytest.mark.parametrize("granularity", GRANULARITIES)
+def test_ranked_by_magnitude_the_magnitude_bound_decides(granularity):
+    """float32 scores s (1 + e) with |e| up to 1e-2 and ``relative`` 0: a signed ranking is
+    the float32 one (the bound says the scores are exact), a ranking by |score| takes
+    ``magnitude`` (which covers e) and is the float64 rule's."""
+    gen = torch.Generator().manual_seed(7)
+    B, H, T = 2, 3, 16
+    eligible = _eligible(B, H, T, per_head=granularity == "head", seed=6)
+    s64 = torch.randint(-6, 7, (B, H, T, T), generator=gen).double() / 4 + \
+        torch.randn(B, H, T, T, generator=gen).double() * 1e-3
+    if granularity == "token":                  # summed over heads: no cancellation
+        s64 = s64.abs()
+    s32 = (s64 * (1 + (2 * torch.rand(B, H, T, T, generator=gen).double() - 1) * 1e-2)).float()
+    error = ErrorBound(torch.zeros(B, H, T), magnitude=torch.full((B, H, T), 0.03))
+    apart = 0
+    for p in (0.1, 0.5, 0.9):
+        for mode in MODES:
+            want = numpy_rule(s64.numpy(), eligible, p, mode, "magnitude", granularity)
+            got = select(s32.clone(), eligible, p, mode, "magnitude", granularity, error,
+                         Asked(s64), Workspace(), inplace=True)
+            assert np.array_equal(got.numpy(), want), (p, mode)
+            signed = select(s32.clone(), eligible, p, mode, "signed", granularity, error,
+                            Asked(s64), Workspace(), inplace=True)
+            float32 = numpy_rule(s32.double().numpy(), eligible, p, mode, "signed", granularity)
+            assert np.array_equal(signed.numpy(), float32), (p, mode)
+            apart += not np.array_equal(float32, numpy_rule(s64.numpy(), eligible, p, mode,
+                                                            "signed", granularity))
+    assert apart > 0                     # the float32 ranking does differ from the rule's
+
+
 def _layer_cases(metric):
     """Each layer of the tiny llama's clean pass: float32 scores, their bound inflated 1e3
     times (most rows near, many keys open; for the signed metrics with the absolute term the
