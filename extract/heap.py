@@ -18,7 +18,8 @@ grown by :data:`RELEASE_BYTES` and at least :data:`RELEASE_TOKENS` tokens were m
 the last time; the extraction calls it after each layer it streams. A layer leaves about as
 much in the heap at 512 tokens as at 8,192 (tens of MB), and the next layer, which reuses it,
 faults every page given back in again: after every layer of a long text that is a small part
-of the layer's time, after every layer of a batch of short ones a large part. Other C libraries: nothing is done.
+of the layer's time, after every layer of a batch of short ones a large part. Other C
+libraries: nothing is done.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import ctypes
 import os
 
 RELEASE_BYTES = 32 << 20        # growth of the resident set that makes release() trim
-RELEASE_TOKENS = 8192           # and tokens measured since the last trim (layers x positions)
+RELEASE_TOKENS = 8192           # and tokens measured since (sequences x positions, each layer)
 MMAP_BYTES = 16 << 20           # blocks this large or larger are mapped by themselves
 M_MMAP_THRESHOLD = -3           # mallopt's parameter number (glibc malloc.h)
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
