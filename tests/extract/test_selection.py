@@ -32,7 +32,7 @@ from attngeom.extract.faithfulness.dense import attention_weights
 from attngeom.extract.faithfulness.base import exact_alpha, rowmm
 from attngeom.extract.faithfulness.layer_scores import ExactScores, fast_scores, metric_scores
 from attngeom.extract.faithfulness.removal_scores import logit_scale
-from attngeom.extract.faithfulness import selection
+from attngeom.extract.faithfulness import selection, sorting
 from attngeom.extract.faithfulness.selection import (ErrorBound, Workspace, n_remove, select,
                                         threshold_select, width_groups)
 
@@ -146,7 +146,7 @@ def _near_tie_scores(B, H, T, positive, seed):
 def test_rows_sorted_in_blocks_on_several_threads_are_sorted(threads, monkeypatch):
     """sort_rows_ splits rows among torch's threads above PARALLEL_SORT values a thread: the
     same rows as numpy's sort of the whole array, ties and infinities included."""
-    monkeypatch.setattr(selection, "PARALLEL_SORT", 1 << 10)
+    monkeypatch.setattr(sorting, "PARALLEL_SORT", 1 << 10)
     g = torch.Generator().manual_seed(5)
     x = torch.randint(-50, 50, (101, 300), generator=g).float()            # with ties
     x[torch.rand(x.shape, generator=g) < 0.1] = float("inf")
@@ -154,7 +154,7 @@ def test_rows_sorted_in_blocks_on_several_threads_are_sorted(threads, monkeypatc
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        got = selection.sort_rows_(x.clone())
+        got = sorting.sort_rows_(x.clone())
     finally:
         torch.set_num_threads(before)
     assert np.array_equal(got.numpy(), want)
@@ -168,7 +168,7 @@ def test_a_window_of_ranks_holds_what_a_sort_puts_there(window):
     x = torch.randint(-30, 30, (57, 300), generator=g).float()              # with ties
     x[torch.rand(x.shape, generator=g) < 0.2] = float("-inf")
     first, last = window
-    got = selection.sort_ranks_(x.clone(), first, last)
+    got = sorting.sort_ranks_(x.clone(), first, last)
     want = np.sort(x.numpy(), axis=-1)
     assert np.array_equal(got[:, first:last + 1].numpy(), want[:, first:last + 1])
 
