@@ -33,7 +33,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import batch_of, emit, machine  # noqa: E402
-from bench_row_error import RowProbe, cut, key_term  # noqa: E402
+from bench_row_error import RowProbe, cut, key_term, near_share  # noqa: E402
 
 BOUNDS = ("present", "quad", "quad_w")
 
@@ -44,30 +44,19 @@ class BoundProbe(RowProbe):
     def attend(self, call):
         import torch
 
-        from attngeom.extract.faithfulness.base import exact_alpha
-        from attngeom.extract.faithfulness.dense import attention_weights
         from attngeom.extract.faithfulness.layer_scores import fast_scores, metric_scores
-        from attngeom.extract.faithfulness.removal_scores import (FastLayer, logit_scale,
-                                                                  within_scale)
-        from attngeom.extract.measurement.geometry import repeat_kv
+        from attngeom.extract.faithfulness.removal_scores import FastLayer, within_scale
 
-        layer, (B, H, T, _) = call.index, call.query.shape
-        Tk = call.key.shape[2]
-        alpha = attention_weights(call.query, call.key, call.allowed, call.scaling,
-                                  call.softcap, torch.float32, call.sinks)
-        z = alpha @ repeat_kv(call.value, H).float()
-        if self.layers is not None and layer not in self.layers:
+        (B, H, T, _), Tk = call.query.shape, call.key.shape[2]
+        alpha, z, measured = self.inputs(call)
+        if measured is None:
             return z.to(call.query.dtype)
+        a64, vf, proj64, proj32, lam = measured
         allowed = call.allowed.expand(B, H, T, Tk)
-        a64 = exact_alpha(call.query.double(), repeat_kv(call.key, H).double(), call.allowed,
-                          call.scaling, call.softcap, call.sinks)
-        vf = repeat_kv(call.value, H).double()
-        proj64, proj32 = self.inner.projection(layer), self.inner.projection(layer, torch.float32)
-        lam = logit_scale(call.query, call.key, call.scaling, call.sinks)
         lam_w = within_scale(lam, Tk)
         x = FastLayer(alpha, call.value, proj32, lam)
         _, norm, mass = x.head_output                                   # ||o||, sum alpha ||v~||
-        q = torch.linalg.vector_norm(alpha * x.value_norm[:, :, None, :], dim=-1)
+        q = x.spread                                                    # sqrt(sum alpha^2 ||v~||^2)
         models = {"present": lam * (1 + mass / norm), "quad": lam_w + lam * q / norm,
                   "quad_w": lam_w * (1 + q / norm)}                     # (B, H, T) each
         fast, _ = fast_scores("contribution", alpha, call.value, proj32, lam,
@@ -85,15 +74,13 @@ class BoundProbe(RowProbe):
         return z.to(call.query.dtype)
 
 
-def near_share(rows, bound: str, unit: float) -> float:
-    """Share of the rows with a cut whose two scores lie within ``unit`` u times the bound."""
+def share(rows, bound: str, unit: float) -> float:
+    """Share of the rows with a cut whose two scores lie within ``unit`` u times the bound
+    (:func:`bench_row_error.near_share` on that bound's rows)."""
     import torch
 
-    scale, near, valid = unit * torch.finfo(torch.float32).eps / 2, 0, 0
-    for hi, lo, ok, models in rows:
-        near += int((ok & (hi - lo <= models[bound] * scale * (hi.abs() + lo.abs()))).sum())
-        valid += int(ok.sum())
-    return near / max(1, valid)
+    scale = unit * torch.finfo(torch.float32).eps / 2
+    return near_share([(hi, lo, ok, None, models[bound]) for hi, lo, ok, models in rows], scale)
 
 
 def main(argv=None) -> int:
@@ -119,7 +106,7 @@ def main(argv=None) -> int:
     with torch.inference_mode(), attention_handler(model, probe), watching(probe):
         model(**batch, use_cache=False)
     o, units = probe.out["contribution"], dict(zip(BOUNDS, map(float, a.units.split(","))))
-    near = {mode: {m: near_share(o["rows"][mode], m, units[m]) for m in BOUNDS}
+    near = {mode: {m: share(o["rows"][mode], m, units[m]) for m in BOUNDS}
             for mode in o["rows"]}
     emit({"bench": "contribution_bound", "model": a.model, "length": a.length,
           "batch": a.batch, "largest": {m: max(r) for m, r in o["ratio"].items()},

@@ -116,29 +116,42 @@ class RowProbe:
 
         self.inner, self.out, self.metrics, self.layers = Intervener(model), {}, metrics, layers
 
-    def attend(self, call):
+    def inputs(self, call):
+        """The layer's float32 attention and head outputs; then, for a layer measured (else
+        None), its float64 attention and values, both projections and Lambda."""
         import torch
 
-        from attngeom.common import metrics as M
         from attngeom.extract.faithfulness.base import exact_alpha
         from attngeom.extract.faithfulness.dense import attention_weights
-        from attngeom.extract.faithfulness.layer_scores import fast_scores, metric_scores
-        from attngeom.extract.faithfulness.removal_scores import logit_scale, within_scale
+        from attngeom.extract.faithfulness.removal_scores import logit_scale
         from attngeom.extract.measurement.geometry import repeat_kv
 
-        layer, (B, H, T, _) = call.index, call.query.shape
-        Tk = call.key.shape[2]
-        allowed = call.allowed.expand(B, H, T, Tk)
+        layer, H = call.index, call.query.shape[1]
         alpha = attention_weights(call.query, call.key, call.allowed, call.scaling,
                                   call.softcap, torch.float32, call.sinks)
         z = alpha @ repeat_kv(call.value, H).float()
         if self.layers is not None and layer not in self.layers:
-            return z.to(call.query.dtype)
+            return alpha, z, None
         a64 = exact_alpha(call.query.double(), repeat_kv(call.key, H).double(), call.allowed,
                           call.scaling, call.softcap, call.sinks)
         vf = repeat_kv(call.value, H).double()
         proj64, proj32 = self.inner.projection(layer), self.inner.projection(layer, torch.float32)
-        lam = logit_scale(call.query, call.key, call.scaling, call.sinks)
+        return alpha, z, (a64, vf, proj64, proj32,
+                          logit_scale(call.query, call.key, call.scaling, call.sinks))
+
+    def attend(self, call):
+        import torch
+
+        from attngeom.common import metrics as M
+        from attngeom.extract.faithfulness.layer_scores import fast_scores, metric_scores
+        from attngeom.extract.faithfulness.removal_scores import within_scale
+
+        (B, H, T, _), Tk = call.query.shape, call.key.shape[2]
+        allowed = call.allowed.expand(B, H, T, Tk)
+        alpha, z, measured = self.inputs(call)
+        if measured is None:
+            return z.to(call.query.dtype)
+        a64, vf, proj64, proj32, lam = measured
         for m in self.metrics:
             fast, err = fast_scores(m, alpha, call.value, proj32, lam, torch.empty_like(alpha))
             exact = metric_scores(m, a64, vf, a64 @ vf, proj64)
