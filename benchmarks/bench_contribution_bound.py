@@ -1,28 +1,45 @@
-"""contribution's float32 error against candidate bounds, and the rows each leaves near the cut.
+"""contribution's and contribution_layer's float32 error against candidate bounds, and the rows
+each leaves near the cut.
 
 The removal pass bounds a float32 contribution score s~_j = alpha_j <o, v~_j> / ||o||^2 by
-u unit Lambda (1 + kappa) |s~| (extract/faithfulness/removal_scores.py, ``fast_contribution``),
-kappa = sum_j alpha_j ||v~_j|| / ||o||: o's error taken as the sum of its terms' errors, and
-Lambda's sqrt(Tk) for the softmax normaliser. Two bounds that follow the arithmetic more closely
-are measured beside it, in units of u:
+u unit (Lambda_w + Lambda q / ||o||) |s~| (extract/faithfulness/removal_scores.py,
+``fast_contribution``), q = sqrt(sum_j alpha_j^2 ||v~_j||^2) (``FastLayer.spread``): o's error
+from alpha's roundings, which have independent signs, in quadrature; alpha's own without the
+softmax normaliser's sqrt(Tk) (Lambda_w, :func:`within_scale`), a factor common to a head's row
+that scales o alike. Bounds measured for ``--metric contribution``, in units of u:
 
-- ``present``: Lambda (1 + kappa), as the kernel has it;
-- ``quad``: Lambda_w + Lambda q / ||o||, q = sqrt(sum_j alpha_j^2 ||v~_j||^2): the normaliser's
-  rounding, common to a head's row, cancels in alpha and o alike (Lambda_w, :func:`within_scale`),
-  and the roundings of o's terms have independent signs (in quadrature, as contribution_layer's
-  bound already takes them; Lambda keeps its sqrt(Tk) there for the sum's own rounding);
+- ``present``: Lambda (1 + kappa), kappa = sum_j alpha_j ||v~_j|| / ||o||, the bound before
+  2026-12-06 (o's error as the sum of its terms' errors);
+- ``quad``: Lambda_w + Lambda q / ||o||, the kernel's;
 - ``quad_w``: Lambda_w (1 + q / ||o||).
 
+``--metric contribution_layer`` (s~_j = alpha_j^h <o_i, v~_j^h> / ||o_i||^2, o_i the layer's
+output, every head's; the heads' errors in quadrature, q_h as above):
+
+- ``present``: Lambda + Q / ||o||, Q = sqrt(sum_h (Lambda_h q_h)^2), the bound before
+  2026-12-06 night (Lambda's sqrt(Tk) the model of the softmax normaliser's rounding);
+- ``within``: Lambda_w + Q / ||o||, the same within one (head, query) row;
+- ``measured``: Lambda_w + D + Q_D / ||o||, Q_D = sqrt(sum_h (Lambda_w,h q_h)^2 + (D_h
+  ||o^h||)^2), D the normaliser's rounding measured from alpha's row sums
+  (``FastLayer.normaliser``), a factor on head h's output: the kernel's ``relative``;
+- ``measured_within``: Lambda_w + Q_D / ||o||, the kernel's ``within`` (head granularity: the
+  row's own normaliser scales its alpha alike);
+- ``keyed``: ``measured`` with each key's logit scale in q_h (scale |q_i| |k_j| + 1 inside the
+  sum, in place of Lambda_w's largest key): what a bound per key would add.
+
+Every ratio is of the whole error, a row's common factor included.
+
 On a real model and WikiText-2 prose cut to T tokens, at every layer (``--layers``), this prints
-for each bound the largest |s~ - s| over the bound's size (|s~| plus the key's term
-alpha ||v~|| / ||o||, as tests/extract/test_selection.py bounds the signed scores), per layer and
-overall, and the share of ranking rows (p = 0.1, head granularity, both modes) near the cut under
-each bound with the unit of ``--units`` (the registry's rule: ten times the largest ratio measured
-over every length and model). A clean forward pass: the removal pass's later layers have more
-near rows with any bound.
+for each bound the largest |s~ - s| over the bound's size (|s~| plus the key's term, as
+tests/extract/test_selection.py bounds the signed scores), per layer and overall, and the share
+of ranking rows (p = 0.1, head granularity, both modes) near the cut under each bound with the
+unit of ``--units`` (the registry's rule: ten times the largest ratio measured over every length
+and model). A clean forward pass: the removal pass's later layers have more near rows with any
+bound.
 
     python benchmarks/bench_contribution_bound.py --length 128 --batch 8
     python benchmarks/bench_contribution_bound.py --length 4096 --layers 5,15,25
+    python benchmarks/bench_contribution_bound.py --metric contribution_layer --length 4096 --layers 5,15,25
 """
 
 from __future__ import annotations
@@ -35,11 +52,50 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import batch_of, emit, machine  # noqa: E402
 from bench_row_error import RowProbe, cut, key_term, near_share  # noqa: E402
 
-BOUNDS = ("present", "quad", "quad_w")
+BOUNDS = {"contribution": ("present", "quad", "quad_w"),
+          "contribution_layer": ("present", "within", "measured", "measured_within", "keyed")}
+
+
+def bound_models(metric: str, x, lam_w):
+    """Each bound's model (B, H, T), in units of u, from the layer's :class:`FastLayer` x."""
+    import torch
+
+    from attngeom.extract.measurement.geometry import vecdot
+
+    lam, q = x.lam, x.spread                                        # q = sqrt(sum alpha^2 ||v~||^2)
+    if metric == "contribution":
+        _, norm, mass = x.head_output                               # ||o||, sum alpha ||v~||
+        return {"present": lam * (1 + mass / norm), "quad": lam_w + lam * q / norm,
+                "quad_w": lam_w * (1 + q / norm)}
+    B, H, T, _ = x.alpha.shape
+    zf = (x.alpha @ x.vf).transpose(1, 2).reshape(B, T, -1)         # z_i (B, T, H dh)
+    norm = vecdot(zf @ x.proj.full, zf).clamp_min(0).sqrt()          # ||o_i|| (B, T)
+    _, head_norm, _ = x.head_output                                 # ||o_i^h|| (B, H, T)
+    d = x.normaliser                                                # D (B, H, T), measured
+
+    def over_heads(per_head):                                       # Q / ||o_i|| (B, 1, T)
+        return (per_head.square().sum(1).sqrt() / norm)[:, None]
+
+    def heads_with_d(spread):
+        return ((spread.square() + (d * head_norm).square()).sum(1).sqrt() / norm)[:, None]
+
+    k_norm = x.context.key.float().norm(dim=-1).repeat_interleave(H // x.value.shape[1], 1)
+    per_key = x.context.scaling * x.context.query.float().norm(dim=-1)[..., None] * \
+        k_norm[:, :, None, :] + 1                                   # (B, H, T, Tk)
+    keyed = torch.linalg.vector_norm(x.alpha * x.value_norm[:, :, None, :] * per_key, dim=-1)
+    return {"present": lam + over_heads(lam * q),
+            "within": torch.broadcast_to(lam_w + over_heads(lam * q), lam.shape),
+            "measured": lam_w + d + heads_with_d(lam_w * q),
+            "measured_within": torch.broadcast_to(lam_w + heads_with_d(lam_w * q), lam.shape),
+            "keyed": lam_w + d + heads_with_d(keyed)}
 
 
 class BoundProbe(RowProbe):
     """Attention handler: per layer, each bound's largest error ratio and its rows at the cut."""
+
+    def __init__(self, model, metric: str, layers=None):
+        super().__init__(model, [metric], layers)
+        self.metric = metric
 
     def attend(self, call):
         import torch
@@ -54,18 +110,15 @@ class BoundProbe(RowProbe):
         a64, vf, proj64, proj32, lam = measured
         allowed = call.allowed.expand(B, H, T, Tk)
         lam_w = within_scale(lam, Tk)
-        x = FastLayer(alpha, call.value, proj32, lam)
-        _, norm, mass = x.head_output                                   # ||o||, sum alpha ||v~||
-        q = x.spread                                                    # sqrt(sum alpha^2 ||v~||^2)
-        models = {"present": lam * (1 + mass / norm), "quad": lam_w + lam * q / norm,
-                  "quad_w": lam_w * (1 + q / norm)}                     # (B, H, T) each
-        fast, _ = fast_scores("contribution", alpha, call.value, proj32, lam,
+        x = FastLayer(alpha, call.value, proj32, lam, context=call)
+        models = bound_models(self.metric, x, lam_w)                     # (B, H, T) each
+        fast, _ = fast_scores(self.metric, alpha, call.value, proj32, lam,
                               torch.empty_like(alpha))
-        exact = metric_scores("contribution", a64, vf, a64 @ vf, proj64)
+        exact = metric_scores(self.metric, a64, vf, a64 @ vf, proj64)
         err = (fast.double() - exact).abs()
-        size = fast.double().abs() + key_term("contribution", a64, vf, proj64)
+        size = fast.double().abs() + key_term(self.metric, a64, vf, proj64)
         u = torch.finfo(torch.float32).eps / 2
-        o = self.out.setdefault("contribution", {"ratio": {m: [] for m in BOUNDS}, "rows": {}})
+        o = self.out.setdefault(self.metric, {"ratio": {m: [] for m in models}, "rows": {}})
         for m, model in models.items():
             b = (model.double()[..., None] * u * size).clamp_min(1e-300)
             o["ratio"][m].append(float(torch.where(allowed, err / b, 0).max()))
@@ -88,9 +141,12 @@ def main(argv=None) -> int:
     p.add_argument("--model", default="smollm2-135m", help="a built-in model's name")
     p.add_argument("--length", type=int, default=128)
     p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--metric", default="contribution", choices=sorted(BOUNDS))
     p.add_argument("--layers", default=None, help="comma-separated layers (default: every one)")
-    p.add_argument("--units", default="10,13,15",
-                   help="each bound's unit (present, quad, quad_w) for the near rows")
+    p.add_argument("--units", default=None,
+                   help="each bound's unit for the near rows (contribution: present, quad, "
+                        "quad_w, default 10,13,15; contribution_layer: present, within, "
+                        "measured, measured_within, keyed, default 10,10,12,12,12)")
     a = p.parse_args(argv)
     emit({"bench": "contribution_bound", "section": "machine", **machine()})
     import torch
@@ -102,18 +158,20 @@ def main(argv=None) -> int:
     loaded = load(a.model, device="cpu", dtype="float32")
     model, batch = loaded.model.eval(), batch_of(loaded.tokenizer, a.length, a.batch)
     layers = None if a.layers is None else {int(v) for v in a.layers.split(",")}
-    probe = BoundProbe(model, ["contribution"], layers)
+    probe = BoundProbe(model, a.metric, layers)
     with torch.inference_mode(), attention_handler(model, probe), watching(probe):
         model(**batch, use_cache=False)
-    o, units = probe.out["contribution"], dict(zip(BOUNDS, map(float, a.units.split(","))))
-    near = {mode: {m: share(o["rows"][mode], m, units[m]) for m in BOUNDS}
+    bounds = BOUNDS[a.metric]
+    given = a.units or ("10,13,15" if a.metric == "contribution" else "10,10,12,12,12")
+    o, units = probe.out[a.metric], dict(zip(bounds, map(float, given.split(","))))
+    near = {mode: {m: share(o["rows"][mode], m, units[m]) for m in bounds}
             for mode in o["rows"]}
-    emit({"bench": "contribution_bound", "model": a.model, "length": a.length,
+    emit({"bench": "contribution_bound", "metric": a.metric, "model": a.model, "length": a.length,
           "batch": a.batch, "largest": {m: max(r) for m, r in o["ratio"].items()},
           "by_layer": o["ratio"], "units": units, "near": near})
-    print(f"| bound ({a.model}, T = {a.length}) | largest ratio | unit | near rows, comp | "
+    print(f"| {a.metric} bound ({a.model}, T = {a.length}) | largest ratio | unit | near rows, comp | "
           "suff |\n|---|---|---|---|---|")
-    for m in BOUNDS:
+    for m in bounds:
         print(f"| {m} | {max(o['ratio'][m]):.2f} | {units[m]:g} | "
               f"{100 * near['comprehensiveness'][m]:.2f} % | "
               f"{100 * near['sufficiency'][m]:.2f} % |")

@@ -295,7 +295,7 @@ _builtin(
     "#c44e52", error_unit=13.0)
 _builtin(
     "contribution_layer", "C", "layer contribution", "layer contribution", "contrib_layer",
-    "layer-level contribution weights", "#8172b2", error_unit=10.0, scope=LAYER)
+    "layer-level contribution weights", "#8172b2", error_unit=12.0, scope=LAYER)
 
 _builtin(
     "random", "rand", "random", "random", "rand", "a seeded random ranking (the floor)",

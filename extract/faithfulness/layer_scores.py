@@ -42,16 +42,20 @@ def fast_scores(metric: str, alpha: Tensor, value: Tensor, proj: Projection, lam
     O(u Lambda sum_j alpha ||v~||), relative kappa = sum_j alpha ||v~|| / ||o|| times that, which
     every score divided by or projected on o inherits. At the layer level
     (contribution_layer) the sum over keys and heads is taken in quadrature, as the roundings
-    of alpha's entries have independent signs: relative u (Lambda_h + sqrt(sum_h' (Lambda_h'
-    s_h')^2) / ||o||), s_h = sqrt(sum_j alpha^2 ||v~||^2); the sum of |terms| overstates it by
-    up to sqrt(Tk) where attention is diffuse, and with it the rows recomputed in float64.
+    of alpha's entries have independent signs: relative u (Lambda_w + D + sqrt(sum_h'
+    (Lambda_w s_h')^2 + (D_h' ||o^h'||)^2) / ||o||), s_h = sqrt(sum_j alpha^2 ||v~||^2), D the
+    softmax normaliser's rounding measured from alpha's row sums
+    (:attr:`~.removal_scores.FastLayer.normaliser`) in place of Lambda's sqrt(Tk); the sum of
+    |terms| overstates it by up to sqrt(Tk) where attention is diffuse, and with it the rows
+    recomputed in float64.
     contribution's bound is the same in a head: relative u (Lambda_w + Lambda q / ||o||),
     q = sqrt(sum_j alpha^2 ||v~||^2) (:attr:`~.removal_scores.FastLayer.spread`), its alpha
     term without the normaliser's rounding, which it cancels (o scales alike). The
     signed scores' error is relative to |score| except near 0 (a key almost orthogonal to o).
     Within one (head, query) row alpha's error is O(u Lambda_w) once the normaliser's rounding,
     common to the row, is set aside (:func:`~.removal_scores.within_scale`): the bound
-    ``within`` where a metric's registry entry has a ``within_unit``.
+    ``within`` where a metric's registry entry has a ``within_unit`` (contribution_layer's kernel
+    gives its own).
     """
     entry, u = metrics.get(metric), torch.finfo(alpha.dtype).eps / 2
     score, error = kernels(metric).fast(FastLayer(alpha, value, proj, lam, out, blocks, context),

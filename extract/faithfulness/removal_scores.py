@@ -78,19 +78,40 @@ class FastLayer:
     @cached_property
     def spread(self) -> Tensor:
         """q (B, H, T) = sqrt(sum_j alpha^2 ||v~_j||^2): the size of the head output's error
-        from alpha's, whose roundings have independent signs. Computed a block of rows at a
-        time over its leading keys (:func:`~.dense.row_blocks`), so that no (B, H, T, Tk)
-        temporary is made."""
+        from alpha's, whose roundings have independent signs."""
+        n = self.value_norm.reshape(-1, 1, self.alpha.shape[-1]).to(self.alpha.dtype)
+        return self._by_rows(lambda a, w, out: torch.linalg.vector_norm(
+            a * n[..., :w], dim=-1, out=out), self.alpha.dtype)
+
+    @cached_property
+    def normaliser(self) -> Tensor:
+        """D (B, H, T) = |sum_j alpha_j - 1| / u + 1, the float32 softmax normaliser's rounding
+        in units of u, measured: a factor common to the row, which the row sum shows to within
+        the division's own rounding (u; the sum is taken in float64). Where a learned sink takes
+        part of the row's weight (the context's ``sinks``) or alpha is float64 already, the
+        model's sqrt(Tk) instead."""
+        Tk = self.alpha.shape[-1]
+        sinks = self.context is not None and self.context.sinks is not None
+        if sinks or self.alpha.dtype == torch.float64:     # no wider sum to measure it with
+            return torch.full_like(self.lam, Tk ** 0.5)
+        u = torch.finfo(self.alpha.dtype).eps / 2
+        total = self._by_rows(lambda a, w, out: out.copy_(a.sum(-1, dtype=torch.float64)),
+                              torch.float64)
+        return total.sub_(1).abs_().div_(u).add_(1).to(self.lam.dtype)
+
+    def _by_rows(self, fn, dtype) -> Tensor:
+        """(B, H, T) of ``fn(alpha rows (B H, r, w), w, out (B H, r))``, a block of rows at a
+        time over its leading keys (:func:`~.dense.row_blocks`; w: how many), so that no
+        (B, H, T, Tk) temporary is made."""
         B, H, T, Tk = self.alpha.shape
         a = self.alpha.reshape(B * H, T, Tk)
-        n = self.value_norm.reshape(B * H, 1, Tk).to(a.dtype)
-        q = a.new_empty(B * H, T)
+        out = a.new_empty(B * H, T, dtype=dtype)
         for t0, t1, w in self.blocks or ((0, T, Tk),):
             rows = max(1, SPREAD_BYTES // (a.element_size() * B * H * max(1, w)))
             for r in range(t0, t1, rows):
                 e = min(r + rows, t1)
-                torch.linalg.vector_norm(a[:, r:e, :w] * n[..., :w], dim=-1, out=q[:, r:e])
-        return q.view(B, H, T)
+                fn(a[:, r:e, :w], w, out[:, r:e])
+        return out.view(B, H, T)
 
     @cached_property
     def head_output(self) -> tuple[Tensor, Tensor, Tensor]:
@@ -141,18 +162,28 @@ def fast_contribution(x: FastLayer, unit: float) -> tuple[Tensor, ErrorBound]:
 
 
 def fast_contribution_layer(x: FastLayer, unit: float) -> tuple[Tensor, ErrorBound]:
-    """alpha <o_i, v~_j^h> / ||o_i||^2; error in quadrature over heads (see fast_scores)."""
+    """alpha <o_i, v~_j^h> / ||o_i||^2; error u (Lambda_w + D + Q / ||o_i||) |score|, Q =
+    sqrt(sum_h (Lambda_w q_h)^2 + (D_h ||o_i^h||)^2): alpha's error per key (Lambda_w) and its
+    row's normaliser (D, :attr:`FastLayer.normaliser`, a factor on head h's output), the heads'
+    in quadrature (see fast_scores). Within one (head, query) row (``within``) the row's own
+    normaliser scales its alpha alike: Lambda_w + Q / ||o_i||.
+    """
     alpha, value, lam = x.alpha, x.value, x.lam
-    B, H, T, _ = alpha.shape
+    B, H, T, Tk = alpha.shape
     dh = value.shape[-1]
     zf = weighted_values(alpha, value, x.blocks).transpose(1, 2).reshape(B, T, H * dh)  # z_i
     u = zf @ x.proj.full                                                # o_i W_O^T = z_i W_O W_O^T
     layer_norm = vecdot(u, zf).clamp_min(0).sqrt()                      # ||o_i|| (B, T)
     u = u.view(B, T, H, dh).transpose(1, 2)                             # o_i (W_O^h)^T per head
     g = u / layer_norm.square()[:, None, :, None]
-    heads = (lam * x.spread).square().sum(1).sqrt()                     # (B, T) in quadrature
-    rel = unit * (lam + (heads / layer_norm)[:, None])
-    return _project(alpha, g, value, layer_norm, x.out), ErrorBound(finite(rel))
+    lam_w, d = within_scale(lam, Tk), x.normaliser
+    zh = zf.view(B, T, H, dh).transpose(1, 2)                           # z_i^h (B, H, T, dh)
+    head_norm = vecdot(zh @ x.proj.gram[None], zh).clamp_min(0).sqrt()  # ||o_i^h|| (B, H, T)
+    heads = (lam_w * x.spread).square_().add_((d * head_norm).square_()).sum(1).sqrt_()
+    heads = (heads / layer_norm)[:, None]                               # Q / ||o_i|| (B, 1, T)
+    rel, within = unit * (lam_w + d + heads), unit * (lam_w + heads)
+    return (_project(alpha, g, value, layer_norm, x.out),
+            ErrorBound(finite(rel), within=finite(within)))
 
 
 def _project(alpha: Tensor, g: Tensor, value: Tensor, norm: Tensor, out: Tensor) -> Tensor:
