@@ -56,8 +56,9 @@ BOUNDS = {"contribution": ("present", "quad", "quad_w"),
           "contribution_layer": ("present", "within", "measured", "measured_within", "keyed")}
 
 
-def bound_models(metric: str, x, lam_w):
-    """Each bound's model (B, H, T), in units of u, from the layer's :class:`FastLayer` x."""
+def bound_models(metric: str, x, lam_w, kernel):
+    """Each bound's model (B, H, T), in units of u, from the layer's :class:`FastLayer` x; the
+    kernel's own (``kernel``: its :class:`ErrorBound` over its unit u) as it gives them."""
     import torch
 
     from attngeom.extract.measurement.geometry import vecdot
@@ -65,29 +66,22 @@ def bound_models(metric: str, x, lam_w):
     lam, q = x.lam, x.spread                                        # q = sqrt(sum alpha^2 ||v~||^2)
     if metric == "contribution":
         _, norm, mass = x.head_output                               # ||o||, sum alpha ||v~||
-        return {"present": lam * (1 + mass / norm), "quad": lam_w + lam * q / norm,
+        return {"present": lam * (1 + mass / norm), "quad": kernel.relative,
                 "quad_w": lam_w * (1 + q / norm)}
     B, H, T, _ = x.alpha.shape
     zf = (x.alpha @ x.vf).transpose(1, 2).reshape(B, T, -1)         # z_i (B, T, H dh)
     norm = vecdot(zf @ x.proj.full, zf).clamp_min(0).sqrt()          # ||o_i|| (B, T)
     _, head_norm, _ = x.head_output                                 # ||o_i^h|| (B, H, T)
     d = x.normaliser                                                # D (B, H, T), measured
-
-    def over_heads(per_head):                                       # Q / ||o_i|| (B, 1, T)
-        return (per_head.square().sum(1).sqrt() / norm)[:, None]
-
-    def heads_with_d(spread):
-        return ((spread.square() + (d * head_norm).square()).sum(1).sqrt() / norm)[:, None]
-
     k_norm = x.context.key.float().norm(dim=-1).repeat_interleave(H // x.value.shape[1], 1)
     per_key = x.context.scaling * x.context.query.float().norm(dim=-1)[..., None] * \
         k_norm[:, :, None, :] + 1                                   # (B, H, T, Tk)
     keyed = torch.linalg.vector_norm(x.alpha * x.value_norm[:, :, None, :] * per_key, dim=-1)
-    return {"present": lam + over_heads(lam * q),
-            "within": torch.broadcast_to(lam_w + over_heads(lam * q), lam.shape),
-            "measured": lam_w + d + heads_with_d(lam_w * q),
-            "measured_within": torch.broadcast_to(lam_w + heads_with_d(lam_w * q), lam.shape),
-            "keyed": lam_w + d + heads_with_d(keyed)}
+    keyed = (keyed.square() + (d * head_norm).square()).sum(1).sqrt() / norm   # Q_D keyed
+    heads = ((lam * q).square().sum(1).sqrt() / norm)[:, None]      # Q / ||o_i|| (B, 1, T)
+    return {"present": lam + heads, "within": torch.broadcast_to(lam_w + heads, lam.shape),
+            "measured": kernel.relative, "measured_within": kernel.within,
+            "keyed": lam_w + d + keyed[:, None]}
 
 
 class BoundProbe(RowProbe):
@@ -100,8 +94,10 @@ class BoundProbe(RowProbe):
     def attend(self, call):
         import torch
 
+        from attngeom.common import metrics as M
         from attngeom.extract.faithfulness.layer_scores import fast_scores, metric_scores
         from attngeom.extract.faithfulness.removal_scores import FastLayer, within_scale
+        from attngeom.extract.faithfulness.selection import ErrorBound
 
         (B, H, T, _), Tk = call.query.shape, call.key.shape[2]
         alpha, z, measured = self.inputs(call)
@@ -111,9 +107,12 @@ class BoundProbe(RowProbe):
         allowed = call.allowed.expand(B, H, T, Tk)
         lam_w = within_scale(lam, Tk)
         x = FastLayer(alpha, call.value, proj32, lam, context=call)
-        models = bound_models(self.metric, x, lam_w)                     # (B, H, T) each
-        fast, _ = fast_scores(self.metric, alpha, call.value, proj32, lam,
-                              torch.empty_like(alpha))
+        fast, bound = fast_scores(self.metric, alpha, call.value, proj32, lam,
+                                  torch.empty_like(alpha))
+        unit = M.get(self.metric).error_unit * torch.finfo(torch.float32).eps / 2
+        kernel = ErrorBound(bound.relative / unit,
+                            within=None if bound.within is None else bound.within / unit)
+        models = bound_models(self.metric, x, lam_w, kernel)             # (B, H, T) each
         exact = metric_scores(self.metric, a64, vf, a64 @ vf, proj64)
         err = (fast.double() - exact).abs()
         size = fast.double().abs() + key_term(self.metric, a64, vf, proj64)
