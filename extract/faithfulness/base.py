@@ -13,6 +13,7 @@ the same way in the fast path, in the tests and whatever the batch.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -126,17 +127,22 @@ def _spread(parts: list[list[Product]]) -> None:
                     out.copy_(torch.bmm(a, b)[:, a.shape[1] - out.shape[1]:])
                 else:
                     torch.bmm(a, b, out=out)
-    key = (os.getpid(), len(parts) - 1)                      # a forked child needs its own
-    if len(parts) > 1 and _POOL.get("key") != key:
-        _POOL.update(key=key, pool=ThreadPoolExecutor(key[1], "attngeom-rowmm",
-                                                      torch.set_num_threads, (1,)))
-    done = [_POOL["pool"].submit(run, part) for part in parts[1:]]
+    done = [workers("rowmm", len(parts) - 1).submit(run, part) for part in parts[1:]]
     run(parts[0])                                        # the calling thread takes a part too
     for future in done:
         future.result()
 
 
-_POOL: dict = {}
+def workers(name: str, threads: int) -> ThreadPoolExecutor:
+    """A pool of ``threads`` worker threads named ``attngeom-<name>``, torch on one thread in
+    each, made once per process (a forked child makes its own: its parent's threads are not in
+    it)."""
+    return _workers(name, threads, os.getpid())
+
+
+@functools.lru_cache(maxsize=8)
+def _workers(name: str, threads: int, pid: int) -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(threads, f"attngeom-{name}", torch.set_num_threads, (1,))
 
 
 def _padded(x: Tensor, rows: int) -> Tensor:

@@ -6,12 +6,10 @@ contexts they are its largest step.
 
 from __future__ import annotations
 
-import functools
-import os
-from concurrent.futures import ThreadPoolExecutor
-
 import numpy as np
 import torch
+
+from .base import workers
 
 Tensor = torch.Tensor
 PARALLEL_SORT = 1 << 19  # values per thread below which one thread sorts alone
@@ -51,13 +49,5 @@ def _in_blocks(x: Tensor, step) -> Tensor:
         step(rows)
         return x
     edges = np.linspace(0, len(rows), threads + 1).astype(int)
-    list(_sorters(threads, os.getpid()).map(lambda lo, hi: step(rows[lo:hi]),
-                                            edges[:-1], edges[1:]))
+    list(workers("sort", threads).map(lambda lo, hi: step(rows[lo:hi]), edges[:-1], edges[1:]))
     return x
-
-
-@functools.lru_cache(maxsize=4)
-def _sorters(threads: int, pid: int) -> ThreadPoolExecutor:
-    """The threads that sort blocks of rows (numpy releases the GIL while it sorts); a forked
-    child (another ``pid``) makes its own, as its parent's threads are not in it."""
-    return ThreadPoolExecutor(threads, thread_name_prefix="attngeom-sort")
