@@ -17,6 +17,11 @@ s~_j >= hi; U_j < Y <= hi puts it below), so only the open candidates are ranked
 their float64 scores, higher first, ties to the lower position, the first ``m - #above`` of them
 go above the cut. The float64 work of a near row is its row-level quantities (the normaliser,
 the head output) and the open candidates' scores, not the row's every score and a sort of them.
+Where a kernel bounds its scores with the candidates' logits recomputed in float64 (``refined``,
+:class:`~.selection.ErrorBound`; :data:`Refine`), the open candidates are first ranked by those
+refined scores, in the same way, and only the rows they leave open cost their float64 row
+(:func:`settled`): the attention logit's rounding, the largest term of a row's bound at long
+contexts, is then out of the comparison.
 The result is the float64 rule's wherever the float32 scores are within their bound, the
 condition on which every row that is not near is decided in float32. Where the bound is
 ``rel |s~| + abs`` (every metric but value zeroing) L and U increase with s~, so X = U(lo),
@@ -35,18 +40,23 @@ Tensor = torch.Tensor
 # exact(b, i, h, keys) -> float64 scores of rows (b, h, i) at keys (n, K): (n, K); with h None
 # every head's: (n, H, K)
 Exact = Callable[[Tensor, Tensor, "Tensor | None", Tensor], Tensor]
+# refine(b, i, h, keys) -> (n, K) float64 factors f with f s~ the refined scores of rows
+# (b, h, i) at keys, up to a positive factor common to the row (inf or NaN: none)
+Refine = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
 
 
 @dataclass(frozen=True)
 class Band:
     """The open candidates of near rows: ``rows`` (r,) the near rows; for each open candidate
     ``row`` (P,) its row's place in ``rows`` and ``col`` (P,) its column, in row-major order;
-    ``need`` (r,) how many of each row's open candidates rank above the cut."""
+    ``need`` (r,) how many of each row's open candidates rank above the cut; ``value`` (P,)
+    their float32 ranking keys."""
 
     rows: Tensor
     row: Tensor
     col: Tensor
     need: Tensor
+    value: Tensor
 
 
 def take(rows: Tensor, keys: Tensor) -> Tensor:
@@ -93,17 +103,17 @@ def open_candidates(key: Tensor, rows: Tensor, hi: Tensor, lo: Tensor, m: Tensor
         else:
             above, is_open = _scanned(s, hi[r], lo[r], *bound)
         row, col = is_open.nonzero(as_tuple=True)
-        parts.append((row + start, col))
+        parts.append((row + start, col, s[row, col]))
         need.append(m[r] - above.sum(-1))
     if not parts:
         empty = rows.new_zeros(0)
-        return Band(rows, empty, empty, empty)
-    row, col, need = (torch.cat(x) for x in ([p[0] for p in parts], [p[1] for p in parts], need))
+        return Band(rows, empty, empty, empty, key.new_zeros(0))
+    row, col, value, need = (torch.cat(x) for x in (*zip(*parts), need))
     if order is not None:                                # back to the rows' order
         row, need = order[row], need.clone().scatter_(0, order, need)
         at = torch.argsort(row * key.shape[1] + col)
-        row, col = row[at], col[at]
-    return Band(rows, row, col, need)
+        row, col, value = row[at], col[at], value[at]
+    return Band(rows, row, col, need, value)
 
 
 def reach(hi: Tensor, lo: Tensor, relative: Tensor | None, absolute: Tensor | None
@@ -143,9 +153,10 @@ def _scanned(s: Tensor, hi: Tensor, lo: Tensor, relative: Tensor | None,
     return above, real & ~above & (high >= y[:, None])
 
 
-def padded(band: Band, lo: int, hi: int) -> tuple[Tensor, Tensor]:
+def padded(band: Band, lo: int, hi: int) -> tuple[Tensor, Tensor, Tensor]:
     """Near rows ``lo:hi`` of the band: their open columns (c, K) in column order, padded with
-    each row's first (column 0 for a row with none), and which entries are real (c, K)."""
+    each row's first (column 0 for a row with none), which entries are real (c, K), and their
+    float32 keys (c, K) (0 where not real)."""
     bounds = torch.tensor([lo, hi], device=band.row.device)
     start, stop = torch.searchsorted(band.row, bounds).tolist()
     row, col = band.row[start:stop] - lo, band.col[start:stop]
@@ -158,7 +169,9 @@ def padded(band: Band, lo: int, hi: int) -> tuple[Tensor, Tensor]:
     cols[row, slot] = col
     real = torch.zeros_like(cols, dtype=torch.bool)
     real[row, slot] = True
-    return cols, real
+    value = band.value.new_zeros(cols.shape)
+    value[row, slot] = band.value[start:stop]
+    return cols, real, value
 
 
 def above_cut(scores: Tensor, real: Tensor, need: Tensor) -> Tensor:
@@ -169,3 +182,18 @@ def above_cut(scores: Tensor, real: Tensor, need: Tensor) -> Tensor:
     rank = torch.empty_like(order).scatter_(
         -1, order, torch.arange(key.shape[-1], device=key.device).expand_as(order))
     return (rank < need[:, None]) & real
+
+
+def settled(refined: Tensor, real: Tensor, need: Tensor, relative: Tensor) -> Tensor:
+    """(c,) bool: the rows whose ``need`` highest refined scores (c, K) are certain, their
+    intervals t -+ ``relative`` (c,) |t| apart at the cut (as the near rows are found,
+    :func:`~.selection.find_cut`); a row that needs none or all of its real entries is, and
+    one with a score that is not finite is not."""
+    n = real.sum(-1)
+    key = refined.masked_fill(~real, -torch.inf)
+    desc = key.sort(-1, descending=True).values
+    top = desc.gather(-1, (need - 1).clamp(0, key.shape[-1] - 1)[:, None])[:, 0]
+    low = desc.gather(-1, need.clamp(0, key.shape[-1] - 1)[:, None])[:, 0]
+    finite = torch.where(real, refined.isfinite(), True).all(-1)
+    apart = top - low > relative.to(top) * (top.abs() + low.abs())
+    return finite & ((need <= 0) | (need >= n) | apart)

@@ -21,6 +21,7 @@ from .selection import ErrorBound
 
 Tensor = torch.Tensor
 SPREAD_BYTES = 4 << 20   # the temporary of :attr:`FastLayer.spread`, a block of rows at a time
+PRODUCT_ROUNDING = 4.0   # contribution_layer's refined bound: s~ / alpha~ and <g, v>'s rounding
 
 
 def logit_scale(query: Tensor, key: Tensor, scale: float,
@@ -166,7 +167,9 @@ def fast_contribution_layer(x: FastLayer, unit: float) -> tuple[Tensor, ErrorBou
     sqrt(sum_h (Lambda_w q_h)^2 + (D_h ||o_i^h||)^2): alpha's error per key (Lambda_w) and its
     row's normaliser (D, :attr:`FastLayer.normaliser`, a factor on head h's output), the heads'
     in quadrature (see fast_scores). Within one (head, query) row (``within``) the row's own
-    normaliser scales its alpha alike: Lambda_w + Q / ||o_i||.
+    normaliser scales its alpha alike: Lambda_w + Q / ||o_i||. With the key's logit recomputed
+    in float64 (``refined``, :meth:`~.layer_scores.ExactScores.refine`) alpha's own error
+    leaves the comparison, and o's remains: :data:`PRODUCT_ROUNDING` + Q / ||o_i||.
     """
     alpha, value, lam = x.alpha, x.value, x.lam
     B, H, T, Tk = alpha.shape
@@ -182,8 +185,9 @@ def fast_contribution_layer(x: FastLayer, unit: float) -> tuple[Tensor, ErrorBou
     heads = (lam_w * x.spread).square_().add_((d * head_norm).square_()).sum(1).sqrt_()
     heads = (heads / layer_norm)[:, None]                               # Q / ||o_i|| (B, 1, T)
     rel, within = unit * (lam_w + d + heads), unit * (lam_w + heads)
+    refined = (unit * (PRODUCT_ROUNDING + heads)).expand(B, H, T)
     return (_project(alpha, g, value, layer_norm, x.out),
-            ErrorBound(finite(rel), within=finite(within)))
+            ErrorBound(finite(rel), within=finite(within), refined=finite(refined)))
 
 
 def _project(alpha: Tensor, g: Tensor, value: Tensor, norm: Tensor, out: Tensor) -> Tensor:

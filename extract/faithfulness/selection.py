@@ -31,7 +31,7 @@ from attngeom.common.errors import Refusal
 
 from ..measurement.geometry import fill_disallowed_
 from .masks import Candidates
-from .near import Band, Exact, above_cut, open_candidates, padded, take
+from .near import Band, Exact, Refine, above_cut, open_candidates, padded, settled, take
 from .sorting import sort_ranks_
 
 Tensor = torch.Tensor
@@ -49,13 +49,17 @@ class ErrorBound:
     bound for comparisons within one head's row (head granularity), where it is the smaller.
     ``magnitude`` (B, H, T) or None: ``relative`` when ranking by |score|, whose cut in
     sufficiency lies among scores near 0 (a signed metric's error there follows the key's
-    size, not |score|: the case a relative bound covers least)."""
+    size, not |score|: the case a relative bound covers least). ``refined`` (B, H, T) or
+    None: the ``within`` bound of the scores refined by their keys' logits recomputed in
+    float64 (:data:`.near.Refine`), by which a head's near row is decided before its float64
+    scores are asked for."""
 
     relative: Tensor
     absolute: Tensor | None = None
     root: Tensor | None = None
     within: Tensor | None = None
     magnitude: Tensor | None = None
+    refined: Tensor | None = None
 
 
 class Workspace:
@@ -271,18 +275,28 @@ def _exact_keys(exact: Exact, idx: Tensor, cols: Tensor, e: Tensor, rank: str,
 
 
 def _decide(chosen: Tensor, band: Band, exact: Exact, e: Tensor, rank: str, granularity: str,
-            mode: str, keep: bool, step: int) -> None:
+            mode: str, keep: bool, step: int, refine: Refine | None = None,
+            refined: Tensor | None = None) -> None:
     """Write the near rows' open candidates into ``chosen`` (R, N), decided from their exact
-    scores (:mod:`.near`), ``step`` rows at a time."""
+    scores (:mod:`.near`), ``step`` rows at a time; first, with ``refine`` and the ``refined``
+    bound (R,) (head granularity), from their refined scores where those settle the row."""
     comp = mode == "comprehensiveness"
     for lo in range(0, len(band.rows), step):
         hi = min(lo + step, len(band.rows))
-        cols, real = padded(band, lo, hi)
+        cols, real, value = padded(band, lo, hi)
         if not real.any():
             continue
-        idx = band.rows[lo:hi]
-        top = above_cut(_exact_keys(exact, idx, cols, e, rank, granularity), real,
-                        band.need[lo:hi])
+        idx, need = band.rows[lo:hi], band.need[lo:hi]
+        top = torch.zeros_like(real)
+        ask = torch.ones(len(idx), dtype=torch.bool, device=idx.device)
+        if refine is not None:
+            B, H, T, _ = e.shape
+            t = value.double() * refine(idx // (H * T), idx % T, idx // T % H, cols)
+            ask = ~settled(t, real, need, refined[idx])
+            top[~ask] = above_cut(t[~ask], real[~ask], need[~ask])
+        if ask.any():
+            top[ask] = above_cut(_exact_keys(exact, idx[ask], cols[ask], e, rank, granularity),
+                                 real[ask], need[ask])
         removed = top if comp else ~top
         value = removed.logical_not().to(chosen.dtype) if keep else removed
         chosen[idx[:, None].expand_as(cols)[real], cols[real]] = value[real]
@@ -292,7 +306,7 @@ def select(score: Tensor, eligible: Tensor | Candidates, fraction: float, mode: 
            rank: str = "signed",
            granularity: str = "head", error: ErrorBound | None = None,
            exact: Exact | None = None, work: Workspace | None = None,
-           inplace: bool = False, keep: bool = False) -> Tensor:
+           inplace: bool = False, keep: bool = False, refine: Refine | None = None) -> Tensor:
     """Which (head, query, key) terms to remove: (B, H, T, Tk) bool.
 
     Parameters
@@ -306,7 +320,9 @@ def select(score: Tensor, eligible: Tensor | Candidates, fraction: float, mode: 
     inplace : ``score`` may be overwritten (only with ``exact`` given);
     keep : give the factor that removes the chosen terms from alpha instead, in score's
         dtype: 0 where removed, 1 elsewhere; (B, 1, T, Tk) at token granularity (a removed
-        key is dropped from every head; where it is not eligible its alpha is 0).
+        key is dropped from every head; where it is not eligible its alpha is 0);
+    refine : the factors that refine the scores of near rows' open candidates
+        (:data:`.near.Refine`), used at head granularity where ``error.refined`` is given.
     """
     B, H, T, Tk = score.shape
     c = eligible if isinstance(eligible, Candidates) else Candidates(eligible)
@@ -337,8 +353,10 @@ def select(score: Tensor, eligible: Tensor | Candidates, fraction: float, mode: 
     band = open_candidates(flat, cut.near.nonzero()[:, 0], cut.hi, cut.lo, cut.m, *bound,
                            step, width)          # before the factor is written over the keys
     chosen = apply_cut(flat, cut, mode, keep, work, overwrite=True)
+    refined = None if error is None or granularity != "head" else error.refined
     _decide(chosen, band, exact, eligible.expand(B, H, T, Tk), rank, granularity, mode, keep,
-            step)
+            step, None if refined is None else refine,
+            None if refined is None else refined.reshape(-1))
     if granularity == "head":
         return chosen.view(B, H, T, Tk)
     if granularity == "query":
