@@ -128,21 +128,25 @@ class ExactScores:
         self._kv: tuple[Tensor, Tensor, Tensor] | None = None
         self.alpha = alpha                                 # the fast scores' (B, H, T, Tk)
 
-    def refine(self, b: Tensor, i: Tensor, h: Tensor, keys: Tensor) -> Tensor:
-        """(n, K) factors exp(l_j - max l) / alpha~_j at rows (b, h, i), keys (n, K)
-        (:data:`.near.Refine`): l the keys' logits in float64, alpha~ the float32 attention
-        of the fast scores (``alpha``), so that a score alpha~_j x_j becomes exp(l_j) x_j up
-        to the row's normaliser, without the float32 logit's rounding; inf where alpha~_j is
-        not a normal float (its relative precision lost)."""
+    def refine(self, b: Tensor, i: Tensor, h: Tensor, keys: Tensor) -> tuple[Tensor, Tensor]:
+        """(f, g) (n, K) at rows (b, h, i), keys (n, K) (:data:`.near.Refine`): f = exp(l_j -
+        max l) / alpha~_j, l the keys' logits in float64 and alpha~ the float32 attention of
+        the fast scores (``alpha``), so that a score alpha~_j x_j becomes exp(l_j) x_j up to
+        the row's normaliser, without the float32 logit's rounding (inf where alpha~_j is not
+        a normal float: its relative precision lost); g = exp(l_j - max l) ||v~_j||."""
+        g = h // self.rep
         q = self.q[b, h, i].double()                                            # (n, dh)
-        k = self.k[b[:, None], (h // self.rep)[:, None], keys].double()         # (n, K, dh)
+        k = self.k[b[:, None], g[:, None], keys].double()                       # (n, K, dh)
         logits = torch.einsum("nd,nkd->nk", q, k).mul_(self.scale)
         if self.softcap is not None:
             logits = logits.div_(self.softcap).tanh_().mul_(self.softcap)
+        weight = logits.sub_(logits.amax(-1, keepdim=True)).exp_()
         a = self.alpha[b[:, None], h[:, None], i[:, None], keys]                # (n, K)
-        normal = a >= torch.finfo(a.dtype).tiny
-        f = logits.sub_(logits.amax(-1, keepdim=True)).exp_().div_(a.double())
-        return f.masked_fill_(~normal, torch.inf)
+        f = weight / a.double()
+        f = f.masked_fill_(a < torch.finfo(a.dtype).tiny, torch.inf)
+        v = self.v[b[:, None], g[:, None], keys].double()                       # (n, K, dh)
+        size = torch.einsum("nkd,nde,nke->nk", v, self.proj.gram[h], v).clamp_min(0).sqrt()
+        return f, weight * size
 
     def kv(self) -> tuple[Tensor, Tensor, Tensor]:
         """k^T (B, G, dh, Tk), v (B, G, Tk, dh) and v^T in float64, contiguous (made once):

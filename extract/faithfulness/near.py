@@ -40,9 +40,10 @@ Tensor = torch.Tensor
 # exact(b, i, h, keys) -> float64 scores of rows (b, h, i) at keys (n, K): (n, K); with h None
 # every head's: (n, H, K)
 Exact = Callable[[Tensor, Tensor, "Tensor | None", Tensor], Tensor]
-# refine(b, i, h, keys) -> (n, K) float64 factors f with f s~ the refined scores of rows
-# (b, h, i) at keys, up to a positive factor common to the row (inf or NaN: none)
-Refine = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
+# refine(b, i, h, keys) -> (f, g), (n, K) float64 each: f s~ the refined scores of rows
+# (b, h, i) at keys, up to a positive factor common to the row (inf or NaN: none), and g each
+# key's size in the same units (where a signed score's error follows the key, not |score|)
+Refine = Callable[[Tensor, Tensor, Tensor, Tensor], tuple[Tensor, Tensor]]
 
 
 @dataclass(frozen=True)
@@ -184,16 +185,13 @@ def above_cut(scores: Tensor, real: Tensor, need: Tensor) -> Tensor:
     return (rank < need[:, None]) & real
 
 
-def settled(refined: Tensor, real: Tensor, need: Tensor, relative: Tensor) -> Tensor:
-    """(c,) bool: the rows whose ``need`` highest refined scores (c, K) are certain, their
-    intervals t -+ ``relative`` (c,) |t| apart at the cut (as the near rows are found,
-    :func:`~.selection.find_cut`); a row that needs none or all of its real entries is, and
-    one with a score that is not finite is not."""
-    n = real.sum(-1)
-    key = refined.masked_fill(~real, -torch.inf)
-    desc = key.sort(-1, descending=True).values
-    top = desc.gather(-1, (need - 1).clamp(0, key.shape[-1] - 1)[:, None])[:, 0]
-    low = desc.gather(-1, need.clamp(0, key.shape[-1] - 1)[:, None])[:, 0]
-    finite = torch.where(real, refined.isfinite(), True).all(-1)
-    apart = top - low > relative.to(top) * (top.abs() + low.abs())
-    return finite & ((need <= 0) | (need >= n) | apart)
+def settled(refined: Tensor, error: Tensor, real: Tensor, need: Tensor) -> tuple[Tensor, Tensor]:
+    """The rows whose ``need`` highest refined scores (c, K) are certain: (c,) bool, and those
+    entries (c, K) bool (:func:`above_cut`). Certain when the lowest end t - e of the entries
+    above the cut lies above the highest end t + e of the rest, ``error`` (c, K) the bound e;
+    a row with a score or bound that is not finite is not."""
+    top = above_cut(refined, real, need)
+    low = (refined - error).masked_fill(~top, torch.inf).amin(-1)
+    high = (refined + error).masked_fill(~real | top, -torch.inf).amax(-1)
+    finite = torch.where(real, refined.isfinite() & error.isfinite(), True).all(-1)
+    return finite & (low > high), top

@@ -169,7 +169,9 @@ def fast_contribution_layer(x: FastLayer, unit: float) -> tuple[Tensor, ErrorBou
     in quadrature (see fast_scores). Within one (head, query) row (``within``) the row's own
     normaliser scales its alpha alike: Lambda_w + Q / ||o_i||. With the key's logit recomputed
     in float64 (``refined``, :meth:`~.layer_scores.ExactScores.refine`) alpha's own error
-    leaves the comparison, and o's remains: :data:`PRODUCT_ROUNDING` + Q / ||o_i||.
+    leaves the comparison, and o's remains: :data:`PRODUCT_ROUNDING` + Q / ||o_i|| relative
+    to |score| + alpha ||v~_j|| / ||o_i|| (the key's size, where a key almost orthogonal to o
+    has an error larger than its score).
     """
     alpha, value, lam = x.alpha, x.value, x.lam
     B, H, T, Tk = alpha.shape
@@ -185,9 +187,11 @@ def fast_contribution_layer(x: FastLayer, unit: float) -> tuple[Tensor, ErrorBou
     heads = (lam_w * x.spread).square_().add_((d * head_norm).square_()).sum(1).sqrt_()
     heads = (heads / layer_norm)[:, None]                               # Q / ||o_i|| (B, 1, T)
     rel, within = unit * (lam_w + d + heads), unit * (lam_w + heads)
-    refined = (unit * (PRODUCT_ROUNDING + heads)).expand(B, H, T)
+    refined = finite(unit * (PRODUCT_ROUNDING + heads)).expand(B, H, T)
+    size = finite(refined / layer_norm[:, None])              # per unit of alpha ||v~_j||
     return (_project(alpha, g, value, layer_norm, x.out),
-            ErrorBound(finite(rel), within=finite(within), refined=finite(refined)))
+            ErrorBound(finite(rel), within=finite(within), refined=refined,
+                       refined_size=size))
 
 
 def _project(alpha: Tensor, g: Tensor, value: Tensor, norm: Tensor, out: Tensor) -> Tensor:

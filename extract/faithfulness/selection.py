@@ -49,10 +49,11 @@ class ErrorBound:
     bound for comparisons within one head's row (head granularity), where it is the smaller.
     ``magnitude`` (B, H, T) or None: ``relative`` when ranking by |score|, whose cut in
     sufficiency lies among scores near 0 (a signed metric's error there follows the key's
-    size, not |score|: the case a relative bound covers least). ``refined`` (B, H, T) or
-    None: the ``within`` bound of the scores refined by their keys' logits recomputed in
-    float64 (:data:`.near.Refine`), by which a head's near row is decided before its float64
-    scores are asked for."""
+    size, not |score|: the case a relative bound covers least). ``refined`` and
+    ``refined_size`` (B, H, T) or None: the bound of the scores t refined by their keys'
+    logits recomputed in float64 (:data:`.near.Refine`), |t - c exact| <= refined |t| +
+    refined_size g with g the key's size refine gives, by which a head's near row is decided
+    before its float64 scores are asked for."""
 
     relative: Tensor
     absolute: Tensor | None = None
@@ -60,6 +61,7 @@ class ErrorBound:
     within: Tensor | None = None
     magnitude: Tensor | None = None
     refined: Tensor | None = None
+    refined_size: Tensor | None = None
 
 
 class Workspace:
@@ -276,10 +278,11 @@ def _exact_keys(exact: Exact, idx: Tensor, cols: Tensor, e: Tensor, rank: str,
 
 def _decide(chosen: Tensor, band: Band, exact: Exact, e: Tensor, rank: str, granularity: str,
             mode: str, keep: bool, step: int, refine: Refine | None = None,
-            refined: Tensor | None = None) -> None:
+            refined: tuple[Tensor, Tensor] | None = None) -> None:
     """Write the near rows' open candidates into ``chosen`` (R, N), decided from their exact
     scores (:mod:`.near`), ``step`` rows at a time; first, with ``refine`` and the ``refined``
-    bound (R,) (head granularity), from their refined scores where those settle the row."""
+    bound ((R,) relative, (R,) per unit of size; head granularity), from their refined scores
+    where those settle the row."""
     comp = mode == "comprehensiveness"
     for lo in range(0, len(band.rows), step):
         hi = min(lo + step, len(band.rows))
@@ -291,9 +294,11 @@ def _decide(chosen: Tensor, band: Band, exact: Exact, e: Tensor, rank: str, gran
         ask = torch.ones(len(idx), dtype=torch.bool, device=idx.device)
         if refine is not None:
             B, H, T, _ = e.shape
-            t = value.double() * refine(idx // (H * T), idx % T, idx // T % H, cols)
-            ask = ~settled(t, real, need, refined[idx])
-            top[~ask] = above_cut(t[~ask], real[~ask], need[~ask])
+            f, g = refine(idx // (H * T), idx % T, idx // T % H, cols)
+            t = value.double() * f
+            bound = refined[0][idx, None].double() * t.abs() + refined[1][idx, None] * g
+            done, above = settled(t, bound, real, need)
+            top[done], ask = above[done], ~done
         if ask.any():
             top[ask] = above_cut(_exact_keys(exact, idx[ask], cols[ask], e, rank, granularity),
                                  real[ask], need[ask])
@@ -353,10 +358,12 @@ def select(score: Tensor, eligible: Tensor | Candidates, fraction: float, mode: 
     band = open_candidates(flat, cut.near.nonzero()[:, 0], cut.hi, cut.lo, cut.m, *bound,
                            step, width)          # before the factor is written over the keys
     chosen = apply_cut(flat, cut, mode, keep, work, overwrite=True)
-    refined = None if error is None or granularity != "head" else error.refined
+    refined = None
+    if refine is not None and granularity == "head" and error is not None \
+            and error.refined is not None:
+        refined = (error.refined.reshape(-1), error.refined_size.double().reshape(-1))
     _decide(chosen, band, exact, eligible.expand(B, H, T, Tk), rank, granularity, mode, keep,
-            step, None if refined is None else refine,
-            None if refined is None else refined.reshape(-1))
+            step, refine if refined is not None else None, refined)
     if granularity == "head":
         return chosen.view(B, H, T, Tk)
     if granularity == "query":
