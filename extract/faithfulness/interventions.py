@@ -239,10 +239,9 @@ class Intervener:
                                        logit_scale(query, key, scaling, sinks), scores, blocks,
                                        ctx)
             exact = ExactScores(by, query, key, value, allowed, scaling, softcap, proj,
-                                sinks, ctx, alpha)
+                                sinks, ctx)
             kept = select(score, masks.eligible, r.fraction, r.mode, r.rank, r.granularity,
-                          error, exact, self.work, inplace=score is not alpha, keep=True,
-                          refine=exact.refine)
+                          error, exact, self.work, inplace=score is not alpha, keep=True)
             self.count_self(kept, eligible)
             weights = alpha.mul_(kept)                                   # removed terms: 0
         v_used = value

@@ -116,7 +116,7 @@ class ExactScores:
 
     def __init__(self, metric: str, query: Tensor, key: Tensor, value: Tensor, allowed: Tensor,
                  scale: float, softcap: float | None, proj: Projection,
-                 sinks: Tensor | None = None, context=None, alpha: Tensor | None = None):
+                 sinks: Tensor | None = None, context=None):
         self.entry, self.kernel = metrics.get(metric), kernels(metric).exact
         self.layer_scope = self.entry.scope == metrics.LAYER
         self.token_scope, self.context = self.entry.scope == metrics.TOKEN, context
@@ -126,27 +126,6 @@ class ExactScores:
         self.rep = query.shape[1] // key.shape[1]
         self.norms: dict[tuple[int, int], Tensor] = {}
         self._kv: tuple[Tensor, Tensor, Tensor] | None = None
-        self.alpha = alpha                                 # the fast scores' (B, H, T, Tk)
-
-    def refine(self, b: Tensor, i: Tensor, h: Tensor, keys: Tensor) -> tuple[Tensor, Tensor]:
-        """(f, g) (n, K) at rows (b, h, i), keys (n, K) (:data:`.near.Refine`): f = exp(l_j -
-        max l) / alpha~_j, l the keys' logits in float64 and alpha~ the float32 attention of
-        the fast scores (``alpha``), so that a score alpha~_j x_j becomes exp(l_j) x_j up to
-        the row's normaliser, without the float32 logit's rounding (inf where alpha~_j is not
-        a normal float: its relative precision lost); g = exp(l_j - max l) ||v~_j||."""
-        g = h // self.rep
-        q = self.q[b, h, i].double()                                            # (n, dh)
-        k = self.k[b[:, None], g[:, None], keys].double()                       # (n, K, dh)
-        logits = torch.einsum("nd,nkd->nk", q, k).mul_(self.scale)
-        if self.softcap is not None:
-            logits = logits.div_(self.softcap).tanh_().mul_(self.softcap)
-        weight = logits.sub_(logits.amax(-1, keepdim=True)).exp_()
-        a = self.alpha[b[:, None], h[:, None], i[:, None], keys]                # (n, K)
-        f = weight / a.double()
-        f = f.masked_fill_(a < torch.finfo(a.dtype).tiny, torch.inf)
-        v = self.v[b[:, None], g[:, None], keys].double()                       # (n, K, dh)
-        size = torch.einsum("nkd,nde,nke->nk", v, self.proj.gram[h], v).clamp_min(0).sqrt()
-        return f, weight * size
 
     def kv(self) -> tuple[Tensor, Tensor, Tensor]:
         """k^T (B, G, dh, Tk), v (B, G, Tk, dh) and v^T in float64, contiguous (made once):

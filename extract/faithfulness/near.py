@@ -17,11 +17,11 @@ s~_j >= hi; U_j < Y <= hi puts it below), so only the open candidates are ranked
 their float64 scores, higher first, ties to the lower position, the first ``m - #above`` of them
 go above the cut. The float64 work of a near row is its row-level quantities (the normaliser,
 the head output) and the open candidates' scores, not the row's every score and a sort of them.
-Where a kernel bounds its scores with the candidates' logits recomputed in float64 (``refined``,
-:class:`~.selection.ErrorBound`; :data:`Refine`), the open candidates are first ranked by those
-refined scores, in the same way, and only the rows they leave open cost their float64 row
-(:func:`settled`): the attention logit's rounding, the largest term of a row's bound at long
-contexts, is then out of the comparison.
+Where a kernel refines the scores of chosen candidates (``refine``,
+:class:`~.selection.ErrorBound`; :data:`Refine`: contribution_layer's from the keys' logits in
+float64 and the float32 head outputs, without the logits' rounding, the largest term of a
+row's bound at long contexts), the open candidates are first ranked by those, in the same way,
+and only the rows they leave open cost their float64 row (:func:`settled`).
 The result is the float64 rule's wherever the float32 scores are within their bound, the
 condition on which every row that is not near is decided in float32. Where the bound is
 ``rel |s~| + abs`` (every metric but value zeroing) L and U increase with s~, so X = U(lo),
@@ -40,9 +40,8 @@ Tensor = torch.Tensor
 # exact(b, i, h, keys) -> float64 scores of rows (b, h, i) at keys (n, K): (n, K); with h None
 # every head's: (n, H, K)
 Exact = Callable[[Tensor, Tensor, "Tensor | None", Tensor], Tensor]
-# refine(b, i, h, keys) -> (f, g), (n, K) float64 each: f s~ the refined scores of rows
-# (b, h, i) at keys, up to a positive factor common to the row (inf or NaN: none), and g each
-# key's size in the same units (where a signed score's error follows the key, not |score|)
+# refine(b, i, h, keys) -> (t, e), (n, K) float64 each: refined scores of rows (b, h, i) at
+# keys, up to a positive factor common to the row, and their error bounds
 Refine = Callable[[Tensor, Tensor, Tensor, Tensor], tuple[Tensor, Tensor]]
 
 
@@ -50,14 +49,12 @@ Refine = Callable[[Tensor, Tensor, Tensor, Tensor], tuple[Tensor, Tensor]]
 class Band:
     """The open candidates of near rows: ``rows`` (r,) the near rows; for each open candidate
     ``row`` (P,) its row's place in ``rows`` and ``col`` (P,) its column, in row-major order;
-    ``need`` (r,) how many of each row's open candidates rank above the cut; ``value`` (P,)
-    their float32 ranking keys."""
+    ``need`` (r,) how many of each row's open candidates rank above the cut."""
 
     rows: Tensor
     row: Tensor
     col: Tensor
     need: Tensor
-    value: Tensor
 
 
 def take(rows: Tensor, keys: Tensor) -> Tensor:
@@ -104,17 +101,17 @@ def open_candidates(key: Tensor, rows: Tensor, hi: Tensor, lo: Tensor, m: Tensor
         else:
             above, is_open = _scanned(s, hi[r], lo[r], *bound)
         row, col = is_open.nonzero(as_tuple=True)
-        parts.append((row + start, col, s[row, col]))
+        parts.append((row + start, col))
         need.append(m[r] - above.sum(-1))
     if not parts:
         empty = rows.new_zeros(0)
-        return Band(rows, empty, empty, empty, key.new_zeros(0))
-    row, col, value, need = (torch.cat(x) for x in (*zip(*parts), need))
+        return Band(rows, empty, empty, empty)
+    row, col, need = (torch.cat(x) for x in ([p[0] for p in parts], [p[1] for p in parts], need))
     if order is not None:                                # back to the rows' order
         row, need = order[row], need.clone().scatter_(0, order, need)
         at = torch.argsort(row * key.shape[1] + col)
-        row, col, value = row[at], col[at], value[at]
-    return Band(rows, row, col, need, value)
+        row, col = row[at], col[at]
+    return Band(rows, row, col, need)
 
 
 def reach(hi: Tensor, lo: Tensor, relative: Tensor | None, absolute: Tensor | None
@@ -154,10 +151,9 @@ def _scanned(s: Tensor, hi: Tensor, lo: Tensor, relative: Tensor | None,
     return above, real & ~above & (high >= y[:, None])
 
 
-def padded(band: Band, lo: int, hi: int) -> tuple[Tensor, Tensor, Tensor]:
+def padded(band: Band, lo: int, hi: int) -> tuple[Tensor, Tensor]:
     """Near rows ``lo:hi`` of the band: their open columns (c, K) in column order, padded with
-    each row's first (column 0 for a row with none), which entries are real (c, K), and their
-    float32 keys (c, K) (0 where not real)."""
+    each row's first (column 0 for a row with none), and which entries are real (c, K)."""
     bounds = torch.tensor([lo, hi], device=band.row.device)
     start, stop = torch.searchsorted(band.row, bounds).tolist()
     row, col = band.row[start:stop] - lo, band.col[start:stop]
@@ -170,9 +166,7 @@ def padded(band: Band, lo: int, hi: int) -> tuple[Tensor, Tensor, Tensor]:
     cols[row, slot] = col
     real = torch.zeros_like(cols, dtype=torch.bool)
     real[row, slot] = True
-    value = band.value.new_zeros(cols.shape)
-    value[row, slot] = band.value[start:stop]
-    return cols, real, value
+    return cols, real
 
 
 def above_cut(scores: Tensor, real: Tensor, need: Tensor) -> Tensor:

@@ -17,11 +17,11 @@ import torch
 from ..measurement.geometry import Projection, repeat_kv, vecdot
 from .base import finite
 from .dense import grouped, weighted_values
+from .near import Refine
 from .selection import ErrorBound
 
 Tensor = torch.Tensor
 SPREAD_BYTES = 4 << 20   # the temporary of :attr:`FastLayer.spread`, a block of rows at a time
-PRODUCT_ROUNDING = 4.0   # contribution_layer's refined bound: s~ / alpha~ and <g, v>'s rounding
 
 
 def logit_scale(query: Tensor, key: Tensor, scale: float,
@@ -167,11 +167,8 @@ def fast_contribution_layer(x: FastLayer, unit: float) -> tuple[Tensor, ErrorBou
     sqrt(sum_h (Lambda_w q_h)^2 + (D_h ||o_i^h||)^2): alpha's error per key (Lambda_w) and its
     row's normaliser (D, :attr:`FastLayer.normaliser`, a factor on head h's output), the heads'
     in quadrature (see fast_scores). Within one (head, query) row (``within``) the row's own
-    normaliser scales its alpha alike: Lambda_w + Q / ||o_i||. With the key's logit recomputed
-    in float64 (``refined``, :meth:`~.layer_scores.ExactScores.refine`) alpha's own error
-    leaves the comparison, and o's remains: :data:`PRODUCT_ROUNDING` + Q / ||o_i|| relative
-    to |score| + alpha ||v~_j|| / ||o_i|| (the key's size, where a key almost orthogonal to o
-    has an error larger than its score).
+    normaliser scales its alpha alike: Lambda_w + Q / ||o_i||. With the layer's context, the
+    scores of chosen keys refined (``refine``, :func:`_refiner`).
     """
     alpha, value, lam = x.alpha, x.value, x.lam
     B, H, T, Tk = alpha.shape
@@ -187,11 +184,38 @@ def fast_contribution_layer(x: FastLayer, unit: float) -> tuple[Tensor, ErrorBou
     heads = (lam_w * x.spread).square_().add_((d * head_norm).square_()).sum(1).sqrt_()
     heads = (heads / layer_norm)[:, None]                               # Q / ||o_i|| (B, 1, T)
     rel, within = unit * (lam_w + d + heads), unit * (lam_w + heads)
-    refined = finite(unit * (PRODUCT_ROUNDING + heads)).expand(B, H, T)
-    size = finite(refined / layer_norm[:, None])              # per unit of alpha ||v~_j||
+    refine = None if x.context is None else _refiner(x.context, zf, unit * heads[:, 0])
     return (_project(alpha, g, value, layer_norm, x.out),
-            ErrorBound(finite(rel), within=finite(within), refined=refined,
-                       refined_size=size))
+            ErrorBound(finite(rel), within=finite(within), refine=refine))
+
+
+def _refiner(context, zf: Tensor, error: Tensor) -> Refine:
+    """contribution_layer's refined scores t_j = exp(l_j - max l) <o'_i, v~_j^h> / ||o'_i||^2
+    (:data:`.near.Refine`) of a few keys: l their logits in float64, o'_i = z~_i W_O in
+    float64 from the float32 head outputs zf (B, T, H dh), so that alpha's rounding in this
+    row (the logits', the normaliser's, a factor common to the row) is out, and o's remains:
+    |do| <= ``error`` (B, T) ||o||, whence |dt| <= error (2 |t| + exp(l_j - max l) ||v~_j|| /
+    ||o'||) to first order (the key's size: a key almost orthogonal to o has an error larger
+    than its score)."""
+    q, k, v, proj = context.query, context.key, context.value, context.proj
+    H, rep, dh = q.shape[1], q.shape[1] // k.shape[1], v.shape[-1]
+
+    def refine(b: Tensor, i: Tensor, h: Tensor, keys: Tensor) -> tuple[Tensor, Tensor]:
+        g = (h // rep)[:, None]
+        logits = torch.einsum("nd,nkd->nk", q[b, h, i].double(),
+                              k[b[:, None], g, keys].double()).mul_(context.scaling)
+        if context.softcap is not None:
+            logits = logits.div_(context.softcap).tanh_().mul_(context.softcap)
+        weight = logits.sub_(logits.amax(-1, keepdim=True)).exp_()            # (n, K)
+        o = zf[b, i].double() @ proj.weight                                  # o'_i (n, d)
+        norm = o.norm(dim=-1)[:, None]
+        u = (o @ proj.weight.T).view(-1, H, dh)[torch.arange(len(h)), h]     # o' W_O^h^T
+        vk = v[b[:, None], g, keys].double()                                 # (n, K, dh)
+        t = weight * torch.einsum("ne,nke->nk", u, vk) / norm.square()
+        size = weight * torch.einsum("nkd,nde,nke->nk", vk, proj.gram[h], vk).clamp_min(0).sqrt()
+        size = size / norm
+        return t, error[b, i].double()[:, None] * (2 * t.abs() + size)
+    return refine
 
 
 def _project(alpha: Tensor, g: Tensor, value: Tensor, norm: Tensor, out: Tensor) -> Tensor:

@@ -49,19 +49,16 @@ class ErrorBound:
     bound for comparisons within one head's row (head granularity), where it is the smaller.
     ``magnitude`` (B, H, T) or None: ``relative`` when ranking by |score|, whose cut in
     sufficiency lies among scores near 0 (a signed metric's error there follows the key's
-    size, not |score|: the case a relative bound covers least). ``refined`` and
-    ``refined_size`` (B, H, T) or None: the bound of the scores t refined by their keys'
-    logits recomputed in float64 (:data:`.near.Refine`), |t - c exact| <= refined |t| +
-    refined_size g with g the key's size refine gives, by which a head's near row is decided
-    before its float64 scores are asked for."""
+    size, not |score|: the case a relative bound covers least). ``refine`` or None: the
+    kernel's refined scores of chosen candidates with their bounds (:data:`.near.Refine`), by
+    which a head's near row is decided before its float64 scores are asked for."""
 
     relative: Tensor
     absolute: Tensor | None = None
     root: Tensor | None = None
     within: Tensor | None = None
     magnitude: Tensor | None = None
-    refined: Tensor | None = None
-    refined_size: Tensor | None = None
+    refine: Refine | None = None
 
 
 class Workspace:
@@ -277,16 +274,14 @@ def _exact_keys(exact: Exact, idx: Tensor, cols: Tensor, e: Tensor, rank: str,
 
 
 def _decide(chosen: Tensor, band: Band, exact: Exact, e: Tensor, rank: str, granularity: str,
-            mode: str, keep: bool, step: int, refine: Refine | None = None,
-            refined: tuple[Tensor, Tensor] | None = None) -> None:
+            mode: str, keep: bool, step: int, refine: Refine | None = None) -> None:
     """Write the near rows' open candidates into ``chosen`` (R, N), decided from their exact
-    scores (:mod:`.near`), ``step`` rows at a time; first, with ``refine`` and the ``refined``
-    bound ((R,) relative, (R,) per unit of size; head granularity), from their refined scores
-    where those settle the row."""
+    scores (:mod:`.near`), ``step`` rows at a time; first, with ``refine`` (head
+    granularity), from their refined scores where those settle the row."""
     comp = mode == "comprehensiveness"
     for lo in range(0, len(band.rows), step):
         hi = min(lo + step, len(band.rows))
-        cols, real, value = padded(band, lo, hi)
+        cols, real = padded(band, lo, hi)
         if not real.any():
             continue
         idx, need = band.rows[lo:hi], band.need[lo:hi]
@@ -294,10 +289,8 @@ def _decide(chosen: Tensor, band: Band, exact: Exact, e: Tensor, rank: str, gran
         ask = torch.ones(len(idx), dtype=torch.bool, device=idx.device)
         if refine is not None:
             B, H, T, _ = e.shape
-            f, g = refine(idx // (H * T), idx % T, idx // T % H, cols)
-            t = value.double() * f
-            bound = refined[0][idx, None].double() * t.abs() + refined[1][idx, None] * g
-            done, above = settled(t, bound, real, need)
+            t, bound = refine(idx // (H * T), idx % T, idx // T % H, cols)
+            done, above = settled(t.abs() if rank == "magnitude" else t, bound, real, need)
             top[done], ask = above[done], ~done
         if ask.any():
             top[ask] = above_cut(_exact_keys(exact, idx[ask], cols[ask], e, rank, granularity),
@@ -311,7 +304,7 @@ def select(score: Tensor, eligible: Tensor | Candidates, fraction: float, mode: 
            rank: str = "signed",
            granularity: str = "head", error: ErrorBound | None = None,
            exact: Exact | None = None, work: Workspace | None = None,
-           inplace: bool = False, keep: bool = False, refine: Refine | None = None) -> Tensor:
+           inplace: bool = False, keep: bool = False) -> Tensor:
     """Which (head, query, key) terms to remove: (B, H, T, Tk) bool.
 
     Parameters
@@ -325,9 +318,7 @@ def select(score: Tensor, eligible: Tensor | Candidates, fraction: float, mode: 
     inplace : ``score`` may be overwritten (only with ``exact`` given);
     keep : give the factor that removes the chosen terms from alpha instead, in score's
         dtype: 0 where removed, 1 elsewhere; (B, 1, T, Tk) at token granularity (a removed
-        key is dropped from every head; where it is not eligible its alpha is 0);
-    refine : the factors that refine the scores of near rows' open candidates
-        (:data:`.near.Refine`), used at head granularity where ``error.refined`` is given.
+        key is dropped from every head; where it is not eligible its alpha is 0).
     """
     B, H, T, Tk = score.shape
     c = eligible if isinstance(eligible, Candidates) else Candidates(eligible)
@@ -358,12 +349,9 @@ def select(score: Tensor, eligible: Tensor | Candidates, fraction: float, mode: 
     band = open_candidates(flat, cut.near.nonzero()[:, 0], cut.hi, cut.lo, cut.m, *bound,
                            step, width)          # before the factor is written over the keys
     chosen = apply_cut(flat, cut, mode, keep, work, overwrite=True)
-    refined = None
-    if refine is not None and granularity == "head" and error is not None \
-            and error.refined is not None:
-        refined = (error.refined.reshape(-1), error.refined_size.double().reshape(-1))
+    refine = None if error is None or granularity != "head" else error.refine
     _decide(chosen, band, exact, eligible.expand(B, H, T, Tk), rank, granularity, mode, keep,
-            step, refine if refined is not None else None, refined)
+            step, refine)
     if granularity == "head":
         return chosen.view(B, H, T, Tk)
     if granularity == "query":

@@ -423,9 +423,10 @@ def test_value_zeroing_reruns_only_the_open_keys_in_float64():
 
 def test_refined_scores_decide_near_rows_like_the_full_rerank():
     """contribution_layer's near rows (the float32 bound inflated 1e5 times: most rows near)
-    ranked first by their refined scores (the keys' logits in float64, the kernel's own
-    ``refined`` bound), at head granularity: the same removed set as the float64 rule, most
-    rows settled without their float64 scores."""
+    ranked first by their refined scores (the kernel's ``refine``, from the layer's context),
+    at head granularity: the same removed set as the float64 rule, most rows settled without
+    their float64 scores."""
+    from attngeom.extract.faithfulness.context import LayerContext
     from attngeom.extract.faithfulness.dense import attention_weights
 
     _, _, seen = _layers()
@@ -439,11 +440,10 @@ def test_refined_scores_decide_near_rows_like_the_full_rerank():
         alpha = attention_weights(q, k, allowed, scale, softcap, torch.float32)
         p32 = type(proj)(weight=proj.weight.float(), gram=proj.gram.float(),
                          full=proj.full.float())
-        fast, error = fast_scores("contribution_layer", alpha.clone(), v, p32,
-                                  logit_scale(q, k, scale))
-        wide = dataclasses.replace(error, relative=error.relative * 1e5, within=None)
-        rows = ExactScores("contribution_layer", q, k, v, allowed, scale, softcap, proj,
-                           alpha=alpha)
+        context = LayerContext(0, q, k, v, allowed, scale, softcap, None, proj)
+        fast, error = fast_scores("contribution_layer", alpha, v, p32, logit_scale(q, k, scale),
+                                  context=context)
+        rows = ExactScores("contribution_layer", q, k, v, allowed, scale, softcap, proj)
 
         def exact(b, i, h, keys):
             asked[0] += len(b)
@@ -451,13 +451,15 @@ def test_refined_scores_decide_near_rows_like_the_full_rerank():
 
         def refine(b, i, h, keys):
             settled[0] += len(b)
-            return rows.refine(b, i, h, keys)
+            return error.refine(b, i, h, keys)
 
+        wide = dataclasses.replace(error, relative=error.relative * 1e5, within=None,
+                                   refine=refine)
         for mode in MODES:
             for rank in RANKS:
                 for p in (0.1, 0.5):
                     want = numpy_rule(full, allowed, p, mode, rank, "head")
                     got = select(fast.clone(), allowed, p, mode, rank, "head", wide, exact,
-                                 Workspace(), inplace=True, refine=refine)
+                                 Workspace(), inplace=True)
                     assert np.array_equal(got.numpy(), want), (mode, rank, p)
     assert settled[0] > 100 and asked[0] < settled[0] / 4    # most near rows settled refined

@@ -30,6 +30,7 @@ from attngeom.extract.faithfulness.interventions import (GRANULARITIES, MODES, R
                                                          Intervener, Removal, forward_logits)
 from attngeom.extract.faithfulness.dense import attention_weights
 from attngeom.extract.faithfulness.base import exact_alpha, logits64, rowmm
+from attngeom.extract.faithfulness.context import LayerContext
 from attngeom.extract.faithfulness.layer_scores import ExactScores, fast_scores, metric_scores
 from attngeom.extract.faithfulness.removal_scores import logit_scale
 from attngeom.extract.faithfulness import selection, sorting
@@ -336,17 +337,20 @@ def test_fast_scores_stay_within_their_bound(metric):
             rest = (got.double() - c * want).abs()
             bound = error.within[..., None].double() * size
             assert (rest <= bound)[real].all(), float((rest / bound)[real].max())
-        if error.refined is not None:         # the key's logit in float64: exp(l) s / alpha
+        if metric == "contribution_layer":      # chosen keys refined (the layer's context)
+            context = LayerContext(0, q, k, v, allowed, scale, softcap, None, proj)
+            _, error = fast_scores(metric, alpha.clone(), v, p32, logit_scale(q, k, scale),
+                                   context=context)
+            B, H, T, Tk = want.shape
+            row = torch.arange(B * H * T)
+            b, h, i = row // (H * T), row // T % H, row % T
+            t, bound = error.refine(b, i, h, torch.arange(Tk).expand(len(row), Tk))
             logits = logits64(q, k.repeat_interleave(H // k.shape[1], 1), scale, softcap)
-            weight = (logits - logits.amax(-1, keepdim=True)).exp().masked_fill(~allowed, 0)
-            t = got.double() / alpha.double() * weight / weight.sum(-1, keepdim=True)
-            real = real & (alpha > 0)
-            key = metric_scores("value_weighted", alpha64, vf, None, proj)    # alpha ||v~||
-            bound = error.refined[..., None].double() * got.double().abs() + \
-                error.refined_size[..., None].double() * key
-            rest = (t - want).abs()
+            factor = (logits - logits.amax(-1, keepdim=True)).exp().masked_fill(~allowed, 0)
+            rest = (t - factor.sum(-1).reshape(-1, 1) * want[b, h, i]).abs()   # t = C s
+            real = allowed.expand_as(want)[b, h, i]
+            assert rest[real].max() > 0                   # float32's head outputs remain in t
             assert (rest <= bound)[real].all(), float((rest / bound)[real].max())
-            assert rest[real].max() > 0                        # float32's c~ remains in t
 
 
 def test_shared_scratch_tensors_change_nothing():
