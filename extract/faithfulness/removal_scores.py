@@ -4,8 +4,9 @@ Each ``fast`` kernel (registered by name in :mod:`.kernels`; called by
 :func:`~.layer_scores.fast_scores`, whose docstring gives the error model) computes every
 (head, query, key) score of a layer in float32 (the dtype of the layer's attention) from a
 :class:`FastLayer` and bounds its rounding error (:class:`~.selection.ErrorBound`); the rows
-whose order the bound leaves open are ranked again from float64 scores
-(:class:`~.layer_scores.ExactScores`, :mod:`.selection`).
+whose order the bound leaves open are ranked again from refined scores where a kernel gives
+them (contribution_layer's), else from float64 ones (:class:`~.layer_scores.ExactScores`,
+:mod:`.selection`, :mod:`.near`).
 """
 
 from __future__ import annotations
