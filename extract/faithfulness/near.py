@@ -40,6 +40,8 @@ Tensor = torch.Tensor
 # exact(b, i, h, keys) -> float64 scores of rows (b, h, i) at keys (n, K): (n, K); with h None
 # every head's: (n, H, K)
 Exact = Callable[[Tensor, Tensor, "Tensor | None", Tensor], Tensor]
+# An Exact with ``layer_scope`` true computes every head of a query at once: its rows are asked
+# for by query (:func:`~.selection.select`).
 # refine(b, i, h, keys) -> (t, e), (n, K) float64 each: refined scores of rows (b, h, i) at
 # keys, up to a positive factor common to the row, and their error bounds
 Refine = Callable[[Tensor, Tensor, Tensor, Tensor], tuple[Tensor, Tensor]]
@@ -151,22 +153,19 @@ def _scanned(s: Tensor, hi: Tensor, lo: Tensor, relative: Tensor | None,
     return above, real & ~above & (high >= y[:, None])
 
 
-def padded(band: Band, lo: int, hi: int) -> tuple[Tensor, Tensor]:
-    """Near rows ``lo:hi`` of the band: their open columns (c, K) in column order, padded with
-    each row's first (column 0 for a row with none), and which entries are real (c, K)."""
-    bounds = torch.tensor([lo, hi], device=band.row.device)
-    start, stop = torch.searchsorted(band.row, bounds).tolist()
-    row, col = band.row[start:stop] - lo, band.col[start:stop]
-    count = torch.bincount(row, minlength=hi - lo)
-    K = max(1, int(count.max())) if len(row) else 1
-    slot = torch.arange(len(row), device=row.device) - (torch.cumsum(count, 0) - count)[row]
-    first = torch.zeros(hi - lo, dtype=torch.long, device=row.device)
-    first[row[slot == 0]] = col[slot == 0]
-    cols = first[:, None].repeat(1, K)
-    cols[row, slot] = col
-    real = torch.zeros_like(cols, dtype=torch.bool)
-    real[row, slot] = True
-    return cols, real
+def padded(band: Band, at: Tensor) -> tuple[Tensor, Tensor]:
+    """Near rows ``at`` (c,) (places in ``band.rows``): their open columns (c, K) in column
+    order, padded with each row's first (column 0 for a row with none), and which entries are
+    real (c, K)."""
+    start = torch.searchsorted(band.row, at)
+    count = torch.searchsorted(band.row, at, right=True) - start
+    K = max(1, int(count.max())) if len(at) else 1
+    real = torch.arange(K, device=at.device) < count[:, None]
+    last = max(len(band.col) - 1, 0)
+    cols = band.col[(start[:, None] + torch.arange(K, device=at.device)).clamp_(max=last)] \
+        if len(band.col) else torch.zeros(len(at), K, dtype=torch.long, device=at.device)
+    first = torch.where(count > 0, cols[:, 0], 0)
+    return torch.where(real, cols, first[:, None]), real
 
 
 def above_cut(scores: Tensor, real: Tensor, need: Tensor) -> Tensor:

@@ -276,15 +276,21 @@ def _exact_keys(exact: Exact, idx: Tensor, cols: Tensor, e: Tensor, rank: str,
 def _decide(chosen: Tensor, band: Band, exact: Exact, e: Tensor, rank: str, granularity: str,
             mode: str, keep: bool, step: int, refine: Refine | None = None) -> None:
     """Write the near rows' open candidates into ``chosen`` (R, N), decided from their exact
-    scores (:mod:`.near`), ``step`` rows at a time; first, with ``refine`` (head
-    granularity), from their refined scores where those settle the row."""
+    scores (:mod:`.near`), ``step`` rows at a time (by query where ``exact`` computes every
+    head of a query at once: its ``layer_scope``); first, with ``refine`` (head granularity),
+    from their refined scores where those settle the row."""
     comp = mode == "comprehensiveness"
+    order = torch.arange(len(band.rows), device=band.rows.device)
+    if granularity == "head" and getattr(exact, "layer_scope", False):
+        B, H, T, _ = e.shape
+        rows = band.rows
+        order = torch.argsort(rows // (H * T) * T + rows % T, stable=True)
     for lo in range(0, len(band.rows), step):
-        hi = min(lo + step, len(band.rows))
-        cols, real = padded(band, lo, hi)
+        at = order[lo:lo + step]
+        cols, real = padded(band, at)
         if not real.any():
             continue
-        idx, need = band.rows[lo:hi], band.need[lo:hi]
+        idx, need = band.rows[at], band.need[at]
         top = torch.zeros_like(real)
         ask = torch.ones(len(idx), dtype=torch.bool, device=idx.device)
         if refine is not None:

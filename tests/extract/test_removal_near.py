@@ -345,6 +345,7 @@ def test_near_rows_of_a_model_decide_like_the_full_rerank(metric):
             asked[0] += len(b)
             asked[1] += keys.numel()
             return rows(b, i, h, keys)
+        exact.layer_scope = rows.layer_scope       # contribution_layer's asked for by query
 
         for granularity in GRANULARITIES:
             for mode in MODES:
@@ -448,6 +449,7 @@ def test_refined_scores_decide_near_rows_like_the_full_rerank():
         def exact(b, i, h, keys):
             asked[0] += len(b)
             return rows(b, i, h, keys)
+        exact.layer_scope = True
 
         def refine(b, i, h, keys):
             settled[0] += len(b)
@@ -463,3 +465,19 @@ def test_refined_scores_decide_near_rows_like_the_full_rerank():
                                  Workspace(), inplace=True)
                     assert np.array_equal(got.numpy(), want), (mode, rank, p)
     assert settled[0] > 100 and asked[0] < settled[0] / 4    # most near rows settled refined
+
+
+def test_padded_gathers_each_rows_open_columns_in_any_order_of_rows():
+    from attngeom.extract.faithfulness.near import Band, padded
+
+    g = torch.Generator().manual_seed(0)
+    is_open = torch.rand(50, 30, generator=g) < 0.1
+    is_open[3], is_open[7] = False, True                    # a row with none, one with all
+    row, col = is_open.nonzero(as_tuple=True)
+    band = Band(torch.arange(50) * 3, row, col, torch.zeros(50, dtype=torch.long))
+    at = torch.randperm(50, generator=g)
+    cols, real = padded(band, at)
+    for r, a in enumerate(at.tolist()):
+        want = is_open[a].nonzero()[:, 0]
+        assert torch.equal(cols[r][real[r]], want)
+        assert (cols[r][~real[r]] == (want[0] if len(want) else 0)).all()
