@@ -25,7 +25,11 @@ output, every head's; the heads' errors in quadrature, q_h as above):
 - ``measured_within``: Lambda_w + Q_D / ||o||, the kernel's ``within`` (head granularity: the
   row's own normaliser scales its alpha alike);
 - ``keyed``: ``measured`` with each key's logit scale in q_h (scale |q_i| |k_j| + 1 inside the
-  sum, in place of Lambda_w's largest key): what a bound per key would add.
+  sum, in place of Lambda_w's largest key): what a bound per key would add;
+- ``refined``: the kernel's refined scores t_j = exp(l_j - max l) <o'_i, v~_j> / ||o'_i||^2
+  (``ErrorBound.refine``: logits in float64, o' from the float32 head outputs) against their
+  bound Q_D / ||o|| (2 |t| + exp(l_j - max l) ||v~_j|| / ||o'||), up to the row's factor
+  (no near rows: it decides only the near rows' open keys).
 
 Every ratio is of the whole error, a row's common factor included.
 
@@ -54,6 +58,7 @@ from bench_row_error import RowProbe, cut, key_term, near_share  # noqa: E402
 
 BOUNDS = {"contribution": ("present", "quad", "quad_w"),
           "contribution_layer": ("present", "within", "measured", "measured_within", "keyed")}
+REFINE_ROWS = 1 << 22    # rows x keys x dh of the refined scores computed at a time
 
 
 def bound_models(metric: str, x, lam_w, kernel):
@@ -121,9 +126,43 @@ class BoundProbe(RowProbe):
         for m, model in models.items():
             b = (model.double()[..., None] * u * size).clamp_min(1e-300)
             o["ratio"][m].append(float(torch.where(allowed, err / b, 0).max()))
+        if self.metric == "contribution_layer":
+            o["ratio"].setdefault("refined", []).append(
+                refined_ratio(call, alpha, proj32, proj64, lam, exact, allowed))
         for mode in ("comprehensiveness", "sufficiency"):
             o["rows"].setdefault(mode, []).append((*cut(fast, allowed, mode), models))
         return z.to(call.query.dtype)
+
+
+def refined_ratio(call, alpha, proj32, proj64, lam, exact, allowed) -> float:
+    """The largest |t - C s| over the refined scores' bound, in units of the registry's unit
+    (C the row's factor: the sum of exp(l_j - max l) over its keys, the sink's included)."""
+    import torch
+
+    from attngeom.common import metrics as M
+    from attngeom.extract.faithfulness.base import logits64
+    from attngeom.extract.faithfulness.context import LayerContext
+    from attngeom.extract.faithfulness.layer_scores import fast_scores
+    from attngeom.extract.measurement.geometry import repeat_kv
+
+    (B, H, T, dh), Tk = call.query.shape, call.key.shape[2]
+    context = LayerContext(call.index, call.query, call.key, call.value, call.allowed,
+                           call.scaling, call.softcap, call.sinks, proj64)
+    _, error = fast_scores("contribution_layer", alpha.clone(), call.value, proj32, lam,
+                           context=context)
+    logits = logits64(call.query, repeat_kv(call.key, H), call.scaling, call.softcap)
+    top = logits.amax(-1, keepdim=True)
+    C = (logits - top).exp().masked_fill(~allowed, 0).sum(-1)                # (B, H, T)
+    if call.sinks is not None:
+        C = C + (call.sinks.double().expand(B, H, T) - top[..., 0]).exp()
+    rows, worst = torch.arange(B * H * T), 0.0
+    for chunk in rows.split(max(1, REFINE_ROWS // (Tk * dh))):
+        b, h, i = chunk // (H * T), chunk // T % H, chunk % T
+        t, bound = error.refine(b, i, h, torch.arange(Tk).expand(len(chunk), Tk))
+        err = (t - C[b, h, i, None] * exact[b, h, i]).abs()
+        ratio = torch.where(allowed[b, h, i], err / bound.clamp_min(1e-300), 0)
+        worst = max(worst, float(ratio.max()))
+    return worst * M.get("contribution_layer").error_unit
 
 
 def share(rows, bound: str, unit: float) -> float:
@@ -150,6 +189,7 @@ def main(argv=None) -> int:
     emit({"bench": "contribution_bound", "section": "machine", **machine()})
     import torch
 
+    from attngeom.common import metrics as M
     from attngeom.extract.faithfulness.interventions import watching
     from attngeom.extract.loading.models import load
     from attngeom.extract.measurement.hooks import attention_handler
@@ -165,6 +205,8 @@ def main(argv=None) -> int:
     o, units = probe.out[a.metric], dict(zip(bounds, map(float, given.split(","))))
     near = {mode: {m: share(o["rows"][mode], m, units[m]) for m in bounds}
             for mode in o["rows"]}
+    if "refined" in o["ratio"]:
+        units["refined"] = M.get(a.metric).error_unit
     emit({"bench": "contribution_bound", "metric": a.metric, "model": a.model, "length": a.length,
           "batch": a.batch, "largest": {m: max(r) for m, r in o["ratio"].items()},
           "by_layer": o["ratio"], "units": units, "near": near})
@@ -174,6 +216,8 @@ def main(argv=None) -> int:
         print(f"| {m} | {max(o['ratio'][m]):.2f} | {units[m]:g} | "
               f"{100 * near['comprehensiveness'][m]:.2f} % | "
               f"{100 * near['sufficiency'][m]:.2f} % |")
+    if "refined" in o["ratio"]:
+        print(f"| refined | {max(o['ratio']['refined']):.2f} | {units['refined']:g} | - | - |")
     return 0
 
 

@@ -57,7 +57,7 @@ def fast_scores(metric: str, alpha: Tensor, value: Tensor, proj: Projection, lam
     ``within`` where a metric's registry entry has a ``within_unit`` (contribution_layer's kernel
     gives its own). With the layer's context, contribution_layer's kernel also gives ``refine``:
     chosen keys' scores without alpha's rounding (the logits in float64, o from the float32
-    head outputs), bounded by o's error alone, which decide most of its near rows before their
+    head outputs), bounded by o's error alone, which decide many of its near rows before their
     float64 rows are computed (:mod:`.near`).
     """
     entry, u = metrics.get(metric), torch.finfo(alpha.dtype).eps / 2
