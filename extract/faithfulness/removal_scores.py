@@ -210,7 +210,7 @@ def _refiner(context, zf: Tensor, error: Tensor) -> Refine:
         weight = logits.sub_(logits.amax(-1, keepdim=True)).exp_()            # (n, K)
         o = zf[b, i].double() @ proj.weight                                  # o'_i (n, d)
         norm = o.norm(dim=-1)[:, None]
-        u = (o @ proj.weight.T).view(-1, H, dh)[torch.arange(len(h)), h]     # o' W_O^h^T
+        u = (o @ proj.weight.T).view(-1, H, dh)[torch.arange(len(h), device=h.device), h]
         vk = v[b[:, None], g, keys].double()                                 # (n, K, dh)
         t = weight * torch.einsum("ne,nke->nk", u, vk) / norm.square()
         size = weight * torch.einsum("nkd,nde,nke->nk", vk, proj.gram[h], vk).clamp_min(0).sqrt()

@@ -283,8 +283,7 @@ def _decide(chosen: Tensor, band: Band, exact: Exact, e: Tensor, rank: str, gran
     order = torch.arange(len(band.rows), device=band.rows.device)
     if granularity == "head" and getattr(exact, "layer_scope", False):
         B, H, T, _ = e.shape
-        rows = band.rows
-        order = torch.argsort(rows // (H * T) * T + rows % T, stable=True)
+        order = torch.argsort(band.rows // (H * T) * T + band.rows % T, stable=True)  # b T + i
     for lo in range(0, len(band.rows), step):
         at = order[lo:lo + step]
         cols, real = padded(band, at)
