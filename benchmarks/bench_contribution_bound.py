@@ -100,6 +100,7 @@ class BoundProbe(RowProbe):
         import torch
 
         from attngeom.common import metrics as M
+        from attngeom.extract.faithfulness.context import LayerContext
         from attngeom.extract.faithfulness.layer_scores import fast_scores, metric_scores
         from attngeom.extract.faithfulness.removal_scores import FastLayer, within_scale
         from attngeom.extract.faithfulness.selection import ErrorBound
@@ -112,8 +113,10 @@ class BoundProbe(RowProbe):
         allowed = call.allowed.expand(B, H, T, Tk)
         lam_w = within_scale(lam, Tk)
         x = FastLayer(alpha, call.value, proj32, lam, context=call)
+        context = LayerContext(call.index, call.query, call.key, call.value, call.allowed,
+                               call.scaling, call.softcap, call.sinks, proj64)
         fast, bound = fast_scores(self.metric, alpha, call.value, proj32, lam,
-                                  torch.empty_like(alpha))
+                                  torch.empty_like(alpha), context=context)
         unit = M.get(self.metric).error_unit * torch.finfo(torch.float32).eps / 2
         kernel = ErrorBound(bound.relative / unit,
                             within=None if bound.within is None else bound.within / unit)
@@ -128,28 +131,23 @@ class BoundProbe(RowProbe):
             o["ratio"][m].append(float(torch.where(allowed, err / b, 0).max()))
         if self.metric == "contribution_layer":
             o["ratio"].setdefault("refined", []).append(
-                refined_ratio(call, alpha, proj32, proj64, lam, exact, allowed))
+                refined_ratio(call, bound.refine, exact, allowed))
         for mode in ("comprehensiveness", "sufficiency"):
             o["rows"].setdefault(mode, []).append((*cut(fast, allowed, mode), models))
         return z.to(call.query.dtype)
 
 
-def refined_ratio(call, alpha, proj32, proj64, lam, exact, allowed) -> float:
-    """The largest |t - C s| over the refined scores' bound, in units of the registry's unit
-    (C the row's factor: the sum of exp(l_j - max l) over its keys, the sink's included)."""
+def refined_ratio(call, refine, exact, allowed) -> float:
+    """The largest |t - C s| of the kernel's ``refine`` over its bound, in units of the
+    registry's unit (C the row's factor: the sum of exp(l_j - max l) over its keys, the sink's
+    included)."""
     import torch
 
     from attngeom.common import metrics as M
     from attngeom.extract.faithfulness.base import logits64
-    from attngeom.extract.faithfulness.context import LayerContext
-    from attngeom.extract.faithfulness.layer_scores import fast_scores
     from attngeom.extract.measurement.geometry import repeat_kv
 
     (B, H, T, dh), Tk = call.query.shape, call.key.shape[2]
-    context = LayerContext(call.index, call.query, call.key, call.value, call.allowed,
-                           call.scaling, call.softcap, call.sinks, proj64)
-    _, error = fast_scores("contribution_layer", alpha.clone(), call.value, proj32, lam,
-                           context=context)
     logits = logits64(call.query, repeat_kv(call.key, H), call.scaling, call.softcap)
     top = logits.amax(-1, keepdim=True)
     C = (logits - top).exp().masked_fill(~allowed, 0).sum(-1)                # (B, H, T)
@@ -158,7 +156,7 @@ def refined_ratio(call, alpha, proj32, proj64, lam, exact, allowed) -> float:
     rows, worst = torch.arange(B * H * T), 0.0
     for chunk in rows.split(max(1, REFINE_ROWS // (Tk * dh))):
         b, h, i = chunk // (H * T), chunk // T % H, chunk % T
-        t, bound = error.refine(b, i, h, torch.arange(Tk).expand(len(chunk), Tk))
+        t, bound = refine(b, i, h, torch.arange(Tk).expand(len(chunk), Tk))
         err = (t - C[b, h, i, None] * exact[b, h, i]).abs()
         ratio = torch.where(allowed[b, h, i], err / bound.clamp_min(1e-300), 0)
         worst = max(worst, float(ratio.max()))

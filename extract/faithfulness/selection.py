@@ -279,10 +279,9 @@ def _decide(chosen: Tensor, band: Band, exact: Exact, e: Tensor, rank: str, gran
     scores (:mod:`.near`), ``step`` rows at a time (by query where ``exact`` computes every
     head of a query at once: its ``layer_scope``); first, with ``refine`` (head granularity),
     from their refined scores where those settle the row."""
-    comp = mode == "comprehensiveness"
+    comp, (B, H, T, _) = mode == "comprehensiveness", e.shape
     order = torch.arange(len(band.rows), device=band.rows.device)
     if granularity == "head" and getattr(exact, "layer_scope", False):
-        B, H, T, _ = e.shape
         order = torch.argsort(band.rows // (H * T) * T + band.rows % T, stable=True)  # b T + i
     for lo in range(0, len(band.rows), step):
         at = order[lo:lo + step]
@@ -293,7 +292,6 @@ def _decide(chosen: Tensor, band: Band, exact: Exact, e: Tensor, rank: str, gran
         top = torch.zeros_like(real)
         ask = torch.ones(len(idx), dtype=torch.bool, device=idx.device)
         if refine is not None:
-            B, H, T, _ = e.shape
             t, bound = refine(idx // (H * T), idx % T, idx // T % H, cols)
             done, above = settled(t.abs() if rank == "magnitude" else t, bound, real, need)
             top[done], ask = above[done], ~done
