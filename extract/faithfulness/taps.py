@@ -13,7 +13,7 @@ from typing import Callable, Sequence, TypeVar
 import torch
 from torch import Tensor, nn
 
-from ..measurement.archs import forward_options, probe_inputs
+from ..measurement.archs import probe_inputs, run_trunk
 
 S = TypeVar("S")
 
@@ -38,7 +38,7 @@ def probe_pass(model: nn.Module, handles: list) -> None:
     hooks ``handles`` registered, which are removed after it."""
     inputs = probe_inputs(model, "text")
     try:
-        model(**inputs, **forward_options(model, inputs))
+        run_trunk(model, inputs)
     finally:
         for h in handles:
             h.remove()

@@ -122,8 +122,17 @@ def probe_inputs(model: nn.Module, kind: str) -> dict[str, torch.Tensor]:
     return {"pixel_values": torch.randn(1, channels, h, w, generator=gen).to(device, dtype)}
 
 
+def run_trunk(model: nn.Module, inputs: dict) -> None:
+    """One forward pass of ``model`` without its output head, the measured pass: its base
+    model (transformers' ``base_model``, the decoder stack of a ``...ForCausalLM``) where it
+    has one, so the LM head's (vocabulary x d) weight is never read, and no KV cache."""
+    trunk = model.base_model if isinstance(getattr(model, "base_model", None), nn.Module) \
+        else model
+    trunk(**inputs, **forward_options(trunk, inputs))
+
+
 def forward_options(model: nn.Module, inputs: dict) -> dict:
-    """No KV cache, and logits for one position only: extraction never reads the LM head."""
+    """No KV cache, and logits for one position only where ``model`` still has a head."""
     if "input_ids" not in inputs:
         return {}
     params = inspect.signature(model.forward).parameters
@@ -245,7 +254,7 @@ def _discover(model: nn.Module) -> Architecture:
     handles = _hook_outputs(model, probe)
     try:
         with torch.inference_mode(), attention_handler(model, probe):
-            model(**inputs, **forward_options(model, inputs))
+            run_trunk(model, inputs)
     finally:
         for h in handles:
             h.remove()

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from .archs import Layer, discover, forward_options
+from .archs import Layer, discover, run_trunk
 from .geometry import Projection, cached_projection
 from .hooks import Call, attention_handler
 from .layer import Masks, Options, measure_layer, prepare_masks
@@ -138,5 +138,5 @@ def capture(model: nn.Module, batch: dict, opts: Options = Options(),
     if mask is not None:
         handler.token_mask = mask.bool()
     with attention_handler(model, handler):
-        model(**inputs, **forward_options(model, inputs))
+        run_trunk(model, inputs)
     return handler.collect()

@@ -172,3 +172,18 @@ def test_vision_token_names(name, first):
     assert names[:len(first)] == first and names[-1] == "p(2,2)" and len(names) == seen[0]
     with pytest.raises(ValueError, match="drops patches"):
         token_names(model, 5, ta.IMAGE, ta.IMAGE)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_measured_pass_never_reads_the_lm_head(arch):
+    """Discovery's probe and the measured pass run the decoder stack alone: the LM head's
+    (vocabulary x d) weight, tied to the embeddings, is never multiplied (a whole-model
+    forward would read all of it for even one position's logits)."""
+    from attngeom.extract.measurement.capture import capture
+
+    model = tm.build(arch)
+    called = []
+    model.get_output_embeddings().register_forward_hook(lambda *a: called.append(1))
+    discover(model)
+    capture(model, tm.example_inputs(arch, model))
+    assert called == []
