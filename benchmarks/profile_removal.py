@@ -2,6 +2,8 @@
 
     python benchmarks/profile_removal.py --length 4096 \
         --removals contribution_layer/comprehensiveness,value_weighted_normalized/comprehensiveness
+    python benchmarks/profile_removal.py --length 4096 --granularity query \
+        --removals attention/comprehensiveness
 
 The setup is ``bench_length.py``'s removals child (one WikiText-2 text, the model loaded once,
 every pass warmed on 32 tokens first); an eager forward of the same text is timed first as the
@@ -40,6 +42,7 @@ def main(argv=None) -> int:
     p.add_argument("--length", type=int, default=4096)
     p.add_argument("--removals", default="contribution_layer/comprehensiveness")
     p.add_argument("--fraction", type=float, default=0.1)
+    p.add_argument("--granularity", default="head", help="head, query or token")
     p.add_argument("--top", type=int, default=30, help="functions listed per ordering")
     a = p.parse_args(argv)
 
@@ -64,7 +67,8 @@ def main(argv=None) -> int:
         print(f"eager forward: CPU {eager_cpu:.1f} s, wall {eager_wall:.1f} s", flush=True)
         for spec in a.removals.split(","):
             metric, mode = spec.split("/")
-            handler = Intervener(model, removal=Removal(metric, mode, a.fraction),
+            handler = Intervener(model, removal=Removal(metric, mode, a.fraction,
+                                                         granularity=a.granularity),
                                  projections={}, workspace=Workspace())
             forward_logits(model, warm, handler)
             cpu, wall, text = profile(lambda: forward_logits(model, inputs, handler), a.top)

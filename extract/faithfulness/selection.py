@@ -208,12 +208,6 @@ def threshold_select(key: Tensor, n: Tensor, k: Tensor, mode: str,
 
 
 # ------------------------------------------------------------------------------------ granularity
-def _flat(x: Tensor) -> Tensor:
-    """(B, H, T, Tk) -> (B, T, Tk*H), key-major (the query granularity's candidate order)."""
-    B, H, T, Tk = x.shape
-    return x.permute(0, 2, 3, 1).reshape(B, T, Tk * H)
-
-
 def _keys(score: Tensor, c: Candidates, rank: str, granularity: str, fill: float,
           work: Workspace | None, inplace: bool) -> tuple[Tensor, Tensor]:
     """Ranking keys (..., n) with ineligible candidates at ``fill``, and eligible counts."""
@@ -226,10 +220,17 @@ def _keys(score: Tensor, c: Candidates, rank: str, granularity: str, fill: float
         if rank == "magnitude":
             key.abs_()
         return key.add_(c.fill(fill, key.dtype)), count.expand(B, H, T)
-    if granularity == "query":
-        key = score.abs() if rank == "magnitude" else score.clone()
-        key = _flat(key.add_(c.fill(fill, key.dtype)))
-        return key, count.sum(1) if count.shape[1] > 1 else count[:, 0] * H
+    if granularity == "query":            # one strided pass into the key-major order
+        shape = (B, T, Tk, H)
+        key = torch.empty(shape, dtype=score.dtype, device=score.device) if work is None \
+            else work.get("key", shape, score.dtype, score.device)
+        by_key = score.permute(0, 2, 3, 1)
+        bias = c.fill(fill, score.dtype).permute(0, 2, 3, 1)
+        if rank == "magnitude":
+            torch.abs(by_key, out=key).add_(bias)
+        else:
+            torch.add(by_key, bias, out=key)
+        return key.view(B, T, Tk * H), count.sum(1) if count.shape[1] > 1 else count[:, 0] * H
     if granularity == "token" and H == 1:                              # heads combined already
         e = eligible.any(1)
         key = torch.mul(score[:, 0], e)                                # (B, T, Tk)
@@ -271,6 +272,17 @@ def _exact_keys(exact: Exact, idx: Tensor, cols: Tensor, e: Tensor, rank: str,
     s = exact(b, i, None, cols)                                         # (n, H, K)
     s = s.masked_fill(~take(e[b, :, i], cols), 0.0).sum(1)
     return s.abs() if rank == "magnitude" else s
+
+
+def _decision_step(band: Band, N: int, heads: int) -> int:
+    """Near rows decided at a time, at least one: NEAR_CHUNK entries of a head's row of keys
+    (N / heads; ``heads``: H at query granularity, else 1), or of their open candidates'
+    float64 scores, one row per head a candidate may be of, if wider. At query granularity a
+    row is H heads' rows of keys, but its float64 work is only that of its open candidates'
+    heads (the kernels chunk it): steps of NEAR_CHUNK / N rows would leave a few queries per
+    (head, query) block of the float64 products."""
+    widest = int(torch.bincount(band.row).max()) if len(band.row) else 1
+    return max(1, NEAR_CHUNK // max(N // heads, widest * heads))
 
 
 def _decide(chosen: Tensor, band: Band, exact: Exact, e: Tensor, rank: str, granularity: str,
@@ -354,7 +366,7 @@ def select(score: Tensor, eligible: Tensor | Candidates, fraction: float, mode: 
     chosen = apply_cut(flat, cut, mode, keep, work, overwrite=True)
     refine = None if error is None or granularity != "head" else error.refine
     _decide(chosen, band, exact, eligible.expand(B, H, T, Tk), rank, granularity, mode, keep,
-            step, refine)
+            _decision_step(band, N, N // Tk), refine)
     if granularity == "head":
         return chosen.view(B, H, T, Tk)
     if granularity == "query":

@@ -9,6 +9,7 @@ change them).
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 import tiny_models as tm
@@ -56,3 +57,24 @@ def test_one_handler_over_batches_of_other_padding_is_a_fresh_handler_each():
         want = forward_logits(model, inputs, Intervener(model, removal=removal))
         shared.self_counts = None                             # a count per batch
         assert torch.equal(forward_logits(model, inputs, shared), want)
+
+
+@pytest.mark.parametrize("layout", ["head", "query"])
+def test_self_counts_are_read_from_the_factor_in_either_layout(layout):
+    """Rows with a removal and rows removing their own key, counted from the kept factor as
+    head granularity gives it (contiguous) and as query granularity does (a key-major view),
+    against a loop over the rows."""
+    B, H, T = 2, 3, 9
+    gen = torch.Generator().manual_seed(0)
+    kept = (torch.rand(B, H, T, T, generator=gen) > 0.2).float()
+    kept[0, 1, 4] = 1.0                                            # a row without a removal
+    if layout == "query":
+        kept = kept.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)
+        assert kept.stride(-1) != 1
+    handler = Intervener(tm.build("llama"), removal=Removal("attention", "comprehensiveness",
+                                                            0.1, granularity=layout))
+    handler.count_self(kept, torch.ones(B, H, T, T, dtype=torch.bool))
+    want = [[sum(bool((kept[b, h, i] == 0).any()) for h in range(H) for i in range(T)),
+             sum(bool(kept[b, h, i, i] == 0) for h in range(H) for i in range(T))]
+            for b in range(B)]
+    assert handler.self_counts.tolist() == want
