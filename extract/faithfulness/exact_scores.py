@@ -23,7 +23,8 @@ class Rows64:
     """Float64 inputs of a head-scope metric at some rows, and what metrics share (on demand).
 
     alpha (P, M, Tk) clean attention of M queries of P (sequence, head) pairs (or (B, H, T, Tk)
-    for a whole layer); v (P, Tk, dh) the pairs' values, vt their transpose (contiguous);
+    for a whole layer); v (P, Tk, dh) the pairs' values, vt their transpose (contiguous), or
+    v a function returning both (vt None), called when a metric first reads them;
     gram (P, dh, dh) G_h of each pair's head (or broadcastable); value_norm: a function
     returning ||v~_j^h|| (P, Tk); z: the head outputs before W_O when the caller has them;
     where: (b, h, i) the sequence, head and query of each row, broadcastable to alpha's
@@ -34,15 +35,32 @@ class Rows64:
     same bits as the full row's there), a plugin's is given None and its rows are gathered.
     """
 
-    def __init__(self, alpha: Tensor, v: Tensor, vt: Tensor, gram: Tensor,
+    def __init__(self, alpha: Tensor, v: Tensor | Callable[[], tuple[Tensor, Tensor]],
+                 vt: Tensor | None, gram: Tensor,
                  value_norm: Callable[[], Tensor], z: Tensor | None = None,
                  where: tuple[Tensor, Tensor, Tensor] | None = None, context=None,
                  keys: Tensor | None = None):
-        self.alpha, self.v, self.vt, self.gram = alpha, v, vt, gram
+        self.alpha, self.gram = alpha, gram
+        self._values = (v, vt) if vt is not None else v
         self._value_norm, self._z, self._output = value_norm, z, None
         self.context, self.keys = context, keys
         self.where = None if where is None else tuple(
             torch.broadcast_to(t, alpha.shape[:-1]) for t in where)
+
+    @property
+    def v(self) -> Tensor:
+        """The pairs' values (P, Tk, dh)."""
+        return self._fetched()[0]
+
+    @property
+    def vt(self) -> Tensor:
+        """Their transpose (P, dh, Tk), contiguous."""
+        return self._fetched()[1]
+
+    def _fetched(self) -> tuple[Tensor, Tensor]:
+        if callable(self._values):
+            self._values = self._values()
+        return self._values
 
     def at(self, t: Tensor) -> Tensor:
         """t (..., Tk), broadcastable to alpha, at the asked keys: (P, M, K) (t itself when

@@ -191,11 +191,11 @@ class ExactScores:
         kt, v, vt = self.kv()
         alpha = exact_alpha(self.q[b[:, None], h[:, None], i], self.take(kt, b, g).mT, allowed,
                             self.scale, self.softcap, sinks)                    # (P, M, Tk)
-        v, vt = self.take(v, b, g), self.take(vt, b, g)                         # (P, Tk, dh)
         gram = None if self.proj is None else self.proj.gram[h]
-        return self._at(self.kernel(Rows64(
-            alpha, v, vt, gram, lambda: self._norms(b, h, v), where=(b[:, None], h[:, None], i),
-            context=self.context, keys=keys if self.entry.builtin else None)), keys)
+        rows = Rows64(alpha, lambda: (self.take(v, b, g), self.take(vt, b, g)), None, gram,
+                      lambda: self._norms(b, h, rows.v), where=(b[:, None], h[:, None], i),
+                      context=self.context, keys=keys if self.entry.builtin else None)
+        return self._at(self.kernel(rows), keys)                # v: (P, Tk, dh) if read
 
     def _at(self, scores: Tensor, keys: Tensor | None) -> Tensor:
         """A plugin kernel's full rows (..., Tk) at ``keys`` (..., K) (a built-in kernel's
