@@ -266,7 +266,10 @@ def _exact_keys(exact: Exact, idx: Tensor, cols: Tensor, e: Tensor, rank: str,
         n, K = cols.shape
         pair, key = torch.arange(n, device=cols.device)[:, None] * H + cols % H, cols // H
         pairs, which = torch.unique(pair, return_inverse=True)          # (U,), (n, K)
-        s = exact(b[pairs // H], i[pairs // H], pairs % H, key[pairs // H])   # (U, K)
+        r, h = pairs // H, pairs % H       # asked head by head: many queries per float64 block
+        order = torch.argsort((b[r] * H + h) * T + i[r], stable=True)
+        got = exact(b[r[order]], i[r[order]], h[order], key[r[order]])     # (U, K) in order
+        s = torch.empty_like(got).index_copy_(0, order, got)
         s = s[which, torch.arange(K, device=cols.device)]
         return s.abs() if rank == "magnitude" else s
     s = exact(b, i, None, cols)                                         # (n, H, K)
