@@ -13,7 +13,7 @@ from typing import Callable, Sequence, TypeVar
 import torch
 from torch import Tensor, nn
 
-from ..measurement.archs import probe_inputs, run_trunk
+from ..measurement.forward import probe_inputs, run_trunk
 
 S = TypeVar("S")
 
@@ -34,7 +34,7 @@ def per_model(found: "weakref.WeakKeyDictionary[nn.Module, S]", model: nn.Module
 
 
 def probe_pass(model: nn.Module, handles: list) -> None:
-    """One probe forward pass (:func:`~..measurement.archs.probe_inputs`, text) through the
+    """One probe forward pass (:func:`~..measurement.forward.probe_inputs`, text) through the
     hooks ``handles`` registered, which are removed after it."""
     inputs = probe_inputs(model, "text")
     try:

@@ -273,7 +273,8 @@ def load(spec: str, device: str = "cpu", dtype: str = "float32",
     import torch
     from transformers.utils import logging as hf_logging
 
-    from ..measurement.archs import discover, input_kind
+    from ..measurement.archs import discover
+    from ..measurement.forward import input_kind
 
     torch_dtype = getattr(torch, check_dtype(dtype, device))
     _check_device_runs(device, DTYPES[dtype])

@@ -15,7 +15,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from .archs import Layer, discover, run_trunk
+from .archs import Layer, discover
+from .forward import run_trunk
 from .geometry import Projection, cached_projection
 from .hooks import Call, attention_handler
 from .layer import Masks, Options, measure_layer, prepare_masks
