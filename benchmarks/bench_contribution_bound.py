@@ -1,5 +1,5 @@
-"""contribution's and contribution_layer's float32 error against candidate bounds, and the rows
-each leaves near the cut.
+"""contribution's, value_weighted_normalized's and contribution_layer's float32 error against
+candidate bounds, and the rows each leaves near the cut.
 
 The removal pass bounds a float32 contribution score s~_j = alpha_j <o, v~_j> / ||o||^2 by
 u unit (Lambda_w + Lambda q / ||o||) |s~| (extract/faithfulness/removal_scores.py,
@@ -12,6 +12,10 @@ that scales o alike. Bounds measured for ``--metric contribution``, in units of 
   2026-12-06 (o's error as the sum of its terms' errors);
 - ``quad``: Lambda_w + Lambda q / ||o||, the kernel's;
 - ``quad_w``: Lambda_w (1 + q / ||o||).
+
+``--metric value_weighted_normalized`` (s~_j = alpha_j ||v~_j|| / ||o||) the same three, its
+kernel's ``quad`` since 2026-12-07 (``present`` before), for the same reason: the normaliser's
+rounding scales alpha and o alike.
 
 ``--metric contribution_layer`` (s~_j = alpha_j^h <o_i, v~_j^h> / ||o_i||^2, o_i the layer's
 output, every head's; the heads' errors in quadrature, q_h as above):
@@ -31,7 +35,9 @@ output, every head's; the heads' errors in quadrature, q_h as above):
   bound Q_D / ||o|| (2 |t| + exp(l_j - max l) ||v~_j|| / ||o'||), up to the row's factor
   (no near rows: it decides only the near rows' open keys).
 
-Every ratio is of the whole error, a row's common factor included.
+Every ratio is of the whole error, a row's common factor included; scores whose exact value
+is subnormal in float32 are left out (the removal's absolute floor covers them:
+``selection._floored``).
 
 On a real model and WikiText-2 prose cut to T tokens, at every layer (``--layers``), this prints
 for each bound the largest |s~ - s| over the bound's size (|s~| plus the key's term, as
@@ -57,6 +63,7 @@ from _common import batch_of, emit, machine  # noqa: E402
 from bench_row_error import RowProbe, cut, key_term, near_share  # noqa: E402
 
 BOUNDS = {"contribution": ("present", "quad", "quad_w"),
+          "value_weighted_normalized": ("present", "quad", "quad_w"),
           "contribution_layer": ("present", "within", "measured", "measured_within", "keyed")}
 REFINE_ROWS = 1 << 22    # rows x keys x dh of the refined scores computed at a time
 
@@ -69,9 +76,9 @@ def bound_models(metric: str, x, lam_w, kernel):
     from attngeom.extract.measurement.geometry import vecdot
 
     lam, q = x.lam, x.spread                                        # q = sqrt(sum alpha^2 ||v~||^2)
-    if metric == "contribution":
+    if metric in ("contribution", "value_weighted_normalized"):
         _, norm, mass = x.head_output                               # ||o||, sum alpha ||v~||
-        return {"present": lam * (1 + mass / norm), "quad": kernel.relative,
+        return {"present": lam * (1 + mass / norm), "quad": lam_w + lam * q / norm,
                 "quad_w": lam_w * (1 + q / norm)}
     B, H, T, _ = x.alpha.shape
     zf = (x.alpha @ x.vf).transpose(1, 2).reshape(B, T, -1)         # z_i (B, T, H dh)
@@ -123,12 +130,14 @@ class BoundProbe(RowProbe):
         models = bound_models(self.metric, x, lam_w, kernel)             # (B, H, T) each
         exact = metric_scores(self.metric, a64, vf, a64 @ vf, proj64)
         err = (fast.double() - exact).abs()
-        size = fast.double().abs() + key_term(self.metric, a64, vf, proj64)
+        normal = exact.abs() >= torch.finfo(torch.float32).tiny    # below: the absolute floor
+        term = key_term(self.metric, a64, vf, proj64)
+        size = fast.double().abs() + (0.0 if term is None else term)
         u = torch.finfo(torch.float32).eps / 2
         o = self.out.setdefault(self.metric, {"ratio": {m: [] for m in models}, "rows": {}})
         for m, model in models.items():
             b = (model.double()[..., None] * u * size).clamp_min(1e-300)
-            o["ratio"][m].append(float(torch.where(allowed, err / b, 0).max()))
+            o["ratio"][m].append(float(torch.where(allowed & normal, err / b, 0).max()))
         if self.metric == "contribution_layer":
             o["ratio"].setdefault("refined", []).append(
                 refined_ratio(call, bound.refine, exact, allowed))
@@ -181,7 +190,8 @@ def main(argv=None) -> int:
     p.add_argument("--layers", default=None, help="comma-separated layers (default: every one)")
     p.add_argument("--units", default=None,
                    help="each bound's unit for the near rows (contribution: present, quad, "
-                        "quad_w, default 10,13,15; contribution_layer: present, within, "
+                        "quad_w, default 10,13,15; value_weighted_normalized: the same, "
+                        "16,34,45; contribution_layer: present, within, "
                         "measured, measured_within, keyed, default 10,10,12,12,12)")
     a = p.parse_args(argv)
     emit({"bench": "contribution_bound", "section": "machine", **machine()})
@@ -199,7 +209,8 @@ def main(argv=None) -> int:
     with torch.inference_mode(), attention_handler(model, probe), watching(probe):
         model(**batch, use_cache=False)
     bounds = BOUNDS[a.metric]
-    given = a.units or ("10,13,15" if a.metric == "contribution" else "10,10,12,12,12")
+    given = a.units or {"contribution": "10,13,15", "value_weighted_normalized": "16,34,45"
+                        }.get(a.metric, "10,10,12,12,12")
     o, units = probe.out[a.metric], dict(zip(bounds, map(float, given.split(","))))
     near = {mode: {m: share(o["rows"][mode], m, units[m]) for m in bounds}
             for mode in o["rows"]}

@@ -139,10 +139,14 @@ def fast_value_weighted(x: FastLayer, unit: float) -> tuple[Tensor, ErrorBound]:
 
 
 def fast_value_weighted_normalized(x: FastLayer, unit: float) -> tuple[Tensor, ErrorBound]:
-    """alpha ||v~|| / ||o||; error u Lambda (1 + kappa) |score|."""
-    _, output_norm, mass = x.head_output
+    """alpha ||v~|| / ||o||; error u (Lambda_w + Lambda q / ||o||) |score|, contribution's
+    model (:func:`fast_contribution`): the softmax normaliser's rounding scales alpha's row and
+    o alike and cancels, so that scores of different heads compare within it (query and token
+    granularity, where each row's bound is its heads' largest)."""
+    _, output_norm, _ = x.head_output
     torch.mul(x.alpha, x.value_norm[:, :, None, :], out=x.out).div_(output_norm[..., None])
-    rel = unit * x.lam * (1 + mass / output_norm)
+    lam_w = within_scale(x.lam, x.alpha.shape[-1])
+    rel = unit * (lam_w + x.lam * x.spread / output_norm)
     return _finite_(x.out, output_norm), ErrorBound(finite(rel))
 
 

@@ -353,7 +353,7 @@ def select(score: Tensor, eligible: Tensor | Candidates, fraction: float, mode: 
         rel = error.magnitude
     if granularity == "head" and error is not None and error.within is not None:
         rel = torch.minimum(error.within, rel)             # a row is one head's
-    absolute = None if error is None else error.absolute
+    absolute = None if error is None else _floored(error.absolute, error.relative, score.dtype)
     root = None if error is None else error.root
     if rel is not None and granularity != "head":
         rel = rel.amax(1)                                  # rows mix heads: the largest bound
@@ -377,6 +377,16 @@ def select(score: Tensor, eligible: Tensor | Candidates, fraction: float, mode: 
     if keep:
         return chosen.view(B, 1, T, Tk)
     return chosen.view(B, 1, T, Tk) & eligible.expand(B, H, T, Tk)
+
+
+def _floored(absolute: Tensor | None, relative: Tensor, dtype: torch.dtype) -> Tensor:
+    """The absolute bound, at least the dtype's smallest normal number: a score below it is
+    subnormal (an attention weight that underflowed, times a few factors), its error a few
+    steps of 2^-149 in float32 whatever its size, which no bound relative to |score| covers."""
+    tiny = torch.finfo(dtype).tiny
+    if absolute is None:
+        return torch.full_like(relative, tiny)
+    return absolute.clamp_min(tiny)
 
 
 def _given(score: Tensor) -> Exact:

@@ -208,6 +208,30 @@ def test_near_ties_at_the_float32_margin_are_decided_in_float64(granularity, nea
     assert wrong > 0                          # float32 alone gets these rows wrong
 
 
+def test_subnormal_scores_are_decided_in_float64():
+    """Two attention weights that underflowed to subnormals (float32 steps of 2^-149 = 1.4e-45)
+    round apart the wrong way: 2.05e-45 up to two steps, 2.08e-45 down to one. Their error is
+    40 %, far outside any bound relative to |score|; the absolute floor makes the row near."""
+    s64 = torch.tensor([0.4, 0.3, 0.2, 0.1, 2.05e-45, 2.08e-45, 0.05, 0.01],
+                       dtype=torch.float64).view(1, 1, 1, 8)
+    s32 = s64.float()
+    s32[..., 4], s32[..., 5] = 2 * 2.0 ** -149, 2.0 ** -149
+    eligible = torch.ones(1, 1, 1, 8, dtype=torch.bool)
+    error = ErrorBound(torch.full((1, 1, 1), 1e-6))
+
+    def exact(b, i, h, keys):
+        return selection.take(s64[b, :, i] if h is None else s64[b, h, i], keys)
+
+    for p, mode in ((0.125, "sufficiency"), (0.875, "comprehensiveness")):
+        want = numpy_rule(s64, eligible, p, mode, "signed", "head")
+        assert want[..., 4].all() != want[..., 5].all()             # the cut between the two
+        for granularity in ("head", "query"):
+            got = select(s32.clone(), eligible, p, mode, "signed", granularity, error, exact)
+            assert np.array_equal(got.numpy(), want), (mode, granularity)
+        plain = select(s32, eligible, p, mode, "signed", "head")
+        assert not np.array_equal(plain.numpy(), want)              # float32 alone: wrong
+
+
 # ------------------------------------------------------------------------------ on a model
 @functools.lru_cache(maxsize=None)
 def _layers(arch: str = "llama"):
