@@ -236,8 +236,8 @@ def _keys(score: Tensor, c: Candidates, rank: str, granularity: str, fill: float
         key = torch.mul(score[:, 0], e)                                # (B, T, Tk)
         key = key.abs_() if rank == "magnitude" else key
         return fill_disallowed_(key, e, fill), torch.count_nonzero(e, -1)
-    if granularity == "token":
-        key = torch.mul(score, eligible).sum(1)                        # (B, T, Tk)
+    if granularity == "token":           # a mask shared by the heads: no (B, H, T, Tk) product
+        key = score.sum(1) if eligible.shape[1] == 1 else torch.mul(score, eligible).sum(1)
         key = key.abs_() if rank == "magnitude" else key
         e = eligible.any(1)
         return fill_disallowed_(key, e, fill), torch.count_nonzero(e, -1)
