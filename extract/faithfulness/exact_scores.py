@@ -25,8 +25,10 @@ class Rows64:
     alpha (P, M, Tk) clean attention of M queries of P (sequence, head) pairs (or (B, H, T, Tk)
     for a whole layer); v (P, Tk, dh) the pairs' values, vt their transpose (contiguous), or
     v a function returning both (vt None), called when a metric first reads them;
-    gram (P, dh, dh) G_h of each pair's head (or broadcastable); value_norm: a function
-    returning ||v~_j^h|| (P, Tk); z: the head outputs before W_O when the caller has them;
+    gram (P, dh, dh) G_h of each pair's head (or broadcastable); value_norm: a function of
+    these rows returning ||v~_j^h|| (P, Tk) (given the rows, it need not hold them: a closure
+    over them would make a reference cycle, which keeps a layer's float64 rows and inputs
+    until Python's cycle collector runs); z: the head outputs before W_O when the caller has them;
     where: (b, h, i) the sequence, head and query of each row, broadcastable to alpha's
     leading shape, and context the layer's :class:`~.context.LayerContext` (a metric that
     ``needs`` ``position``: random). keys (P, M, K): the keys whose scores are asked for (the
@@ -37,7 +39,7 @@ class Rows64:
 
     def __init__(self, alpha: Tensor, v: Tensor | Callable[[], tuple[Tensor, Tensor]],
                  vt: Tensor | None, gram: Tensor,
-                 value_norm: Callable[[], Tensor], z: Tensor | None = None,
+                 value_norm: Callable[["Rows64"], Tensor], z: Tensor | None = None,
                  where: tuple[Tensor, Tensor, Tensor] | None = None, context=None,
                  keys: Tensor | None = None):
         self.alpha, self.gram = alpha, gram
@@ -71,7 +73,7 @@ class Rows64:
 
     def value_norm(self) -> Tensor:
         """||v~_j^h|| (P, Tk)."""
-        return self._value_norm()
+        return self._value_norm(self)
 
     def output(self) -> tuple[Tensor, Tensor]:
         """z_i G_h (P, M, dh) and ||o_i^h|| (P, M)."""

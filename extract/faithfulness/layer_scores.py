@@ -96,7 +96,7 @@ def metric_scores(metric: str, alpha: Tensor, vf: Tensor, z: Tensor, proj: Proje
     at = lambda n: torch.arange(n, device=alpha.device)                 # noqa: E731
     where = (at(B)[:, None, None], at(H)[None, :, None], at(T)[None, None, :])
     rows = Rows64(alpha, vf, vf.transpose(-1, -2), proj.gram[None],
-                  lambda: value_norms(vf, proj.gram), z, where, context)
+                  lambda _: value_norms(vf, proj.gram), z, where, context)
     return kernel(rows)
 
 
@@ -193,7 +193,7 @@ class ExactScores:
                             self.scale, self.softcap, sinks)                    # (P, M, Tk)
         gram = None if self.proj is None else self.proj.gram[h]
         rows = Rows64(alpha, lambda: (self.take(v, b, g), self.take(vt, b, g)), None, gram,
-                      lambda: self._norms(b, h, rows.v), where=(b[:, None], h[:, None], i),
+                      lambda r: self._norms(b, h, r.v), where=(b[:, None], h[:, None], i),
                       context=self.context, keys=keys if self.entry.builtin else None)
         return self._at(self.kernel(rows), keys)                # v: (P, Tk, dh) if read
 
