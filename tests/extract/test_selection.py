@@ -6,9 +6,9 @@
   way round are decided from the float64 scores (and without them the result is wrong, so the
   test can fail), also when the near rows are decided a few at a time.
 - The float64 rows recomputed for near rows have the same bits as the full computation and are
-  freed with their layer (no reference cycle); the
-  float32 scores stay within their error bound (the signed ones: relative to |score| plus the
-  size of the term, alpha ||v~|| / ||o||); shared scratch tensors change nothing.
+  freed with their layer (no reference cycle); the float32 scores stay within their error bound
+  (the signed ones: relative to |score| plus the size of the term, alpha ||v~|| / ||o||);
+  subnormal scores at the cut are decided in float64; shared scratch tensors change nothing.
 """
 
 from __future__ import annotations
