@@ -78,7 +78,7 @@ def bound_models(metric: str, x, lam_w, kernel):
     lam, q = x.lam, x.spread                                        # q = sqrt(sum alpha^2 ||v~||^2)
     if metric in ("contribution", "value_weighted_normalized"):
         _, norm, mass = x.head_output                               # ||o||, sum alpha ||v~||
-        return {"present": lam * (1 + mass / norm), "quad": lam_w + lam * q / norm,
+        return {"present": lam * (1 + mass / norm), "quad": kernel.relative,
                 "quad_w": lam_w * (1 + q / norm)}
     B, H, T, _ = x.alpha.shape
     zf = (x.alpha @ x.vf).transpose(1, 2).reshape(B, T, -1)         # z_i (B, T, H dh)
