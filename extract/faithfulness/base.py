@@ -9,6 +9,12 @@ Every contraction over a query's vector in float64 is a product in blocks of row
 row's float64 scores are the same whether it is computed alone or with every other row: a
 float64 tie (e.g. c = 1 at every head of a query that sees one key) is then broken by position
 the same way in the fast path, in the tests and whatever the batch.
+
+A float64 row's products over keys (its logits, its output z = alpha v, its dot products with
+the values) run over the row's leading keys only: one past its last key that counts, rounded up
+to a multiple of :data:`WIDTH_STEP` (:func:`widths`). A function of the row alone, like
+:func:`rowmm`'s blocking, so every path still gives a row the same bits; under a causal mask
+the near rows of a removal pass then multiply about half the keys they did.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ Tensor = torch.Tensor
 PAD = 8                  # rowmm pads K and N to multiples of this (8 float64: 64 bytes)
 ROWS = 24                # rows per block of rowmm: one BLAS product of one shape each
 SERIAL = 1 << 21         # rowmm's products under this many multiply-adds run on one thread
+WIDTH_STEP = 512         # a float64 row's products run over a multiple of this many keys
 
 
 def finite(x: Tensor) -> Tensor:
@@ -157,21 +164,85 @@ def _padded(x: Tensor, rows: int) -> Tensor:
     return x
 
 
-def logits64(q: Tensor, k: Tensor, scale: float, softcap: float | None) -> Tensor:
+def widths(x: Tensor) -> Tensor:
+    """How many leading keys each float64 row's products run over, for x (..., N) >= 0 (the
+    row's attention, or its allowed keys, bool): one past its last nonzero entry rounded up
+    to a multiple of :data:`WIDTH_STEP`, at least one step and at most N; (...,) int32. Read
+    from each block of WIDTH_STEP entries' largest (one reduction, no (..., N) temporary)."""
+    N, S = x.shape[-1], WIDTH_STEP
+    y = x.view(torch.uint8) if x.dtype == torch.bool else x
+    full = N // S
+    parts = [y[..., :full * S].unflatten(-1, (full, S)).amax(-1)] if full else []
+    if N % S:
+        parts.append(y[..., full * S:].amax(-1, keepdim=True))
+    block = torch.arange(1, -(-N // S) + 1, dtype=torch.int32, device=x.device)
+    last = torch.mul(torch.cat(parts, -1) > 0, block).amax(-1)         # last nonzero block
+    return (last.clamp_min(1) * S).clamp_max(N)
+
+
+def rowmm_within(a: Tensor, b: Tensor, width: Tensor, inner: bool) -> Tensor:
+    """:func:`rowmm` with row r of a multiplied by b's leading ``width[r]`` columns (``inner``
+    False: the output's columns past it are 0) or rows (``inner`` True: the sum over a's first
+    ``width[r]`` columns, the rest being 0). a (..., M, K), b (..., K, N), width (..., M)
+    (:func:`widths`), broadcastable in the leading dims.
+
+    The rows of one width are multiplied together, each sequence's padded to the largest
+    count with repeats of its first (a row's bits do not depend on the rows beside it)."""
+    (M, K), N = a.shape[-2:], b.shape[-1]
+    if bool((width == (K if inner else N)).all()):                   # every row: every key
+        return rowmm(a, b)
+    lead = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2], width.shape[:-1])
+    a = a.expand(*lead, M, K).reshape(-1, M, K)                          # (L, M, K)
+    b = b.expand(*lead, K, N).reshape(-1, K, N)                          # (L, K, N)
+    width = width.expand(*lead, M).reshape(-1, M)                        # (L, M)
+    out = a.new_zeros(a.shape[0], M, N)
+    for w in width.unique().tolist():
+        seq, row = (width == w).nonzero(as_tuple=True)                 # by sequence, then row
+        seqs, which, count = torch.unique_consecutive(seq, return_inverse=True,
+                                                      return_counts=True)
+        start = count.cumsum(0) - count
+        slot = torch.arange(len(seq), device=seq.device) - start[which]
+        index = row[start][:, None].repeat(1, int(count.max()))
+        index[which, slot] = row                                       # (S, m) rows
+        if inner:                                  # (S, m, w) @ (S, w, N), copies of those
+            part = rowmm(a[seqs[:, None], index, :w], b[seqs, :w])
+            out[seq, row] = part[which, slot]
+        else:                                      # (S, m, K) @ (S, K, w)
+            part = rowmm(a[seqs[:, None], index], b[seqs, :, :w])
+            out[seq, row, :w] = part[which, slot]
+    return out.view(*lead, M, N)
+
+
+def exact_z(alpha: Tensor, v: Tensor, width: Tensor | None = None) -> Tensor:
+    """z = alpha v (..., M, dh) in float64 for alpha (..., M, Tk) and values v (..., Tk, dh),
+    each row's sum over its keys up to its width (``width``, else :func:`widths` of alpha, as
+    every caller computes it)."""
+    if width is None:
+        width = widths(alpha)
+    return rowmm_within(alpha, v, width, inner=True)
+
+
+def logits64(q: Tensor, k: Tensor, scale: float, softcap: float | None,
+             width: Tensor | None = None) -> Tensor:
     """Attention logits (..., Tq, Tk) in float64, row by row (scaled and capped in place:
-    at long contexts a fresh (rows, Tk) float64 tensor costs as much as the pass over it)."""
-    s = rowmm(q.double(), k.double().transpose(-1, -2)).mul_(scale)
+    at long contexts a fresh (rows, Tk) float64 tensor costs as much as the pass over it);
+    with ``width`` (..., Tq) only each row's leading keys (:func:`rowmm_within`, 0 past them)."""
+    kt = k.double().transpose(-1, -2)
+    s = rowmm(q.double(), kt) if width is None else \
+        rowmm_within(q.double(), kt, width, inner=False)
+    s = s.mul_(scale)
     return s if softcap is None else s.div_(softcap).tanh_().mul_(softcap)
 
 
 def exact_alpha(q: Tensor, k: Tensor, allowed: Tensor, scale: float, softcap: float | None,
                 sinks: Tensor | None = None) -> Tensor:
-    """Float64 attention (..., Tq, Tk) of query rows q over keys k (per query head).
+    """Float64 attention (..., Tq, Tk) of query rows q over keys k (per query head), each
+    row's logits over its allowed keys' width (:func:`widths`).
 
     ``sinks``: learned sink logits broadcastable to (..., Tq), or None; the sink joins the
     softmax as a virtual key with no value (its weight is left out of alpha).
     """
-    logits = logits64(q, k, scale, softcap)
+    logits = logits64(q, k, scale, softcap, widths(allowed))
     if sinks is None:
         return softmax_masked(logits, allowed, inplace=True)
     logits = logits.masked_fill(~allowed, float("-inf"))

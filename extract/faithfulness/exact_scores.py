@@ -9,12 +9,13 @@ whole layer (``metric_scores``) or for the rows the float32 scores leave open
 
 from __future__ import annotations
 
+from functools import cached_property
 from typing import Callable
 
 import torch
 
 from ..measurement.geometry import vecdot
-from .base import finite, rowmm
+from .base import exact_z, finite, rowmm, rowmm_within, widths
 
 Tensor = torch.Tensor
 
@@ -75,10 +76,15 @@ class Rows64:
         """||v~_j^h|| (P, Tk)."""
         return self._value_norm(self)
 
+    @cached_property
+    def width(self) -> Tensor:
+        """(P, M) how many leading keys each row's products run over (:func:`~.base.widths`)."""
+        return widths(self.alpha)
+
     def output(self) -> tuple[Tensor, Tensor]:
         """z_i G_h (P, M, dh) and ||o_i^h|| (P, M)."""
         if self._output is None:
-            z = rowmm(self.alpha, self.v) if self._z is None else self._z
+            z = exact_z(self.alpha, self.v, self.width) if self._z is None else self._z
             zg = rowmm(z, self.gram)
             self._output = zg, vecdot(zg, z).clamp_min(0).sqrt()
         return self._output
@@ -106,7 +112,8 @@ def exact_contribution(x: Rows64) -> Tensor:
     <o_i^h, v~_j^h> is computed for the row's every key even when a few are asked for: a
     column's bits in a matrix product depend on the columns beside it (:func:`~.base.rowmm`)."""
     zg, output_norm = x.output()
-    return finite(x.at(x.alpha) * x.at(rowmm(zg, x.vt)) / output_norm.square()[..., None])
+    dot = rowmm_within(zg, x.vt, x.width, inner=False)                 # 0 past a row's width
+    return finite(x.at(x.alpha) * x.at(dot) / output_norm.square()[..., None])
 
 
 def exact_contribution_layer(alpha: Tensor, dot: Tensor, norm_sq: Tensor) -> Tensor:

@@ -18,7 +18,8 @@ import torch
 from attngeom.common import metrics
 
 from ..measurement.geometry import Projection
-from .base import exact_alpha, key_norms, rowmm, value_norms
+from .base import (exact_alpha, exact_z, key_norms, rowmm, rowmm_within, value_norms,
+                   widths)
 from .exact_scores import Rows64
 from .field_scores import TokenRows64
 from .kernels import kernels
@@ -92,7 +93,8 @@ def metric_scores(metric: str, alpha: Tensor, vf: Tensor, z: Tensor, proj: Proje
         o = rowmm(z.transpose(1, 2).reshape(B, T, H * dh), proj.weight)   # (B, T, d)
         u = rowmm(o, proj.transposed()).reshape(B, T, H, dh).transpose(1, 2)  # o_i (W_O^h)^T
         layer_sq = o.square().sum(-1)[:, None, :, None]                    # ||o_i||^2
-        return kernel(alpha, rowmm(u, vf.transpose(-1, -2)), layer_sq)
+        width = widths(alpha)
+        return kernel(alpha, rowmm_within(u, vf.transpose(-1, -2), width, inner=False), layer_sq)
     at = lambda n: torch.arange(n, device=alpha.device)                 # noqa: E731
     where = (at(B)[:, None, None], at(H)[None, :, None], at(T)[None, None, :])
     rows = Rows64(alpha, vf, vf.transpose(-1, -2), proj.gram[None],
@@ -247,13 +249,15 @@ class ExactScores:
         sinks = None if self.sinks is None else by_kv(self.sinks[b][:, query])
         alpha = exact_alpha(by_kv(self.q[b][:, query]), kt.mT, allowed, self.scale,
                             self.softcap, sinks)                        # (G, rep * mq, Tk)
-        z = rowmm(alpha, v).reshape(H, mq, -1)                            # (H, mq, dh)
+        width = widths(alpha)                                           # (G, rep * mq)
+        z = exact_z(alpha, v, width).reshape(H, mq, -1)                   # (H, mq, dh)
         o = rowmm(z.transpose(0, 1).reshape(mq, -1), self.proj.weight)  # (mq, d)
         layer_sq = o.square().sum(-1)                                   # ||o_i||^2 (mq,)
         u = rowmm(o, self.proj.transposed()).reshape(mq, H, -1).transpose(0, 1)  # o_i W_O^T
-        alpha = alpha.reshape(H, mq, -1)
+        alpha, width = alpha.reshape(H, mq, -1), width.reshape(H, mq)
         if h is None:
-            c = rowmm(u.reshape(G, -1, u.shape[-1]), vt).reshape(H, mq, -1)  # <o_i, v~_j^h>
+            c = rowmm_within(u.reshape(G, -1, u.shape[-1]), vt, width.reshape(G, -1),
+                             inner=False).reshape(H, mq, -1)             # <o_i, v~_j^h>
             if keys is not None:
                 k3 = keys.expand(H, *keys.shape)
                 alpha, c = alpha.gather(-1, k3), c.gather(-1, k3)
@@ -262,7 +266,7 @@ class ExactScores:
         for g in (h // self.rep).unique().tolist():     # only the rows asked for, by kv head
             rows = (h // self.rep == g).nonzero()[:, 0]
             hh, at = h[rows], where[rows]
-            a, c = alpha[hh, at], rowmm(u[hh, at], vt[g])               # (r, Tk)
+            a, c = alpha[hh, at], rowmm_within(u[hh, at], vt[g], width[hh, at], inner=False)
             if keys is not None:
                 a, c = a.gather(-1, keys[rows]), c.gather(-1, keys[rows])
             out[rows] = self.kernel(a, c, layer_sq[at, None])

@@ -16,7 +16,7 @@ import tolerance as tol
 import user_metric
 from store_helpers import score_size
 from attngeom.cli import main as cli_main
-from attngeom.extract.faithfulness.base import rowmm
+from attngeom.extract.faithfulness.base import exact_z
 from attngeom.extract.faithfulness.layer_scores import fast_scores, metric_scores
 from attngeom.extract.faithfulness.experiment import plan_notes, ranking_plan
 from attngeom.extract.faithfulness.removal_scores import logit_scale
@@ -68,7 +68,7 @@ def test_every_entry_matches_the_reference_in_float64_and_float32(metric):
     proj = Projection(weight=w_o.double(), gram=(w_o.double().view(H, -1, w_o.shape[1])
                                                  @ w_o.double().view(H, -1, w_o.shape[1]).mT),
                       full=w_o.double() @ w_o.double().T)
-    exact = metric_scores(metric, alpha, vf.double(), rowmm(alpha, vf.double()), proj)
+    exact = metric_scores(metric, alpha, vf.double(), exact_z(alpha, vf.double()), proj)
     want = _reference(metric, alpha, vf.double(), w_o.double())
     # the chain from alpha and v: attention_terms of this layer, sizes 2 alpha ||v~|| / ||o||
     B, H, T, dh = q.shape

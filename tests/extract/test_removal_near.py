@@ -29,7 +29,7 @@ from test_selection import METRICS, _eligible, _layers, numpy_rule
 from test_value_zeroing import _FastAndExact
 
 from attngeom.extract.faithfulness import selection
-from attngeom.extract.faithfulness.base import exact_alpha, rowmm
+from attngeom.extract.faithfulness.base import exact_alpha, exact_z, rowmm
 from attngeom.extract.faithfulness.interventions import GRANULARITIES, MODES, RANKS, watching
 from attngeom.extract.faithfulness.layer_scores import ExactScores, fast_scores, metric_scores
 from attngeom.extract.faithfulness.near import open_candidates
@@ -243,7 +243,7 @@ def _layer_cases(metric):
         B, H, T, dh = q.shape
         kf, vf = k.repeat_interleave(H // k.shape[1], 1), v.repeat_interleave(H // k.shape[1], 1)
         alpha64 = exact_alpha(q, kf, allowed, scale, softcap)
-        z = rowmm(alpha64, vf.double())
+        z = exact_z(alpha64, vf.double())
         full = metric_scores(metric, alpha64, vf.double(), z, proj)
         p32 = type(proj)(weight=proj.weight.float(), gram=proj.gram.float(),
                          full=proj.full.float())
@@ -437,7 +437,7 @@ def test_refined_scores_decide_near_rows_like_the_full_rerank():
         kf, vf = k.repeat_interleave(H // k.shape[1], 1), v.repeat_interleave(H // k.shape[1], 1)
         alpha64 = exact_alpha(q, kf, allowed, scale, softcap)
         full = metric_scores("contribution_layer", alpha64, vf.double(),
-                             rowmm(alpha64, vf.double()), proj)
+                             exact_z(alpha64, vf.double()), proj)
         alpha = attention_weights(q, k, allowed, scale, softcap, torch.float32)
         p32 = type(proj)(weight=proj.weight.float(), gram=proj.gram.float(),
                          full=proj.full.float())

@@ -30,7 +30,8 @@ from attngeom.extract.measurement.hooks import attention_handler
 from attngeom.extract.faithfulness.interventions import (GRANULARITIES, MODES, RANKS,
                                                          Intervener, Removal, forward_logits)
 from attngeom.extract.faithfulness.dense import attention_weights
-from attngeom.extract.faithfulness.base import exact_alpha, logits64, rowmm
+from attngeom.extract.faithfulness import base
+from attngeom.extract.faithfulness.base import exact_alpha, exact_z, logits64, rowmm
 from attngeom.extract.faithfulness.context import LayerContext
 from attngeom.extract.faithfulness.layer_scores import ExactScores, fast_scores, metric_scores
 from attngeom.extract.faithfulness.removal_scores import logit_scale
@@ -256,14 +257,18 @@ def _layers(arch: str = "llama"):
     return model, inputs, seen
 
 
+@pytest.mark.parametrize("step", [512, 4])
 @pytest.mark.parametrize("metric", METRICS)
-def test_recomputed_rows_have_the_bits_of_the_full_computation(metric):
+def test_recomputed_rows_have_the_bits_of_the_full_computation(metric, step, monkeypatch):
+    """ExactScores' rows are the whole layer's, bit for bit; with a width step of 4 keys each
+    row's products run over its own leading keys (several widths in one product)."""
+    monkeypatch.setattr(base, "WIDTH_STEP", step)
     _, _, seen = _layers()
     for proj, q, k, v, allowed, scale, softcap in seen:
         B, H, T, _ = q.shape
         kf, vf = k.repeat_interleave(H // k.shape[1], 1), v.repeat_interleave(H // k.shape[1], 1)
         alpha = exact_alpha(q, kf, allowed, scale, softcap)
-        full = metric_scores(metric, alpha, vf.double(), rowmm(alpha, vf.double()), proj)
+        full = metric_scores(metric, alpha, vf.double(), exact_z(alpha, vf.double()), proj)
         rows = ExactScores(metric, q, k, v, allowed, scale, softcap, proj)
         b, i = torch.tensor([1, 0, 1, 0]), torch.tensor([0, 5, 11, 7])
         h = torch.tensor([3, 0, 1, 2])
@@ -347,6 +352,29 @@ def test_a_row_product_has_the_same_bits_in_any_batch_of_products(K, N):
         torch.set_num_threads(threads)
 
 
+@pytest.mark.parametrize("inner", [False, True])
+def test_a_row_within_its_width_has_the_bits_of_its_own_product(inner, monkeypatch):
+    """rowmm_within: each row (of 3 x 2 sequences, broadcast b, widths 4 to 70 in steps of 16)
+    has the bits of rowmm of that row alone over b's leading width columns (or terms of the
+    sum), and 0 past them."""
+    monkeypatch.setattr(base, "WIDTH_STEP", 16)
+    g = torch.Generator().manual_seed(5)
+    K, N = (70, 8) if inner else (8, 70)
+    a = torch.randn(3, 2, 50, K, dtype=torch.float64, generator=g)
+    b = torch.randn(3, 1, K, N, dtype=torch.float64, generator=g)
+    last = torch.randint(0, 71, (3, 2, 50, 1), generator=g)             # one past the last key
+    width = base.widths(torch.arange(70) < last)
+    assert torch.equal(width.long(), ((last[..., 0].clamp_min(1) + 15) // 16 * 16).clamp(max=70))
+    assert len(width.unique()) == 5                                # 16, 32, 48, 64, 70
+    got = base.rowmm_within(a, b, width, inner)
+    for s, h, r in torch.cartesian_prod(torch.arange(3), torch.arange(2), torch.arange(50)):
+        w = int(width[s, h, r])
+        want = rowmm(a[s, h, r:r + 1, :w], b[s, 0, :w]) if inner else \
+            rowmm(a[s, h, r:r + 1], b[s, 0, :, :w])
+        assert torch.equal(got[s, h, r, :want.shape[1]], want[0])
+        assert inner or bool((got[s, h, r, w:] == 0).all())
+
+
 @pytest.mark.parametrize("metric", METRICS)
 def test_fast_scores_stay_within_their_bound(metric):
     _, _, seen = _layers()
@@ -355,7 +383,7 @@ def test_fast_scores_stay_within_their_bound(metric):
         alpha64 = exact_alpha(q, k.repeat_interleave(H // k.shape[1], 1), allowed, scale,
                               softcap)
         vf = v.repeat_interleave(H // k.shape[1], 1).double()
-        want = metric_scores(metric, alpha64, vf, rowmm(alpha64, vf), proj)
+        want = metric_scores(metric, alpha64, vf, exact_z(alpha64, vf), proj)
         alpha = attention_weights(q, k, allowed, scale, softcap, torch.float32)
         p32 = type(proj)(weight=proj.weight.float(), gram=proj.gram.float(),
                          full=proj.full.float())
@@ -364,10 +392,10 @@ def test_fast_scores_stay_within_their_bound(metric):
         size = got.double().abs()
         if metric == "contribution":             # signed: relative to |score| + the term's size
             size = size + metric_scores("value_weighted_normalized", alpha64, vf,
-                                        rowmm(alpha64, vf), proj)
+                                        exact_z(alpha64, vf), proj)
         elif metric == "contribution_layer":
             B, _, T, dh = q.shape
-            o = rowmm(rowmm(alpha64, vf).transpose(1, 2).reshape(B, T, H * dh), proj.weight)
+            o = rowmm(exact_z(alpha64, vf).transpose(1, 2).reshape(B, T, H * dh), proj.weight)
             size = size + metric_scores("value_weighted", alpha64, vf, None, proj) / \
                 o.norm(dim=-1)[:, None, :, None]
         bound = error.relative[..., None].double() * size
