@@ -186,12 +186,8 @@ class Intervener:
         if kept.shape[1] == 1 and eligible.shape[1] > 1:
             removed = (kept == 0) & eligible                             # (B, H, T, Tk)
             has, own = removed.any(-1), removed[..., :T].diagonal(dim1=2, dim2=3)
-        elif kept.stride(-1) == 1:               # one pass over the factor, and its diagonal
+        else:                                    # one pass over the factor, and its diagonal
             has = kept.amin(-1) == 0                                     # (B, 1|H, T)
-            own = kept[..., :T].diagonal(dim1=2, dim2=3) == 0
-        else:        # query granularity: a view of (B, T, Tk, H), reduced in that order
-            Tk = kept.shape[-1]          # a count of 0/1 values below 2^24: exact in float32
-            has = kept.permute(0, 2, 3, 1).sum(2).transpose(1, 2) < Tk   # (B, H, T)
             own = kept[..., :T].diagonal(dim1=2, dim2=3) == 0
         counts = torch.stack([has.sum((1, 2)), own.sum((1, 2))], 1).double()
         self.self_counts = counts if self.self_counts is None else self.self_counts + counts

@@ -80,21 +80,23 @@ def error_size(s: Tensor, relative: Tensor | None, absolute: Tensor | None,
 
 def open_candidates(key: Tensor, rows: Tensor, hi: Tensor, lo: Tensor, m: Tensor,
                     relative: Tensor | None, absolute: Tensor | None, root: Tensor | None,
-                    step: int, width: Tensor | None = None) -> Band:
+                    step: int, width: Tensor | None = None, segments: int = 1) -> Band:
     """The open candidates of the near ``rows`` (see the module docstring), about ``step`` rows
     at a time, in order of width (the band keeps the rows' order: a query's rows of one head
     together, as :class:`~.layer_scores.ExactScores` computes them); key (R, N) the float32
     ranking keys (ineligible ones infinite), hi, lo, m (R,) the cut, the bounds (R,) or None,
-    and width (R,) how many leading columns can hold an eligible candidate (None: N). The
+    and width (R,) how many leading columns can hold an eligible candidate (None: N), of
+    each of the row's ``segments`` (equal parts: a query's heads' rows) if more than one. The
     intervals are computed in the keys' dtype, as the near rows are found (their ends'
     rounding is far inside a bound fitted at ten times the largest error seen)."""
     order = None if width is None else torch.argsort(width[rows], stable=True)
     by_width = rows if order is None else rows[order]
+    S = key.shape[1] // segments
     parts, need = [], []
     for start in range(0, len(rows), step):
         r = by_width[start:start + step]
-        w = key.shape[1] if width is None else max(1, int(width[r].max()))
-        s = key[r, :w]                                                   # (c, w)
+        w = S if width is None else max(1, int(width[r].max()))
+        s = key.view(len(key), segments, S)[r, :, :w].reshape(len(r), -1)   # (c, segments w)
         bound = [None if t is None else t[r] for t in (relative, absolute, root)]
         if root is None:                                 # the ends monotone in s~: thresholds
             t0, t1 = reach(hi[r], lo[r], *bound[:2])
@@ -103,7 +105,7 @@ def open_candidates(key: Tensor, rows: Tensor, hi: Tensor, lo: Tensor, m: Tensor
         else:
             above, is_open = _scanned(s, hi[r], lo[r], *bound)
         row, col = is_open.nonzero(as_tuple=True)
-        parts.append((row + start, col))
+        parts.append((row + start, col // w * S + col % w))            # the row's columns
         need.append(m[r] - above.sum(-1))
     if not parts:
         empty = rows.new_zeros(0)

@@ -1,8 +1,8 @@
 """Which keys a removal takes: the n_remove top- or bottom-ranked candidates of each ranking row.
 
 The rule. A *ranking row* is one (head, query) at ``head`` granularity, and one query at
-``query`` (its (key, head) pairs, key-major) and ``token`` granularity (keys scored by the
-head-summed score, removed from every head). Its eligible candidates are ranked by score,
+``query`` (its (key, head) pairs, laid out head by head: H segments of Tk columns) and
+``token`` granularity (keys scored by the head-summed score, removed from every head). Its eligible candidates are ranked by score,
 higher first, ties to the lower position (key, then head); ``n_remove = floor(p * n + 0.5)``
 of the n eligible; comprehensiveness removes the first n_remove, sufficiency the last n_remove.
 :func:`stable_select` is that rule written as a stable sort: the reference, and what decides
@@ -133,23 +133,27 @@ class Cut:
 
 def find_cut(key: Tensor, n: Tensor, k: Tensor, mode: str, relative: Tensor | None = None,
              work: Workspace | None = None, width: Tensor | None = None,
-             absolute: Tensor | None = None, root: Tensor | None = None) -> Cut:
+             absolute: Tensor | None = None, root: Tensor | None = None,
+             segments: int = 1) -> Cut:
     """Each row's :class:`Cut`, from the values at two ranks of each row (parameters: see
     :func:`threshold_select`)."""
     R, N = key.shape
+    S = N // segments
     comp = mode == "comprehensiveness"
     m = k if comp else n - k                                           # candidates above the cut
     hi, lo = key.new_zeros(R), key.new_zeros(R)
-    groups = [(None, N)] if width is None else width_groups(width, N)
+    groups = [(None, S)] if width is None else width_groups(width, S)
     for rows, w in groups:
-        shape = (R if rows is None else len(rows), w)
+        shape = (R if rows is None else len(rows), w * segments)
         part = key.new_empty(shape) if work is None else work.get("sorted", shape, key.dtype,
                                                                   key.device)
         if rows is None:
             part.copy_(key)
-        else:
-            torch.index_select(key[:, :w], 0, rows, out=part)
+        else:                                        # each segment's leading w columns
+            torch.index_select(key.view(R, segments, S)[..., :w], 0, rows,
+                               out=part.view(len(rows), segments, w))
         rows = slice(None) if rows is None else rows
+        w = w * segments
         top = w if comp else n[rows]                 # sorted index just past the highest eligible
         at = (top - m[rows])[:, None]
         upper, lower = at.clamp(0, w - 1), (at - 1).clamp(0, w - 1)
@@ -186,7 +190,7 @@ def threshold_select(key: Tensor, n: Tensor, k: Tensor, mode: str,
                      relative: Tensor | None = None, work: Workspace | None = None,
                      keep: bool = False, width: Tensor | None = None,
                      overwrite: bool = False, absolute: Tensor | None = None,
-                     root: Tensor | None = None) -> tuple[Tensor, Tensor]:
+                     root: Tensor | None = None, segments: int = 1) -> tuple[Tensor, Tensor]:
     """Chosen candidates (R, N) bool and near rows (R,) bool, from one sort of the values.
 
     Parameters
@@ -199,11 +203,12 @@ def threshold_select(key: Tensor, n: Tensor, k: Tensor, mode: str,
         removes the chosen terms from alpha (a float comparison and product take about half
         the time of a bool one each);
     width : (R,) int, every eligible candidate of a row lies in its first ``width`` columns
-        (None: N); only those are sorted (see :func:`width_groups`);
+        (None: N), of each of its ``segments`` (equal parts of the row) if more than one;
+        only those are sorted (see :func:`width_groups`);
     overwrite : with ``keep``, the factor is written over ``key`` (no (R, N) buffer more: the
         removal pass's peak memory at long contexts).
     """
-    cut = find_cut(key, n, k, mode, relative, work, width, absolute, root)
+    cut = find_cut(key, n, k, mode, relative, work, width, absolute, root, segments)
     return apply_cut(key, cut, mode, keep, work, overwrite), cut.near
 
 
@@ -220,17 +225,17 @@ def _keys(score: Tensor, c: Candidates, rank: str, granularity: str, fill: float
         if rank == "magnitude":
             key.abs_()
         return key.add_(c.fill(fill, key.dtype)), count.expand(B, H, T)
-    if granularity == "query":            # one strided pass into the key-major order
-        shape = (B, T, Tk, H)
+    if granularity == "query":            # a query's heads' rows side by side: runs of Tk
+        shape = (B, T, H, Tk)
         key = torch.empty(shape, dtype=score.dtype, device=score.device) if work is None \
             else work.get("key", shape, score.dtype, score.device)
-        by_key = score.permute(0, 2, 3, 1)
-        bias = c.fill(fill, score.dtype).permute(0, 2, 3, 1)
+        by_query = score.transpose(1, 2)
+        bias = c.fill(fill, score.dtype).transpose(1, 2)
         if rank == "magnitude":
-            torch.abs(by_key, out=key).add_(bias)
+            torch.abs(by_query, out=key).add_(bias)
         else:
-            torch.add(by_key, bias, out=key)
-        return key.view(B, T, Tk * H), count.sum(1) if count.shape[1] > 1 else count[:, 0] * H
+            torch.add(by_query, bias, out=key)
+        return key.view(B, T, H * Tk), count.sum(1) if count.shape[1] > 1 else count[:, 0] * H
     if granularity == "token" and H == 1:                              # heads combined already
         e = eligible.any(1)
         key = torch.mul(score[:, 0], e)                                # (B, T, Tk)
@@ -245,12 +250,14 @@ def _keys(score: Tensor, c: Candidates, rank: str, granularity: str, fill: float
 
 
 def _widths(c: Candidates, granularity: str, H: int) -> Tensor:
-    """(rows,) how many leading candidates of each ranking row can be eligible."""
-    last = c.last if granularity == "head" else Candidates(c.mask.any(1, keepdim=True)).last
+    """(rows,) how many leading candidates of each ranking row (of each head's segment of a
+    query's row at query granularity) can be eligible."""
+    shared = granularity == "head" or c.mask.shape[1] == 1             # c's own (made once)
+    last = c.last if shared else Candidates(c.mask.any(1, keepdim=True)).last
     B, _, T = last.shape                                               # 0: none eligible
     if granularity == "head":
         return last.expand(B, H, T).reshape(-1)
-    return last.reshape(-1) * (H if granularity == "query" else 1)
+    return last.reshape(-1)
 
 
 def _exact_keys(exact: Exact, idx: Tensor, cols: Tensor, e: Tensor, rank: str,
@@ -262,9 +269,9 @@ def _exact_keys(exact: Exact, idx: Tensor, cols: Tensor, e: Tensor, rank: str,
         s = exact(b, i, h, cols)                                        # (n, K)
         return s.abs() if rank == "magnitude" else s
     b, i = idx // T, idx % T
-    if granularity == "query":            # candidate j * H + h: only the heads of open ones
+    if granularity == "query":            # candidate h * Tk + j: only the heads of open ones
         n, K = cols.shape
-        pair, key = torch.arange(n, device=cols.device)[:, None] * H + cols % H, cols // H
+        pair, key = torch.arange(n, device=cols.device)[:, None] * H + cols // Tk, cols % Tk
         pairs, which = torch.unique(pair, return_inverse=True)          # (U,), (n, K)
         r, h = pairs // H, pairs % H       # asked head by head: many queries per float64 block
         order = torch.argsort((b[r] * H + h) * T + i[r], stable=True)
@@ -294,7 +301,7 @@ def _decide(chosen: Tensor, band: Band, exact: Exact, e: Tensor, rank: str, gran
     scores (:mod:`.near`), ``step`` rows at a time (by query where ``exact`` computes every
     head of a query at once: its ``layer_scope``); first, with ``refine`` (head granularity),
     from their refined scores where those settle the row."""
-    comp, (B, H, T, _) = mode == "comprehensiveness", e.shape
+    comp, (B, H, T, Tk) = mode == "comprehensiveness", e.shape
     order = torch.arange(len(band.rows), device=band.rows.device)
     if granularity == "head" and getattr(exact, "layer_scope", False):
         order = torch.argsort(band.rows // (H * T) * T + band.rows % T, stable=True)  # b T + i
@@ -303,6 +310,8 @@ def _decide(chosen: Tensor, band: Band, exact: Exact, e: Tensor, rank: str, gran
         cols, real = padded(band, at)
         if not real.any():
             continue
+        if granularity == "query":                 # ties go to the lower key, then head
+            cols, real = _key_major(cols, real, Tk, H)
         idx, need = band.rows[at], band.need[at]
         top = torch.zeros_like(real)
         ask = torch.ones(len(idx), dtype=torch.bool, device=idx.device)
@@ -361,11 +370,12 @@ def select(score: Tensor, eligible: Tensor | Candidates, fraction: float, mode: 
         root = None if root is None else root.amax(1)
     flat, k = key.reshape(-1, N), n_remove(n, fraction).reshape(-1)
     bound = [None if t is None else t.reshape(-1) for t in (rel, absolute, root)]
-    width = _widths(c, granularity, H)
-    cut = find_cut(flat, n.reshape(-1), k, mode, bound[0], work, width, bound[1], bound[2])
+    width, segments = _widths(c, granularity, H), H if granularity == "query" else 1
+    cut = find_cut(flat, n.reshape(-1), k, mode, bound[0], work, width, bound[1], bound[2],
+                   segments)
     step = max(1, NEAR_CHUNK // N)        # the near rows' copies bounded, not (n, N)
     band = open_candidates(flat, cut.near.nonzero()[:, 0], cut.hi, cut.lo, cut.m, *bound,
-                           step, width)          # before the factor is written over the keys
+                           step, width, segments)   # before the factor is written over the keys
     chosen = apply_cut(flat, cut, mode, keep, work, overwrite=True)
     refine = None if error is None or granularity != "head" else error.refine
     _decide(chosen, band, exact, eligible.expand(B, H, T, Tk), rank, granularity, mode, keep,
@@ -373,10 +383,17 @@ def select(score: Tensor, eligible: Tensor | Candidates, fraction: float, mode: 
     if granularity == "head":
         return chosen.view(B, H, T, Tk)
     if granularity == "query":
-        return chosen.view(B, T, Tk, H).permute(0, 3, 1, 2)
+        return chosen.view(B, T, H, Tk).transpose(1, 2)
     if keep:
         return chosen.view(B, 1, T, Tk)
     return chosen.view(B, 1, T, Tk) & eligible.expand(B, H, T, Tk)
+
+
+def _key_major(cols: Tensor, real: Tensor, Tk: int, H: int) -> tuple[Tensor, Tensor]:
+    """A query row's open candidates (c, K), columns h * Tk + j, in the rule's order: by key
+    j, then head h (the padding last)."""
+    order = torch.where(real, cols % Tk * H + cols // Tk, H * Tk).argsort(dim=-1, stable=True)
+    return cols.gather(-1, order), real.gather(-1, order)
 
 
 def _floored(absolute: Tensor | None, relative: Tensor, dtype: torch.dtype) -> Tensor:
