@@ -197,6 +197,11 @@ def rowmm_within(a: Tensor, b: Tensor, width: Tensor, inner: bool) -> Tensor:
     width = width.expand(*lead, M).reshape(-1, M)                        # (L, M)
     out = a.new_zeros(a.shape[0], M, N)
     for w in width.unique().tolist():
+        if bool((width == w).all()):               # one width: no rows gathered
+            if inner:
+                return rowmm(a[..., :w], b[:, :w]).view(*lead, M, N)
+            out[..., :w] = rowmm(a, b[..., :w])
+            break
         seq, row = (width == w).nonzero(as_tuple=True)                 # by sequence, then row
         seqs, which, count = torch.unique_consecutive(seq, return_inverse=True,
                                                       return_counts=True)

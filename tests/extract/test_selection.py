@@ -354,9 +354,9 @@ def test_a_row_product_has_the_same_bits_in_any_batch_of_products(K, N):
 
 @pytest.mark.parametrize("inner", [False, True])
 def test_a_row_within_its_width_has_the_bits_of_its_own_product(inner, monkeypatch):
-    """rowmm_within: each row (of 3 x 2 sequences, broadcast b, widths 4 to 70 in steps of 16)
-    has the bits of rowmm of that row alone over b's leading width columns (or terms of the
-    sum), and 0 past them."""
+    """rowmm_within: each row (of 3 x 2 sequences, broadcast b, widths 16 to 70 in steps of 16,
+    or 32 for every row) has the bits of rowmm of that row alone over b's leading width
+    columns (or terms of the sum), and 0 past them."""
     monkeypatch.setattr(base, "WIDTH_STEP", 16)
     g = torch.Generator().manual_seed(5)
     K, N = (70, 8) if inner else (8, 70)
@@ -366,13 +366,14 @@ def test_a_row_within_its_width_has_the_bits_of_its_own_product(inner, monkeypat
     width = base.widths(torch.arange(70) < last)
     assert torch.equal(width.long(), ((last[..., 0].clamp_min(1) + 15) // 16 * 16).clamp(max=70))
     assert len(width.unique()) == 5                                # 16, 32, 48, 64, 70
-    got = base.rowmm_within(a, b, width, inner)
-    for s, h, r in torch.cartesian_prod(torch.arange(3), torch.arange(2), torch.arange(50)):
-        w = int(width[s, h, r])
-        want = rowmm(a[s, h, r:r + 1, :w], b[s, 0, :w]) if inner else \
-            rowmm(a[s, h, r:r + 1], b[s, 0, :, :w])
-        assert torch.equal(got[s, h, r, :want.shape[1]], want[0])
-        assert inner or bool((got[s, h, r, w:] == 0).all())
+    for width in (width, torch.full_like(width, 32)):             # and one width for all
+        got = base.rowmm_within(a, b, width, inner)
+        for s, h, r in torch.cartesian_prod(torch.arange(3), torch.arange(2), torch.arange(50)):
+            w = int(width[s, h, r])
+            want = rowmm(a[s, h, r:r + 1, :w], b[s, 0, :w]) if inner else \
+                rowmm(a[s, h, r:r + 1], b[s, 0, :, :w])
+            assert torch.equal(got[s, h, r, :want.shape[1]], want[0])
+            assert inner or bool((got[s, h, r, w:] == 0).all())
 
 
 @pytest.mark.parametrize("metric", METRICS)
