@@ -2,9 +2,10 @@
 
 The rule. A *ranking row* is one (head, query) at ``head`` granularity, and one query at
 ``query`` (its (key, head) pairs, laid out head by head: H segments of Tk columns) and
-``token`` granularity (keys scored by the head-summed score, removed from every head). Its eligible candidates are ranked by score,
-higher first, ties to the lower position (key, then head); ``n_remove = floor(p * n + 0.5)``
-of the n eligible; comprehensiveness removes the first n_remove, sufficiency the last n_remove.
+``token`` granularity (keys scored by the head-summed score, removed from every head). Its
+eligible candidates are ranked by score, higher first, ties to the lower position (key, then
+head); ``n_remove = floor(p * n + 0.5)`` of the n eligible; comprehensiveness removes the
+first n_remove, sufficiency the last n_remove.
 :func:`stable_select` is that rule written as a stable sort: the reference, and what decides
 the near rows below.
 
