@@ -109,8 +109,9 @@ def exact_value_weighted_normalized(x: Rows64) -> Tensor:
 def exact_contribution(x: Rows64) -> Tensor:
     """c_ij^h = alpha_ij^h <o_i^h, v~_j^h> / ||o_i^h||^2.
 
-    <o_i^h, v~_j^h> is computed for the row's every key even when a few are asked for: a
-    column's bits in a matrix product depend on the columns beside it (:func:`~.base.rowmm`)."""
+    <o_i^h, v~_j^h> is computed for every key within the row's width even when a few are
+    asked for: a column's bits in a matrix product depend on the columns beside it
+    (:func:`~.base.rowmm`, :func:`~.base.rowmm_within`)."""
     zg, output_norm = x.output()
     dot = rowmm_within(zg, x.vt, x.width, inner=False)                 # 0 past a row's width
     return finite(x.at(x.alpha) * x.at(dot) / output_norm.square()[..., None])

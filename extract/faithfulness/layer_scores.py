@@ -235,8 +235,9 @@ class ExactScores:
                     keys: Tensor | None = None) -> Tensor:
         """A layer-scope metric in sequence b (metric_scores' steps): every head at queries i (m,),
         (H, m, Tk); or the rows (i, h), (m, Tk), each query's heads' outputs computed once;
-        at ``keys`` (m, K) only: (H, m, K) or (m, K) (the dot products of every key computed,
-        as a product's columns' bits depend on each other, :func:`~.base.rowmm`).
+        at ``keys`` (m, K) only: (H, m, K) or (m, K) (the dot products of every key within a
+        row's width computed, as a product's columns' bits depend on each other,
+        :func:`~.base.rowmm_within`).
 
         The query heads that read one kv head are stacked ((G, rep * mq, ...)), as in
         :func:`_grouped`, so that keys and values are never repeated per head."""
