@@ -32,11 +32,10 @@ from attngeom.common.errors import Refusal
 
 from ..measurement.geometry import fill_disallowed_
 from .masks import Candidates
-from .near import Band, Exact, Refine, above_cut, open_candidates, padded, settled, take
+from .near import NEAR_CHUNK, Exact, Refine, decide, decision_step, open_candidates, take
 from .sorting import sort_ranks_
 
 Tensor = torch.Tensor
-NEAR_CHUNK = 1 << 20     # near rows x candidates decided at a time (float64: 8 MiB a tensor)
 
 
 @dataclass(frozen=True)
@@ -261,73 +260,6 @@ def _widths(c: Candidates, granularity: str, H: int) -> Tensor:
     return last.reshape(-1)
 
 
-def _exact_keys(exact: Exact, idx: Tensor, cols: Tensor, e: Tensor, rank: str,
-                granularity: str) -> Tensor:
-    """Exact keys (n, K) of the near rows ``idx`` (row indices) at candidates ``cols`` (n, K)."""
-    B, H, T, Tk = e.shape
-    if granularity == "head":
-        b, h, i = idx // (H * T), idx // T % H, idx % T
-        s = exact(b, i, h, cols)                                        # (n, K)
-        return s.abs() if rank == "magnitude" else s
-    b, i = idx // T, idx % T
-    if granularity == "query":            # candidate h * Tk + j: only the heads of open ones
-        n, K = cols.shape
-        pair, key = torch.arange(n, device=cols.device)[:, None] * H + cols // Tk, cols % Tk
-        pairs, which = torch.unique(pair, return_inverse=True)          # (U,), (n, K)
-        r, h = pairs // H, pairs % H       # asked head by head: many queries per float64 block
-        order = torch.argsort((b[r] * H + h) * T + i[r], stable=True)
-        got = exact(b[r[order]], i[r[order]], h[order], key[r[order]])     # (U, K) in order
-        s = torch.empty_like(got).index_copy_(0, order, got)
-        s = s[which, torch.arange(K, device=cols.device)]
-        return s.abs() if rank == "magnitude" else s
-    s = exact(b, i, None, cols)                                         # (n, H, K)
-    s = s.masked_fill(~take(e[b, :, i], cols), 0.0).sum(1)
-    return s.abs() if rank == "magnitude" else s
-
-
-def _decision_step(band: Band, N: int, heads: int) -> int:
-    """Near rows decided at a time, at least one: NEAR_CHUNK entries of a head's row of keys
-    (N / heads; ``heads``: H at query granularity, else 1), or of their open candidates'
-    float64 scores, one row per head a candidate may be of, if wider. At query granularity a
-    row is H heads' rows of keys, but its float64 work is only that of its open candidates'
-    heads (the kernels chunk it): steps of NEAR_CHUNK / N rows would leave a few queries per
-    (head, query) block of the float64 products."""
-    widest = int(torch.bincount(band.row).max()) if len(band.row) else 1
-    return max(1, NEAR_CHUNK // max(N // heads, widest * heads))
-
-
-def _decide(chosen: Tensor, band: Band, exact: Exact, e: Tensor, rank: str, granularity: str,
-            mode: str, keep: bool, step: int, refine: Refine | None = None) -> None:
-    """Write the near rows' open candidates into ``chosen`` (R, N), decided from their exact
-    scores (:mod:`.near`), ``step`` rows at a time (by query where ``exact`` computes every
-    head of a query at once: its ``layer_scope``); first, with ``refine`` (head granularity),
-    from their refined scores where those settle the row."""
-    comp, (B, H, T, Tk) = mode == "comprehensiveness", e.shape
-    order = torch.arange(len(band.rows), device=band.rows.device)
-    if granularity == "head" and getattr(exact, "layer_scope", False):
-        order = torch.argsort(band.rows // (H * T) * T + band.rows % T, stable=True)  # b T + i
-    for lo in range(0, len(band.rows), step):
-        at = order[lo:lo + step]
-        cols, real = padded(band, at)
-        if not real.any():
-            continue
-        if granularity == "query":                 # ties go to the lower key, then head
-            cols, real = _key_major(cols, real, Tk, H)
-        idx, need = band.rows[at], band.need[at]
-        top = torch.zeros_like(real)
-        ask = torch.ones(len(idx), dtype=torch.bool, device=idx.device)
-        if refine is not None:
-            t, bound = refine(idx // (H * T), idx % T, idx // T % H, cols)
-            done, above = settled(t.abs() if rank == "magnitude" else t, bound, real, need)
-            top[done], ask = above[done], ~done
-        if ask.any():
-            top[ask] = above_cut(_exact_keys(exact, idx[ask], cols[ask], e, rank, granularity),
-                                 real[ask], need[ask])
-        removed = top if comp else ~top
-        value = removed.logical_not().to(chosen.dtype) if keep else removed
-        chosen[idx[:, None].expand_as(cols)[real], cols[real]] = value[real]
-
-
 def select(score: Tensor, eligible: Tensor | Candidates, fraction: float, mode: str,
            rank: str = "signed",
            granularity: str = "head", error: ErrorBound | None = None,
@@ -379,8 +311,8 @@ def select(score: Tensor, eligible: Tensor | Candidates, fraction: float, mode: 
                            step, width, segments)   # before the factor is written over the keys
     chosen = apply_cut(flat, cut, mode, keep, work, overwrite=True)
     refine = None if error is None or granularity != "head" else error.refine
-    _decide(chosen, band, exact, eligible.expand(B, H, T, Tk), rank, granularity, mode, keep,
-            _decision_step(band, N, N // Tk), refine)
+    decide(chosen, band, exact, eligible.expand(B, H, T, Tk), rank, granularity, mode, keep,
+            decision_step(band, N, N // Tk), refine)
     if granularity == "head":
         return chosen.view(B, H, T, Tk)
     if granularity == "query":
@@ -388,13 +320,6 @@ def select(score: Tensor, eligible: Tensor | Candidates, fraction: float, mode: 
     if keep:
         return chosen.view(B, 1, T, Tk)
     return chosen.view(B, 1, T, Tk) & eligible.expand(B, H, T, Tk)
-
-
-def _key_major(cols: Tensor, real: Tensor, Tk: int, H: int) -> tuple[Tensor, Tensor]:
-    """A query row's open candidates (c, K), columns h * Tk + j, in the rule's order: by key
-    j, then head h (the padding last)."""
-    order = torch.where(real, cols % Tk * H + cols // Tk, H * Tk).argsort(dim=-1, stable=True)
-    return cols.gather(-1, order), real.gather(-1, order)
 
 
 def _floored(absolute: Tensor | None, relative: Tensor, dtype: torch.dtype) -> Tensor:

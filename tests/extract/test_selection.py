@@ -35,7 +35,7 @@ from attngeom.extract.faithfulness.base import exact_alpha, exact_z, logits64, r
 from attngeom.extract.faithfulness.context import LayerContext
 from attngeom.extract.faithfulness.layer_scores import ExactScores, fast_scores, metric_scores
 from attngeom.extract.faithfulness.removal_scores import logit_scale
-from attngeom.extract.faithfulness import selection, sorting
+from attngeom.extract.faithfulness import near, selection, sorting
 from attngeom.extract.faithfulness.selection import (ErrorBound, Workspace, n_remove, select,
                                         threshold_select, width_groups)
 
@@ -182,7 +182,8 @@ def test_near_ties_at_the_float32_margin_are_decided_in_float64(granularity, nea
                                                                  monkeypatch):
     """(near_chunk 1: the near rows decided one at a time, as at long contexts.)"""
     if near_chunk is not None:
-        monkeypatch.setattr(selection, "NEAR_CHUNK", near_chunk)
+        monkeypatch.setattr(selection, "NEAR_CHUNK", near_chunk)        # copies of near rows
+        monkeypatch.setattr(near, "NEAR_CHUNK", near_chunk)             # rows decided at a time
     B, H, T = 2, 3, 12
     eligible = _eligible(B, H, T)
     s64, s32 = _near_tie_scores(B, H, T, positive=granularity == "token", seed=1)
