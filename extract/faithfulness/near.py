@@ -81,7 +81,8 @@ def error_size(s: Tensor, relative: Tensor | None, absolute: Tensor | None,
 
 def open_candidates(key: Tensor, rows: Tensor, hi: Tensor, lo: Tensor, m: Tensor,
                     relative: Tensor | None, absolute: Tensor | None, root: Tensor | None,
-                    step: int, width: Tensor | None = None, segments: int = 1) -> Band:
+                    step: int, width: Tensor | None = None, segments: int = 1,
+                    own: tuple[Tensor, Tensor | None] | None = None) -> Band:
     """The open candidates of the near ``rows`` (see the module docstring), about ``step`` rows
     at a time, in order of width (the band keeps the rows' order: a query's rows of one head
     together, as :class:`~.layer_scores.ExactScores` computes them); key (R, N) the float32
@@ -89,7 +90,12 @@ def open_candidates(key: Tensor, rows: Tensor, hi: Tensor, lo: Tensor, m: Tensor
     and width (R,) how many leading columns can hold an eligible candidate (None: N), of
     each of the row's ``segments`` (equal parts: a query's heads' rows) if more than one. The
     intervals are computed in the keys' dtype, as the near rows are found (their ends'
-    rounding is far inside a bound fitted at ten times the largest error seen)."""
+    rounding is far inside a bound fitted at ten times the largest error seen).
+
+    ``own``: each segment's own relative and absolute bound (R, segments) (a query's heads'),
+    of which the row's bounds are the largest: the candidates the row's bounds open are
+    decided again with their own (:func:`own_bounds`), and a row left with none leaves the band.
+    """
     order = None if width is None else torch.argsort(width[rows], stable=True)
     by_width = rows if order is None else rows[order]
     S = key.shape[1] // segments
@@ -106,8 +112,13 @@ def open_candidates(key: Tensor, rows: Tensor, hi: Tensor, lo: Tensor, m: Tensor
         else:
             above, is_open = _scanned(s, hi[r], lo[r], *bound)
         row, col = is_open.nonzero(as_tuple=True)
+        above = above.sum(-1)
+        if own is not None:
+            kept, more = own_bounds(s, row, col, w, t0, t1, hi[r], lo[r],
+                                    *(None if t is None else t[r] for t in own))
+            row, col, above = row[kept], col[kept], above + more
         parts.append((row + start, col // w * S + col % w))            # the row's columns
-        need.append(m[r] - above.sum(-1))
+        need.append(m[r] - above)
     if not parts:
         empty = rows.new_zeros(0)
         return Band(rows, empty, empty, empty)
@@ -116,7 +127,42 @@ def open_candidates(key: Tensor, rows: Tensor, hi: Tensor, lo: Tensor, m: Tensor
         row, need = order[row], need.clone().scatter_(0, order, need)
         at = torch.argsort(row * key.shape[1] + col)
         row, col = row[at], col[at]
+    if own is not None:                                  # rows left with no open candidate
+        kept = torch.bincount(row, minlength=len(rows)) > 0
+        row, rows, need = (torch.cumsum(kept, 0) - 1)[row], rows[kept], need[kept]
     return Band(rows, row, col, need)
+
+
+def own_bounds(s: Tensor, row: Tensor, col: Tensor, w: int, t0: Tensor, t1: Tensor,
+               hi: Tensor, lo: Tensor, relative: Tensor, absolute: Tensor | None
+               ) -> tuple[Tensor, Tensor]:
+    """The open candidates (row, col) of rows s (c, segments w), found with each row's largest
+    bound (thresholds t0, t1 (c,)), decided again with their segments' own bounds (c,
+    segments): which stay open (P,) bool, and how many more of each row are above the cut (c,).
+
+    X is the largest U_j of the candidates <= lo, Y the smallest L_j of those >= hi, each
+    interval its segment's: of the candidates here exactly, of those below t0 (above t1) at
+    most U (at least L) of t0 (t1) at the segment's bound (U, L increase with s~). Those
+    bounds lie below Y's smallest value (above X's largest), which the row's bounds give at t0
+    (t1), so the row is near iff the candidates here overlap, and every candidate these
+    thresholds open the row's open too. The ends are computed in float64, widened by 2^-40 of
+    their size (their rounding is near 2^-52); a row with a bound that is not finite keeps
+    every candidate open."""
+    c = len(s)
+    seg, v = col // w, s[row, col].double()
+    rel, err = relative.double(), 0.0 if absolute is None else absolute.double()
+    bad = ~torch.as_tensor(rel + err).isfinite().all(-1)                 # (c,)
+    rel_j, err_j = rel[row, seg], 0.0 if absolute is None else err[row, seg]
+    up, low = v + rel_j * v.abs() + err_j, v - rel_j * v.abs() - err_j
+    f0, f1 = t0.double()[:, None], t1.double()[:, None]
+    x = (f0 + rel * f0.abs() + err).amax(-1).scatter_reduce(
+        0, row[v <= lo.double()[row]], up[v <= lo.double()[row]], "amax")
+    y = (f1 - rel * f1.abs() - err).amin(-1).scatter_reduce(
+        0, row[v >= hi.double()[row]], low[v >= hi.double()[row]], "amin")
+    x, y = x[row], y[row]
+    slack = 2.0 ** -40 * (v.abs() + x.abs() + y.abs())
+    above = (low > x + slack) & ~bad[row]
+    return ~above & ((up >= y - slack) | bad[row]), torch.bincount(row[above], minlength=c)
 
 
 def reach(hi: Tensor, lo: Tensor, relative: Tensor | None, absolute: Tensor | None

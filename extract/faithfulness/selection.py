@@ -297,6 +297,10 @@ def select(score: Tensor, eligible: Tensor | Candidates, fraction: float, mode: 
         rel = torch.minimum(error.within, rel)             # a row is one head's
     absolute = None if error is None else _floored(error.absolute, error.relative, score.dtype)
     root = None if error is None else error.root
+    own = None                                             # each head's bound, at query
+    if rel is not None and granularity == "query" and root is None:   # granularity
+        own = tuple(None if t is None else t.expand(B, H, T).transpose(1, 2).reshape(-1, H)
+                    for t in (rel, absolute))
     if rel is not None and granularity != "head":
         rel = rel.amax(1)                                  # rows mix heads: the largest bound
         absolute = None if absolute is None else absolute.amax(1)
@@ -308,7 +312,7 @@ def select(score: Tensor, eligible: Tensor | Candidates, fraction: float, mode: 
                    segments)
     step = max(1, NEAR_CHUNK // N)        # the near rows' copies bounded, not (n, N)
     band = open_candidates(flat, cut.near.nonzero()[:, 0], cut.hi, cut.lo, cut.m, *bound,
-                           step, width, segments)   # before the factor is written over the keys
+                           step, width, segments, own)   # before the factor is written over
     chosen = apply_cut(flat, cut, mode, keep, work, overwrite=True)
     refine = None if error is None or granularity != "head" else error.refine
     decide(chosen, band, exact, eligible.expand(B, H, T, Tk), rank, granularity, mode, keep,

@@ -303,6 +303,52 @@ def test_thresholds_open_what_the_intervals_definition_opens(mode):
     assert bool((band.need[5:] <= m[5:] - above[5:].sum(-1) + extra[5:].sum(-1)).all())
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_each_segments_own_bound_opens_what_its_intervals_open(mode):
+    """Rows of 3 segments (a query's heads), each with its own relative and absolute bound: the
+    open candidates are every one the definition opens (X the largest U_j of the candidates
+    <= lo, Y the smallest L_j of those >= hi, each interval its segment's, in float64 over the
+    row), a few more within 2^-20 of X or Y at most, and a row whose intervals no longer
+    overlap leaves the band; its need is the count above the cut's as the definition says."""
+    gen = torch.Generator().manual_seed(5)
+    R, G, S = 300, 3, 40
+    N = G * S
+    s = torch.randn(R, N, generator=gen) * 10 ** torch.randint(-2, 2, (R, 1), generator=gen)
+    s[1::2] = (1 + 1e-3 * torch.randn(len(s[1::2]), N, generator=gen)) * s[1::2, :1]  # packed
+    n = torch.full((R,), N)
+    real = torch.rand(R, N, generator=gen) < 0.9
+    key = s.masked_fill(~real, -torch.inf if mode == "comprehensiveness" else torch.inf)
+    m = torch.randint(1, 10**6, (R,), generator=gen) % (real.sum(-1) - 1) + 1
+    desc = key.masked_fill(~real, -torch.inf).sort(-1, descending=True).values
+    hi, lo = desc.gather(-1, m[:, None] - 1)[:, 0], desc.gather(-1, m[:, None])[:, 0]
+    rel = 10.0 ** -torch.randint(3, 7, (R, G), generator=gen).float()
+    absolute = torch.rand(R, G, generator=gen) * 1e-4 * (torch.rand(R, G, generator=gen) < 0.3)
+    rel[:4, 1] = torch.inf                                           # a bound not finite
+    rows = torch.arange(R)
+    band = open_candidates(key, rows, hi, lo, m, rel.amax(-1), absolute.amax(-1), None, 64,
+                           None, G, (rel, absolute))
+    got = torch.zeros(R, N, dtype=torch.bool)
+    got[band.rows[band.row], band.col] = True
+    e = (rel.double().repeat_interleave(S, -1) * s.double().abs() +
+         absolute.double().repeat_interleave(S, -1))
+    low, high = s.double() - e, s.double() + e
+    x = high.masked_fill(~(real & (s <= lo[:, None])), -np.inf).amax(-1)
+    y = low.masked_fill(~(real & (s >= hi[:, None])), np.inf).amin(-1)
+    above = real & (low > x[:, None])
+    want = real & ~above & (high >= y[:, None])
+    assert (want[4:] & ~got[4:]).sum() == 0 and bool(got[:4][real[:4]].all())
+    extra = got & ~want
+    edge = torch.minimum((low - x[:, None]).abs(), (high - y[:, None]).abs())
+    tol = 2.0 ** -20 * (s.double().abs() + e + x.abs()[:, None] + y.abs()[:, None])
+    assert bool((edge <= tol)[4:][extra[4:]].all())
+    assert torch.equal(band.rows, rows[got.any(-1)])
+    near = band.rows[band.rows >= 4]
+    assert 0 < len(near) < R - 4 and want[4:].any(-1).sum() == len(near)   # rows leave
+    need = dict(zip(band.rows.tolist(), band.need.tolist()))
+    for r in near.tolist():
+        assert need[r] == int(m[r] - above[r].sum()), r
+
+
 @pytest.mark.parametrize("metric", METRICS)
 def test_exact_scores_at_open_keys_have_the_bits_of_the_full_rows(metric):
     for *_, full, rows, _ in _layer_cases(metric):
