@@ -180,74 +180,84 @@ def widths(x: Tensor) -> Tensor:
     return (last.clamp_min(1) * S).clamp_max(N)
 
 
-def rowmm_within(a: Tensor, b: Tensor, width: Tensor, inner: bool) -> Tensor:
+def rowmm_within(a: Tensor, b: Tensor, width: Tensor, inner: bool,
+                 index: Tensor | None = None) -> Tensor:
     """:func:`rowmm` with row r of a multiplied by b's leading ``width[r]`` columns (``inner``
     False: the output's columns past it are 0) or rows (``inner`` True: the sum over a's first
     ``width[r]`` columns, the rest being 0). a (..., M, K), b (..., K, N), width (..., M)
-    (:func:`widths`), broadcastable in the leading dims.
+    (:func:`widths`), broadcastable in the leading dims; with ``index`` (L,), a (L, M, K)
+    and b (G, K, N) blocks of which a's l-th multiplies b[index[l]] (no (L, K, N) copy).
 
     The rows of one width are multiplied together, each sequence's padded to the largest
     count with repeats of its first (a row's bits do not depend on the rows beside it)."""
     (M, K), N = a.shape[-2:], b.shape[-1]
     if bool((width == (K if inner else N)).all()):                   # every row: every key
-        return rowmm(a, b)
-    lead = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2], width.shape[:-1])
-    a = a.expand(*lead, M, K).reshape(-1, M, K)                          # (L, M, K)
-    b = b.expand(*lead, K, N).reshape(-1, K, N)                          # (L, K, N)
+        return rowmm(a, b if index is None else b[index])
+    if index is None:
+        lead = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2], width.shape[:-1])
+        a = a.expand(*lead, M, K).reshape(-1, M, K)                      # (L, M, K)
+        b = b.expand(*lead, K, N).reshape(-1, K, N)                      # (L, K, N)
+    else:
+        lead = a.shape[:-2]
+    block = (lambda s: s) if index is None else (lambda s: index[s])   # noqa: E731
+    every = slice(None) if index is None else index
     width = width.expand(*lead, M).reshape(-1, M)                        # (L, M)
     out = a.new_zeros(a.shape[0], M, N)
     for w in width.unique().tolist():
         if bool((width == w).all()):               # one width: no rows gathered
             if inner:
-                return rowmm(a[..., :w], b[:, :w]).view(*lead, M, N)
-            out[..., :w] = rowmm(a, b[..., :w])
+                return rowmm(a[..., :w], b[every, :w]).view(*lead, M, N)
+            out[..., :w] = rowmm(a, b[every, :, :w])
             break
         seq, row = (width == w).nonzero(as_tuple=True)                 # by sequence, then row
         seqs, which, count = torch.unique_consecutive(seq, return_inverse=True,
                                                       return_counts=True)
         start = count.cumsum(0) - count
         slot = torch.arange(len(seq), device=seq.device) - start[which]
-        index = row[start][:, None].repeat(1, int(count.max()))
-        index[which, slot] = row                                       # (S, m) rows
+        index_rows = row[start][:, None].repeat(1, int(count.max()))
+        index_rows[which, slot] = row                                  # (S, m) rows
         if inner:                                  # (S, m, w) @ (S, w, N), copies of those
-            part = rowmm(a[seqs[:, None], index, :w], b[seqs, :w])
+            part = rowmm(a[seqs[:, None], index_rows, :w], b[block(seqs), :w])
             out[seq, row] = part[which, slot]
         else:                                      # (S, m, K) @ (S, K, w)
-            part = rowmm(a[seqs[:, None], index], b[seqs, :, :w])
+            part = rowmm(a[seqs[:, None], index_rows], b[block(seqs), :, :w])
             out[seq, row, :w] = part[which, slot]
     return out.view(*lead, M, N)
 
 
-def exact_z(alpha: Tensor, v: Tensor, width: Tensor | None = None) -> Tensor:
+def exact_z(alpha: Tensor, v: Tensor, width: Tensor | None = None,
+            index: Tensor | None = None) -> Tensor:
     """z = alpha v (..., M, dh) in float64 for alpha (..., M, Tk) and values v (..., Tk, dh),
     each row's sum over its keys up to its width (``width``, else :func:`widths` of alpha, as
-    every caller computes it)."""
+    every caller computes it); ``index``: v's blocks by alpha's (:func:`rowmm_within`)."""
     if width is None:
         width = widths(alpha)
-    return rowmm_within(alpha, v, width, inner=True)
+    return rowmm_within(alpha, v, width, inner=True, index=index)
 
 
 def logits64(q: Tensor, k: Tensor, scale: float, softcap: float | None,
-             width: Tensor | None = None) -> Tensor:
+             width: Tensor | None = None, index: Tensor | None = None) -> Tensor:
     """Attention logits (..., Tq, Tk) in float64, row by row (scaled and capped in place:
     at long contexts a fresh (rows, Tk) float64 tensor costs as much as the pass over it);
-    with ``width`` (..., Tq) only each row's leading keys (:func:`rowmm_within`, 0 past them)."""
+    with ``width`` (..., Tq) only each row's leading keys (:func:`rowmm_within`, 0 past them;
+    ``index``: k's blocks by q's)."""
     kt = k.double().transpose(-1, -2)
     s = rowmm(q.double(), kt) if width is None else \
-        rowmm_within(q.double(), kt, width, inner=False)
+        rowmm_within(q.double(), kt, width, inner=False, index=index)
     s = s.mul_(scale)
     return s if softcap is None else s.div_(softcap).tanh_().mul_(softcap)
 
 
 def exact_alpha(q: Tensor, k: Tensor, allowed: Tensor, scale: float, softcap: float | None,
-                sinks: Tensor | None = None) -> Tensor:
+                sinks: Tensor | None = None, index: Tensor | None = None) -> Tensor:
     """Float64 attention (..., Tq, Tk) of query rows q over keys k (per query head), each
-    row's logits over its allowed keys' width (:func:`widths`).
+    row's logits over its allowed keys' width (:func:`widths`); with ``index`` (L,), q (L,
+    Tq, dh) and k (G, Tk, dh) blocks, q's l-th over k[index[l]] (:func:`rowmm_within`).
 
     ``sinks``: learned sink logits broadcastable to (..., Tq), or None; the sink joins the
     softmax as a virtual key with no value (its weight is left out of alpha).
     """
-    logits = logits64(q, k, scale, softcap, widths(allowed))
+    logits = logits64(q, k, scale, softcap, widths(allowed), index)
     if sinks is None:
         return softmax_masked(logits, allowed, inplace=True)
     logits = logits.masked_fill(~allowed, float("-inf"))

@@ -36,14 +36,17 @@ class Rows64:
     open candidates of near rows, :mod:`.near`), or None (every key); a built-in kernel
     computes the row-level quantities in full and its per-key terms at :meth:`at` only (the
     same bits as the full row's there), a plugin's is given None and its rows are gathered.
+    index (P,) or None: v and vt hold blocks (G, Tk, dh), (G, dh, Tk) of which pair p reads
+    the index[p]-th (the built-in kernels multiply them in place, :meth:`blocks`; :attr:`v`
+    gathers them).
     """
 
     def __init__(self, alpha: Tensor, v: Tensor | Callable[[], tuple[Tensor, Tensor]],
                  vt: Tensor | None, gram: Tensor,
                  value_norm: Callable[["Rows64"], Tensor], z: Tensor | None = None,
                  where: tuple[Tensor, Tensor, Tensor] | None = None, context=None,
-                 keys: Tensor | None = None):
-        self.alpha, self.gram = alpha, gram
+                 keys: Tensor | None = None, index: Tensor | None = None):
+        self.alpha, self.gram, self.index = alpha, gram, index
         self._values = (v, vt) if vt is not None else v
         self._value_norm, self._z, self._output = value_norm, z, None
         self.context, self.keys = context, keys
@@ -53,12 +56,18 @@ class Rows64:
     @property
     def v(self) -> Tensor:
         """The pairs' values (P, Tk, dh)."""
-        return self._fetched()[0]
+        v = self._fetched()[0]
+        return v if self.index is None else v[self.index]
 
     @property
     def vt(self) -> Tensor:
         """Their transpose (P, dh, Tk), contiguous."""
-        return self._fetched()[1]
+        vt = self._fetched()[1]
+        return vt if self.index is None else vt[self.index]
+
+    def blocks(self) -> tuple[Tensor, Tensor, Tensor | None]:
+        """v, vt and index as held (:func:`~.base.rowmm_within`'s operands)."""
+        return *self._fetched(), self.index
 
     def _fetched(self) -> tuple[Tensor, Tensor]:
         if callable(self._values):
@@ -84,7 +93,8 @@ class Rows64:
     def output(self) -> tuple[Tensor, Tensor]:
         """z_i G_h (P, M, dh) and ||o_i^h|| (P, M)."""
         if self._output is None:
-            z = exact_z(self.alpha, self.v, self.width) if self._z is None else self._z
+            v, _, index = self.blocks()
+            z = exact_z(self.alpha, v, self.width, index) if self._z is None else self._z
             zg = rowmm(z, self.gram)
             self._output = zg, vecdot(zg, z).clamp_min(0).sqrt()
         return self._output
@@ -113,7 +123,8 @@ def exact_contribution(x: Rows64) -> Tensor:
     asked for: a column's bits in a matrix product depend on the columns beside it
     (:func:`~.base.rowmm`, :func:`~.base.rowmm_within`)."""
     zg, output_norm = x.output()
-    dot = rowmm_within(zg, x.vt, x.width, inner=False)                 # 0 past a row's width
+    _, vt, index = x.blocks()
+    dot = rowmm_within(zg, vt, x.width, inner=False, index=index)      # 0 past a row's width
     return finite(x.at(x.alpha) * x.at(dot) / output_norm.square()[..., None])
 
 

@@ -141,11 +141,6 @@ class ExactScores:
             self._kv = (self.k.transpose(-1, -2).to(**f64), v, v.transpose(-1, -2).contiguous())
         return self._kv
 
-    def take(self, x: Tensor, b: Tensor, g: Tensor) -> Tensor:
-        """``x[b, g]`` for x (B, G, ...) contiguous and b, g (P,): whole blocks copied (advanced
-        indexing gathers element by element, ~5x slower)."""
-        return x.flatten(0, 1).index_select(0, b * x.shape[1] + g)
-
     def local(self, b: Tensor, h: Tensor, i: Tensor, keys: Tensor | None = None) -> Tensor:
         """(n, Tk): a head-local metric's scores at rows (b, h, i); (n, K) at ``keys`` (n, K).
 
@@ -190,25 +185,27 @@ class ExactScores:
         head = h if self.allowed.shape[1] > 1 else torch.zeros_like(h)
         allowed = self.allowed[b[:, None], head[:, None], i]                    # (P, M, Tk)
         sinks = None if self.sinks is None else self.sinks[b[:, None], h[:, None], i]
-        kt, v, vt = self.kv()
-        alpha = exact_alpha(self.q[b[:, None], h[:, None], i], self.take(kt, b, g).mT, allowed,
-                            self.scale, self.softcap, sinks)                    # (P, M, Tk)
+        kt, v, vt = (x.flatten(0, 1) for x in self.kv())       # blocks (B G, ...), not copied
+        index = b * self.k.shape[1] + g                          # (P,) each pair's block
+        alpha = exact_alpha(self.q[b[:, None], h[:, None], i], kt.mT, allowed,
+                            self.scale, self.softcap, sinks, index)             # (P, M, Tk)
         gram = None if self.proj is None else self.proj.gram[h]
-        rows = Rows64(alpha, lambda: (self.take(v, b, g), self.take(vt, b, g)), None, gram,
-                      lambda r: self._norms(b, h, r.v), where=(b[:, None], h[:, None], i),
-                      context=self.context, keys=keys if self.entry.builtin else None)
-        return self._at(self.kernel(rows), keys)                # v: (P, Tk, dh) if read
+        rows = Rows64(alpha, v, vt, gram, lambda r: self._norms(b, h, v, index),
+                      where=(b[:, None], h[:, None], i), context=self.context,
+                      keys=keys if self.entry.builtin else None, index=index)
+        return self._at(self.kernel(rows), keys)
 
     def _at(self, scores: Tensor, keys: Tensor | None) -> Tensor:
         """A plugin kernel's full rows (..., Tk) at ``keys`` (..., K) (a built-in kernel's
         scores are at the keys already)."""
         return scores if keys is None or self.entry.builtin else scores.gather(-1, keys)
 
-    def _norms(self, b: Tensor, h: Tensor, v: Tensor) -> Tensor:
-        """||v~_j^h|| (P, Tk) of the pairs (b, h), one pair at a time (as :func:`value_norms`)."""
+    def _norms(self, b: Tensor, h: Tensor, v: Tensor, index: Tensor) -> Tensor:
+        """||v~_j^h|| (P, Tk) of the pairs (b, h), one pair at a time (as :func:`value_norms`),
+        pair p's values the block v[index[p]]."""
         for p, key in enumerate(zip(b.tolist(), h.tolist())):
             if key not in self.norms:
-                self.norms[key] = key_norms(v[p], self.proj.gram[key[1]])
+                self.norms[key] = key_norms(v[int(index[p])], self.proj.gram[key[1]])
         return torch.stack([self.norms[key] for key in zip(b.tolist(), h.tolist())])
 
     def queries(self, b: Tensor, i: Tensor, keys: Tensor | None = None) -> Tensor:
