@@ -184,11 +184,13 @@ def rowmm_within(a: Tensor, b: Tensor, width: Tensor, inner: bool,
                  index: Tensor | None = None) -> Tensor:
     """:func:`rowmm` with row r of a multiplied by b's leading ``width[r]`` columns (``inner``
     False: the output's columns past it are 0) or rows (``inner`` True: the sum over a's first
-    ``width[r]`` columns, the rest being 0). a (..., M, K), b (..., K, N), width (..., M)
-    (:func:`widths`), broadcastable in the leading dims; with ``index`` (L,), a (L, M, K)
-    and b (G, K, N) blocks of which a's l-th multiplies b[index[l]] (no (L, K, N) copy).
+    ``width[r]`` columns, the rest being 0); a row of width 0 is not multiplied (its output
+    is 0). a (..., M, K), b (..., K, N), width (..., M) (:func:`widths`), broadcastable in the
+    leading dims; with ``index`` (L,), a (L, M, K) and b (G, K, N) blocks of which a's l-th
+    multiplies b[index[l]] (no (L, K, N) copy).
 
-    The rows of one width are multiplied together, each sequence's padded to the largest
+    The rows of one width are multiplied together, the sequences that take as many of
+    :func:`rowmm`'s blocks of :data:`ROWS` rows in one product, each padded to the largest
     count with repeats of its first (a row's bits do not depend on the rows beside it)."""
     (M, K), N = a.shape[-2:], b.shape[-1]
     if bool((width == (K if inner else N)).all()):                   # every row: every key
@@ -204,25 +206,36 @@ def rowmm_within(a: Tensor, b: Tensor, width: Tensor, inner: bool,
     width = width.expand(*lead, M).reshape(-1, M)                        # (L, M)
     out = a.new_zeros(a.shape[0], M, N)
     for w in width.unique().tolist():
+        if w == 0:                                 # rows not asked for
+            continue
         if bool((width == w).all()):               # one width: no rows gathered
             if inner:
                 return rowmm(a[..., :w], b[every, :w]).view(*lead, M, N)
             out[..., :w] = rowmm(a, b[every, :, :w])
             break
         seq, row = (width == w).nonzero(as_tuple=True)                 # by sequence, then row
-        seqs, which, count = torch.unique_consecutive(seq, return_inverse=True,
-                                                      return_counts=True)
-        start = count.cumsum(0) - count
-        slot = torch.arange(len(seq), device=seq.device) - start[which]
-        index_rows = row[start][:, None].repeat(1, int(count.max()))
-        index_rows[which, slot] = row                                  # (S, m) rows
-        if inner:                                  # (S, m, w) @ (S, w, N), copies of those
-            part = rowmm(a[seqs[:, None], index_rows, :w], b[block(seqs), :w])
-            out[seq, row] = part[which, slot]
-        else:                                      # (S, m, K) @ (S, K, w)
-            part = rowmm(a[seqs[:, None], index_rows], b[block(seqs), :, :w])
-            out[seq, row, :w] = part[which, slot]
+        blocks = (-(-torch.bincount(seq) // ROWS))[seq]       # rowmm's blocks of its sequence
+        for n in blocks.unique().tolist():
+            at = blocks == n
+            _within(a, b, out, seq[at], row[at], w, inner, block)
     return out.view(*lead, M, N)
+
+
+def _within(a: Tensor, b: Tensor, out: Tensor, seq: Tensor, row: Tensor, w: int, inner: bool,
+            block) -> None:
+    """out[seq, row] of :func:`rowmm_within` for rows (seq, row) of width w (sorted by
+    sequence), each sequence's rows padded to the largest count with repeats of its first."""
+    seqs, which, count = torch.unique_consecutive(seq, return_inverse=True, return_counts=True)
+    start = count.cumsum(0) - count
+    slot = torch.arange(len(seq), device=seq.device) - start[which]
+    index_rows = row[start][:, None].repeat(1, int(count.max()))
+    index_rows[which, slot] = row                                      # (S, m) rows
+    if inner:                                      # (S, m, w) @ (S, w, N), copies of those
+        part = rowmm(a[seqs[:, None], index_rows, :w], b[block(seqs), :w])
+        out[seq, row] = part[which, slot]
+    else:                                          # (S, m, K) @ (S, K, w)
+        part = rowmm(a[seqs[:, None], index_rows], b[block(seqs), :, :w])
+        out[seq, row, :w] = part[which, slot]
 
 
 def exact_z(alpha: Tensor, v: Tensor, width: Tensor | None = None,
@@ -249,15 +262,19 @@ def logits64(q: Tensor, k: Tensor, scale: float, softcap: float | None,
 
 
 def exact_alpha(q: Tensor, k: Tensor, allowed: Tensor, scale: float, softcap: float | None,
-                sinks: Tensor | None = None, index: Tensor | None = None) -> Tensor:
+                sinks: Tensor | None = None, index: Tensor | None = None,
+                asked: Tensor | None = None) -> Tensor:
     """Float64 attention (..., Tq, Tk) of query rows q over keys k (per query head), each
     row's logits over its allowed keys' width (:func:`widths`); with ``index`` (L,), q (L,
     Tq, dh) and k (G, Tk, dh) blocks, q's l-th over k[index[l]] (:func:`rowmm_within`).
 
     ``sinks``: learned sink logits broadcastable to (..., Tq), or None; the sink joins the
-    softmax as a virtual key with no value (its weight is left out of alpha).
+    softmax as a virtual key with no value (its weight is left out of alpha). ``asked``
+    (..., Tq) bool or None (every row): the rows wanted; the others' logits are not
+    computed (their alpha is uniform over their allowed keys, a batch's padding).
     """
-    logits = logits64(q, k, scale, softcap, widths(allowed), index)
+    width = widths(allowed) if asked is None else widths(allowed).mul_(asked)
+    logits = logits64(q, k, scale, softcap, width, index)
     if sinks is None:
         return softmax_masked(logits, allowed, inplace=True)
     logits = logits.masked_fill(~allowed, float("-inf"))

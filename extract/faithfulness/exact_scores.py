@@ -38,15 +38,17 @@ class Rows64:
     same bits as the full row's there), a plugin's is given None and its rows are gathered.
     index (P,) or None: v and vt hold blocks (G, Tk, dh), (G, dh, Tk) of which pair p reads
     the index[p]-th (the built-in kernels multiply them in place, :meth:`blocks`; :attr:`v`
-    gathers them).
+    gathers them). asked (P, M) bool or None (every row): the rows wanted, the others a
+    batch's padding, whose products are not computed (:attr:`width` 0).
     """
 
     def __init__(self, alpha: Tensor, v: Tensor | Callable[[], tuple[Tensor, Tensor]],
                  vt: Tensor | None, gram: Tensor,
                  value_norm: Callable[["Rows64"], Tensor], z: Tensor | None = None,
                  where: tuple[Tensor, Tensor, Tensor] | None = None, context=None,
-                 keys: Tensor | None = None, index: Tensor | None = None):
-        self.alpha, self.gram, self.index = alpha, gram, index
+                 keys: Tensor | None = None, index: Tensor | None = None,
+                 asked: Tensor | None = None):
+        self.alpha, self.gram, self.index, self.asked = alpha, gram, index, asked
         self._values = (v, vt) if vt is not None else v
         self._value_norm, self._z, self._output = value_norm, z, None
         self.context, self.keys = context, keys
@@ -87,8 +89,10 @@ class Rows64:
 
     @cached_property
     def width(self) -> Tensor:
-        """(P, M) how many leading keys each row's products run over (:func:`~.base.widths`)."""
-        return widths(self.alpha)
+        """(P, M) how many leading keys each row's products run over (:func:`~.base.widths`;
+        0 in the rows not asked for)."""
+        width = widths(self.alpha)
+        return width if self.asked is None else width.mul_(self.asked)
 
     def output(self) -> tuple[Tensor, Tensor]:
         """z_i G_h (P, M, dh) and ||o_i^h|| (P, M)."""

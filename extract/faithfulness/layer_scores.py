@@ -161,11 +161,14 @@ class ExactScores:
             index = i[order[start[batch]]][:, None].repeat(1, int(count[batch].max()))
             place = torch.searchsorted(batch, where[rows])       # (r,) pair within the batch
             index[place, pos] = i[rows]                          # (Pb, M) query positions
+            asked = torch.zeros(index.shape, dtype=torch.bool, device=index.device)
+            asked[place, pos] = True                             # not the repeats
             at = None
             if keys is not None:                                 # (Pb, M, K) as index
                 at = keys[order[start[batch]]][:, None].repeat(1, index.shape[1], 1)
                 at[place, pos] = keys[rows]
-            out[rows] = self._heads(pairs[batch] // H, pairs[batch] % H, index, at)[place, pos]
+            out[rows] = self._heads(pairs[batch] // H, pairs[batch] % H, index, at,
+                                    asked)[place, pos]
         return out
 
     def _batches(self, count: Tensor) -> list[Tensor]:
@@ -178,9 +181,11 @@ class ExactScores:
             batch.append(p)
         return batches + [torch.tensor(sorted(batch))]
 
-    def _heads(self, b: Tensor, h: Tensor, i: Tensor, keys: Tensor | None = None) -> Tensor:
+    def _heads(self, b: Tensor, h: Tensor, i: Tensor, keys: Tensor | None = None,
+               asked: Tensor | None = None) -> Tensor:
         """(P, M, Tk): a head-local metric at queries i (P, M) of heads h (P,) in sequences b;
-        (P, M, K) at ``keys`` (P, M, K)."""
+        (P, M, K) at ``keys`` (P, M, K); ``asked`` (P, M): the rows wanted (the others, padding,
+        are not multiplied)."""
         g = h // self.rep
         head = h if self.allowed.shape[1] > 1 else torch.zeros_like(h)
         allowed = self.allowed[b[:, None], head[:, None], i]                    # (P, M, Tk)
@@ -188,11 +193,11 @@ class ExactScores:
         kt, v, vt = (x.flatten(0, 1) for x in self.kv())       # blocks (B G, ...), not copied
         index = b * self.k.shape[1] + g                          # (P,) each pair's block
         alpha = exact_alpha(self.q[b[:, None], h[:, None], i], kt.mT, allowed,
-                            self.scale, self.softcap, sinks, index)             # (P, M, Tk)
+                            self.scale, self.softcap, sinks, index, asked)      # (P, M, Tk)
         gram = None if self.proj is None else self.proj.gram[h]
         rows = Rows64(alpha, v, vt, gram, lambda r: self._norms(b, h, v, index),
                       where=(b[:, None], h[:, None], i), context=self.context,
-                      keys=keys if self.entry.builtin else None, index=index)
+                      keys=keys if self.entry.builtin else None, index=index, asked=asked)
         return self._at(self.kernel(rows), keys)
 
     def _at(self, scores: Tensor, keys: Tensor | None) -> Tensor:

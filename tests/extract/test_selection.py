@@ -356,8 +356,9 @@ def test_a_row_product_has_the_same_bits_in_any_batch_of_products(K, N):
 @pytest.mark.parametrize("inner", [False, True])
 def test_a_row_within_its_width_has_the_bits_of_its_own_product(inner, monkeypatch):
     """rowmm_within: each row (of 3 x 2 sequences, broadcast b, widths 16 to 70 in steps of 16,
-    or 32 for every row) has the bits of rowmm of that row alone over b's leading width
-    columns (or terms of the sum), and 0 past them."""
+    or 32 for every row, or with one sequence's rows all of one width, three of rowmm's
+    blocks beside others' one, and rows of width 0) has the bits of rowmm of that row alone
+    over b's leading width columns (or terms of the sum), and 0 past them (a width 0: 0)."""
     monkeypatch.setattr(base, "WIDTH_STEP", 16)
     g = torch.Generator().manual_seed(5)
     K, N = (70, 8) if inner else (8, 70)
@@ -367,10 +368,15 @@ def test_a_row_within_its_width_has_the_bits_of_its_own_product(inner, monkeypat
     width = base.widths(torch.arange(70) < last)
     assert torch.equal(width.long(), ((last[..., 0].clamp_min(1) + 15) // 16 * 16).clamp(max=70))
     assert len(width.unique()) == 5                                # 16, 32, 48, 64, 70
-    for width in (width, torch.full_like(width, 32)):             # and one width for all
+    skew = width.clone()
+    skew[0, 0], skew[1, 1, :30] = 48, 0                  # 50 rows of width 48; 30 not asked
+    for width in (width, torch.full_like(width, 32), skew):       # and one width for all
         got = base.rowmm_within(a, b, width, inner)
         for s, h, r in torch.cartesian_prod(torch.arange(3), torch.arange(2), torch.arange(50)):
             w = int(width[s, h, r])
+            if w == 0:
+                assert bool((got[s, h, r] == 0).all())
+                continue
             want = rowmm(a[s, h, r:r + 1, :w], b[s, 0, :w]) if inner else \
                 rowmm(a[s, h, r:r + 1], b[s, 0, :, :w])
             assert torch.equal(got[s, h, r, :want.shape[1]], want[0])
