@@ -33,7 +33,7 @@ from attngeom.common.errors import Refusal
 from ..measurement.geometry import fill_disallowed_
 from .masks import Candidates
 from .near import NEAR_CHUNK, Exact, Refine, decide, decision_step, open_candidates, take
-from .sorting import sort_ranks_
+from .sorting import rank_values_
 
 Tensor = torch.Tensor
 
@@ -155,12 +155,8 @@ def find_cut(key: Tensor, n: Tensor, k: Tensor, mode: str, relative: Tensor | No
         rows = slice(None) if rows is None else rows
         w = w * segments
         top = w if comp else n[rows]                 # sorted index just past the highest eligible
-        at = (top - m[rows])[:, None]
-        upper, lower = at.clamp(0, w - 1), (at - 1).clamp(0, w - 1)
-        if len(at):                                  # the ranks read below, in sorted place
-            sort_ranks_(part, int(lower.min()), int(upper.max()))
-        hi[rows] = part.gather(-1, upper)[:, 0]
-        lo[rows] = part.gather(-1, lower)[:, 0]
+        at = top - m[rows]
+        lo[rows], hi[rows] = rank_values_(part, (at - 1).clamp(0, w - 1), at.clamp(0, w - 1))
     cut = (m > 0) & (m < n)
     rel = 0.0 if relative is None else relative
     gap = rel * (hi.abs() + lo.abs()) + (0.0 if absolute is None else 2 * absolute)

@@ -1,7 +1,7 @@
-"""Rows sorted in place on the CPU: numpy's vectorised sort and partition, in blocks of rows on
-torch's threads (numpy sorts on one thread and releases the GIL while it does). The removal
-pass's cut (:func:`~.selection.find_cut`) reads each row's ranks through these; at long
-contexts they are its largest step.
+"""Values at given sorted places of each row, on the CPU: numpy's partition, one row at a time, in
+blocks of rows on torch's threads (numpy partitions on one thread and releases the GIL while it
+does). The removal pass's cut (:func:`~.selection.find_cut`) reads each row's two ranks through
+this; at long contexts it is one of its largest steps.
 """
 
 from __future__ import annotations
@@ -12,42 +12,44 @@ import torch
 from .base import workers
 
 Tensor = torch.Tensor
-PARALLEL_SORT = 1 << 19  # values per thread below which one thread sorts alone
+PARALLEL_SORT = 1 << 19  # values per thread below which one thread partitions alone
 
 
-def sort_rows_(x: Tensor) -> Tensor:
-    """Each row of x (R, N) in ascending order, in place (numpy's vectorised sort on the CPU,
-    in blocks of rows on torch's threads: numpy sorts on one, and this is the removal pass's
-    largest step at long contexts)."""
-    if x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64):
-        return _in_blocks(x, lambda rows: rows.sort(axis=-1))
-    return x.copy_(torch.sort(x, dim=-1).values)
+def rank_values_(x: Tensor, lower: Tensor, upper: Tensor) -> tuple[Tensor, Tensor]:
+    """The values (R,), (R,) that a sort of each row of x (R, N) puts at places ``lower`` and
+    ``upper`` (R,), upper = lower or lower + 1; x's rows are rearranged in place.
 
-
-def sort_ranks_(x: Tensor, first: int, last: int) -> Tensor:
-    """Rows of x (R, N) rearranged in place so that columns ``first`` to ``last`` hold what a
-    sort of each row puts there: where they lie within a quarter of the row from one end, a
-    partition at the window's inner edge (numpy's introselect, about 2/3 of a sort's time) and
-    a sort of that end alone; elsewhere a whole sort."""
-    N = x.shape[1]
+    Each row is partitioned at whichever place lies nearer its end (numpy's introselect), and
+    the other value is the extreme of the short side beyond it: at a cut 10 % from one end
+    this costs about 4/5 of a partition at a place shared by the rows and a sort of the
+    window from there (``benchmarks/RESULTS.md``). Ties and infinities as in a sort; no NaN
+    (the ranking keys are finite or infinite).
+    """
     if x.device.type != "cpu" or x.dtype not in (torch.float32, torch.float64):
-        return sort_rows_(x)
-    if N - first <= N // 4:
-        return _in_blocks(x, lambda rows: (rows.partition(first, axis=-1),
-                                           rows[:, first:].sort(axis=-1)))
-    if last + 1 <= N // 4:
-        return _in_blocks(x, lambda rows: (rows.partition(last, axis=-1),
-                                           rows[:, :last + 1].sort(axis=-1)))
-    return sort_rows_(x)
-
-
-def _in_blocks(x: Tensor, step) -> Tensor:
-    """``step`` (in place) on blocks of x's rows as numpy arrays, on torch's threads."""
-    rows = x.numpy()
+        s = torch.sort(x, dim=-1).values
+        return s.gather(-1, lower[:, None])[:, 0], s.gather(-1, upper[:, None])[:, 0]
+    rows, R = x.numpy(), x.shape[0]
+    low, high = np.empty(R, rows.dtype), np.empty(R, rows.dtype)
+    places = lower.cpu().numpy(), upper.cpu().numpy()
     threads = min(torch.get_num_threads(), max(1, x.numel() // PARALLEL_SORT))
+    edges = np.linspace(0, R, threads + 1).astype(int)
+    run = lambda lo, hi: _rank_values(rows[lo:hi], *(p[lo:hi] for p in places),  # noqa: E731
+                                      low[lo:hi], high[lo:hi])
     if threads == 1:
-        step(rows)
-        return x
-    edges = np.linspace(0, len(rows), threads + 1).astype(int)
-    list(workers("sort", threads).map(lambda lo, hi: step(rows[lo:hi]), edges[:-1], edges[1:]))
-    return x
+        run(0, R)
+    else:
+        list(workers("sort", threads).map(run, edges[:-1], edges[1:]))
+    return torch.from_numpy(low), torch.from_numpy(high)
+
+
+def _rank_values(rows: np.ndarray, lower: np.ndarray, upper: np.ndarray, low: np.ndarray,
+                 high: np.ndarray) -> None:
+    """:func:`rank_values_` of some rows, into ``low`` and ``high``."""
+    N = rows.shape[1]
+    for r, (row, lo, up) in enumerate(zip(rows, lower.tolist(), upper.tolist())):
+        if N - up <= lo:                             # the short side above: partition at lower
+            row.partition(lo)
+            low[r], high[r] = row[lo], row[up] if up == lo else row[up:].min()
+        else:
+            row.partition(up)
+            high[r], low[r] = row[up], row[lo] if up == lo else row[:up].max()

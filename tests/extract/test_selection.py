@@ -146,34 +146,29 @@ def _near_tie_scores(B, H, T, positive, seed):
 
 
 @pytest.mark.parametrize("threads", [1, 2, 3])
-def test_rows_sorted_in_blocks_on_several_threads_are_sorted(threads, monkeypatch):
-    """sort_rows_ splits rows among torch's threads above PARALLEL_SORT values a thread: the
-    same rows as numpy's sort of the whole array, ties and infinities included."""
+def test_the_values_at_two_ranks_are_those_a_sort_puts_there(threads, monkeypatch):
+    """rank_values_ (each row partitioned at its own place, near either end, rows split among
+    torch's threads above PARALLEL_SORT values a thread): the values numpy's sort of each row
+    puts at its two places, ties and infinities included, and at a row's ends (one place)."""
     monkeypatch.setattr(sorting, "PARALLEL_SORT", 1 << 10)
     g = torch.Generator().manual_seed(5)
-    x = torch.randint(-50, 50, (101, 300), generator=g).float()            # with ties
+    x = torch.randint(-30, 30, (101, 300), generator=g).float()             # with ties
     x[torch.rand(x.shape, generator=g) < 0.1] = float("inf")
+    x[torch.rand(x.shape, generator=g) < 0.1] = float("-inf")
+    upper = torch.randint(0, 300, (101,), generator=g)
+    upper[:4] = torch.tensor([0, 1, 298, 299])
+    lower = (upper - 1).clamp_min(0)
+    lower[5:9] = upper[5:9]                                        # one place (a clamped cut)
     want = np.sort(x.numpy(), axis=-1)
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        got = sorting.sort_rows_(x.clone())
+        low, high = sorting.rank_values_(x.clone(), lower, upper)
     finally:
         torch.set_num_threads(before)
-    assert np.array_equal(got.numpy(), want)
-
-
-@pytest.mark.parametrize("window", [(0, 0), (3, 40), (250, 299), (299, 299), (100, 200)])
-def test_a_window_of_ranks_holds_what_a_sort_puts_there(window):
-    """sort_ranks_ (a partition and a sort of one end, or a whole sort) leaves in columns
-    first..last exactly the values numpy's sort of each row puts there."""
-    g = torch.Generator().manual_seed(6)
-    x = torch.randint(-30, 30, (57, 300), generator=g).float()              # with ties
-    x[torch.rand(x.shape, generator=g) < 0.2] = float("-inf")
-    first, last = window
-    got = sorting.sort_ranks_(x.clone(), first, last)
-    want = np.sort(x.numpy(), axis=-1)
-    assert np.array_equal(got[:, first:last + 1].numpy(), want[:, first:last + 1])
+    rows = np.arange(101)
+    assert np.array_equal(low.numpy(), want[rows, lower.numpy()])
+    assert np.array_equal(high.numpy(), want[rows, upper.numpy()])
 
 
 @pytest.mark.parametrize("granularity", GRANULARITIES)
