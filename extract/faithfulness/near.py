@@ -151,14 +151,13 @@ def own_bounds(s: Tensor, row: Tensor, col: Tensor, w: int, t0: Tensor, t1: Tens
     c = len(s)
     seg, v = col // w, s[row, col].double()
     rel, err = relative.double(), 0.0 if absolute is None else absolute.double()
-    bad = ~torch.as_tensor(rel + err).isfinite().all(-1)                 # (c,)
+    bad = ~(rel + err).isfinite().all(-1)                                # (c,)
     rel_j, err_j = rel[row, seg], 0.0 if absolute is None else err[row, seg]
     up, low = v + rel_j * v.abs() + err_j, v - rel_j * v.abs() - err_j
     f0, f1 = t0.double()[:, None], t1.double()[:, None]
-    x = (f0 + rel * f0.abs() + err).amax(-1).scatter_reduce(
-        0, row[v <= lo.double()[row]], up[v <= lo.double()[row]], "amax")
-    y = (f1 - rel * f1.abs() - err).amin(-1).scatter_reduce(
-        0, row[v >= hi.double()[row]], low[v >= hi.double()[row]], "amin")
+    below, over = v <= lo.double()[row], v >= hi.double()[row]          # of the cut's ends
+    x = (f0 + rel * f0.abs() + err).amax(-1).scatter_reduce(0, row[below], up[below], "amax")
+    y = (f1 - rel * f1.abs() - err).amin(-1).scatter_reduce(0, row[over], low[over], "amin")
     x, y = x[row], y[row]
     slack = 2.0 ** -40 * (v.abs() + x.abs() + y.abs())
     above = (low > x + slack) & ~bad[row]

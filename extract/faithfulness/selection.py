@@ -293,8 +293,8 @@ def select(score: Tensor, eligible: Tensor | Candidates, fraction: float, mode: 
         rel = torch.minimum(error.within, rel)             # a row is one head's
     absolute = None if error is None else _floored(error.absolute, error.relative, score.dtype)
     root = None if error is None else error.root
-    own = None                                             # each head's bound, at query
-    if rel is not None and granularity == "query" and root is None:   # granularity
+    own = None                          # at query granularity: each head's bound (B T, H)
+    if rel is not None and granularity == "query" and root is None:
         own = tuple(None if t is None else t.expand(B, H, T).transpose(1, 2).reshape(-1, H)
                     for t in (rel, absolute))
     if rel is not None and granularity != "head":
