@@ -145,7 +145,8 @@ class ExactScores:
         """(n, Tk): a head-local metric's scores at rows (b, h, i); (n, K) at ``keys`` (n, K).
 
         The rows of each (sequence, head) pair are stacked, padded to the largest pair's count
-        with repeats of its first row, and all pairs computed in one batch (see :meth:`_heads`).
+        with repeats of its first row (not multiplied: ``asked``), and all pairs computed in one
+        batch (see :meth:`_heads`).
         """
         width = self.k.shape[2] if keys is None else keys.shape[1]
         out = self.q.new_empty(len(b), width, dtype=torch.float64)
