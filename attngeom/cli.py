@@ -6,17 +6,14 @@ modules are imported lazily so that ``analyze`` and ``report`` never import torc
 
 from __future__ import annotations
 
-import _thread
 import argparse
-import contextlib
 import gc
 import importlib
 import signal
 import sys
-import threading
-import time
 
 from attngeom.common.errors import Refusal
+from attngeom.common.interrupts import Terminated, terminate_unwinds
 
 # subcommand -> (module under attngeom.commands, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -31,83 +28,6 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("bench", "benchmarks: speed and memory side by side"),
     "models": ("models", "the built-in models: list them, install the larger ones"),
 }
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM (``kill PID``, a batch scheduler's stop) raised in the main thread, so that the
-    command unwinds as on Ctrl-C: temporary files are removed and worker processes stopped."""
-
-
-def _terminate(signum: int, frame) -> None:
-    if _again.hooking:                   # inside our own unraisable hook: raising would be lost
-        _again.later(Terminated)
-        return
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)   # a second SIGTERM ends the process at once
-    raise Terminated
-
-
-class _Again:
-    """An interrupt raised where Python cannot raise (a ``__del__`` or weakref callback run by
-    the garbage collector: Python prints it as ignored and goes on) is raised again once the
-    finaliser has returned: by the main thread's next check for signals, which a short-lived
-    thread trips, or at the end of :func:`terminate_unwinds` if the block ends first."""
-
-    DELAY = 0.02           # seconds: long enough for the finaliser in the main thread to return
-
-    def __init__(self) -> None:
-        self.pending: type[KeyboardInterrupt] | None = None
-        self.hooking = False
-
-    def hook(self, previous):
-        def unraisable(record) -> None:
-            if not isinstance(record.exc_value, KeyboardInterrupt):
-                previous(record)
-                return
-            self.hooking = True
-            try:
-                self.later(type(record.exc_value))
-            finally:
-                self.hooking = False
-        return unraisable
-
-    def later(self, kind: type[KeyboardInterrupt]) -> None:
-        self.pending = kind
-        if kind is Terminated:           # the handler set SIG_DFL as it raised the first time
-            signal.signal(signal.SIGTERM, _terminate)
-        signum = signal.SIGTERM if kind is Terminated else signal.SIGINT
-        threading.Thread(target=self._trip, args=(kind, signum), daemon=True).start()
-
-    def _trip(self, kind: type[KeyboardInterrupt], signum: int) -> None:
-        time.sleep(self.DELAY)
-        if self.pending is kind:         # not yet raised at the block's end
-            _thread.interrupt_main(signum)
-
-    def raise_pending(self) -> None:
-        kind, self.pending = self.pending, None
-        if kind is not None:
-            raise kind
-
-
-_again = _Again()
-
-
-@contextlib.contextmanager
-def terminate_unwinds():
-    """Within the block, SIGTERM raises :class:`Terminated` in the main thread (elsewhere, and
-    outside the block, the handler is left as it was), and an interrupt that a finaliser
-    swallowed is raised again (:class:`_Again`)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.signal(signal.SIGTERM, _terminate)
-    hook, sys.unraisablehook = sys.unraisablehook, _again.hook(sys.unraisablehook)
-    try:
-        yield
-        _again.raise_pending()
-    finally:
-        _again.pending = None
-        sys.unraisablehook = hook
-        signal.signal(signal.SIGTERM, previous)
 
 
 class OneLineParser(argparse.ArgumentParser):

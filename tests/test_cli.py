@@ -244,3 +244,50 @@ def test_an_interrupt_a_finaliser_swallowed_is_raised_again(rest):
     assert ("completed" in out) == (rest == "pass"), (out, err)    # stopped before the rest
     assert process.returncode == 143, (process.returncode, err)
     assert err.strip().splitlines()[-1].startswith("attngeom: interrupted"), err
+
+
+SWALLOWED_BY_C = """
+import signal, sys, time
+import numpy as np
+import attngeom.cli as cli
+from attngeom.common.atomic import atomic_write_bytes
+
+class Converting:
+    @property
+    def dtype(self):           # numpy clears whatever reading it raises, as pandas' to_csv meets
+        print("converting", flush=True)
+        time.sleep(2)          # the signal arrives here
+        return np.dtype(float)
+
+def command(argv):
+    np.dtype(object) == Converting()
+    print("after", flush=True)
+    {rest}
+    return 0
+
+signal.signal(signal.SIGINT, signal.default_int_handler)    # as a foreground command has it
+cli._main = command
+sys.exit(cli.main(["x"]))
+"""
+
+
+@pytest.mark.parametrize("rest", ["atomic_write_bytes(sys.argv[1], b'result')", "pass"],
+                         ids=["a file next", "nothing more"])
+@pytest.mark.parametrize("signum", [15, 2], ids=["SIGTERM", "SIGINT"])
+def test_an_interrupt_c_code_swallowed_stops_the_command_before_its_next_file(rest, signum,
+                                                                               tmp_path):
+    """A signal whose exception C code cleared (numpy, reading an object's .dtype) still stops
+    the command with the signal's status: the next file is not renamed into place, and a command
+    with nothing more to write ends stopped, not finished."""
+    result = tmp_path / "result.bin"
+    process = subprocess.Popen([sys.executable, "-c", SWALLOWED_BY_C.format(rest=rest),
+                                str(result)],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert process.stdout.readline().strip() == "converting"
+    process.send_signal(signum)
+    out, err = process.communicate(timeout=60)
+    assert "after" in out, ("numpy no longer swallows the interrupt: the test needs another "
+                            "C function that does", out, err)
+    assert process.returncode == 128 + signum, (process.returncode, err)
+    assert err.strip().splitlines()[-1].startswith("attngeom: interrupted"), err
+    assert list(tmp_path.iterdir()) == [], "a file appeared after the stop, or its temporary"

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Iterator
 
 from .errors import write_error
+from .interrupts import raise_if_stopped
 
 
 def temporary_name(path: Path) -> Path:
@@ -25,7 +26,8 @@ def temporary_name(path: Path) -> Path:
 @contextlib.contextmanager
 def atomic_file(path: str | Path, fsync: bool = True) -> Iterator[Path]:
     """A temporary name beside ``path`` to write to: when the block ends the file is fsynced
-    and renamed to ``path``; when it raises, removed."""
+    and renamed to ``path``; when it raises, or a signal has asked the command to stop
+    (:func:`attngeom.common.interrupts.raise_if_stopped`), removed."""
     path = Path(path)
     tmp = temporary_name(path)
     try:
@@ -34,6 +36,7 @@ def atomic_file(path: str | Path, fsync: bool = True) -> Iterator[Path]:
         if fsync:
             with open(tmp, "rb+") as f:
                 os.fsync(f.fileno())
+        raise_if_stopped()                   # no file appears after a stop was asked
         os.replace(tmp, path)
     except OSError as exc:
         raise write_error(path, exc) from exc
