@@ -41,6 +41,15 @@ class Candidates:
         position = torch.arange(1, Tk + 1, dtype=torch.int32, device=self.mask.device)
         return torch.mul(self.mask, position).amax(-1)
 
+    @cached_property
+    def first(self) -> Tensor:
+        """(B, 1|H, T) int32: each row's first eligible candidate (0: none; a sliding window's
+        rows start late)."""
+        Tk = self.mask.shape[-1]
+        before = torch.arange(Tk, 0, -1, dtype=torch.int32, device=self.mask.device)
+        reach = torch.mul(self.mask, before).amax(-1)                  # Tk - first; 0: none
+        return (Tk - reach).masked_fill_(reach == 0, 0)
+
     def fill(self, value: float, dtype: torch.dtype) -> Tensor:
         """The bias (B, 1|H, T, Tk) that puts ``value`` at the ineligible candidates."""
         if (value, dtype) not in self._fill:

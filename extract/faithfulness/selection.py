@@ -119,6 +119,16 @@ def width_groups(width: Tensor, N: int) -> list[tuple[Tensor, int]]:
             for e in edge.unique().tolist() if e > 0]
 
 
+def _window(key: Tensor, rows: Tensor, start: Tensor | None, w: int, out: Tensor) -> None:
+    """out (r, segments, w) = key (R, segments, S) at ``rows``, columns ``start`` (r,) to
+    start + w of each segment (None or all 0: the leading w)."""
+    if start is None or not bool(start.any()):
+        torch.index_select(key[..., :w], 0, rows, out=out)
+        return
+    heads = torch.arange(key.shape[1], device=key.device)
+    out.copy_(key.unfold(2, w, 1)[rows[:, None], heads, start[:, None]])
+
+
 @dataclass(frozen=True)
 class Cut:
     """Each ranking row's cut (R,): ``hi`` the m-th highest score (+inf where m = 0, and -inf
@@ -134,24 +144,26 @@ class Cut:
 def find_cut(key: Tensor, n: Tensor, k: Tensor, mode: str, relative: Tensor | None = None,
              work: Workspace | None = None, width: Tensor | None = None,
              absolute: Tensor | None = None, root: Tensor | None = None,
-             segments: int = 1) -> Cut:
-    """Each row's :class:`Cut`, from the values at two ranks of each row (parameters: see
+             segments: int = 1, first: Tensor | None = None) -> Cut:
+    """Each row's :class:`Cut`, from the values at two ranks of each row's columns ``first``
+    to ``width`` (R,) (of each segment; None: 0 and N / segments; parameters: see
     :func:`threshold_select`)."""
     R, N = key.shape
     S = N // segments
     comp = mode == "comprehensiveness"
     m = k if comp else n - k                                           # candidates above the cut
     hi, lo = key.new_zeros(R), key.new_zeros(R)
-    groups = [(None, S)] if width is None else width_groups(width, S)
+    span = width if first is None or width is None else width - first
+    groups = [(None, S)] if width is None else width_groups(span, S)
     for rows, w in groups:
         shape = (R if rows is None else len(rows), w * segments)
         part = key.new_empty(shape) if work is None else work.get("sorted", shape, key.dtype,
                                                                   key.device)
         if rows is None:
             part.copy_(key)
-        else:                                        # each segment's leading w columns
-            torch.index_select(key.view(R, segments, S)[..., :w], 0, rows,
-                               out=part.view(len(rows), segments, w))
+        else:                                        # each segment's w columns from its first
+            start = None if first is None else first[rows].clamp(max=S - w)
+            _window(key.view(R, segments, S), rows, start, w, part.view(len(rows), segments, w))
         rows = slice(None) if rows is None else rows
         w = w * segments
         top = w if comp else n[rows]                 # sorted index just past the highest eligible
@@ -245,15 +257,15 @@ def _keys(score: Tensor, c: Candidates, rank: str, granularity: str, fill: float
     raise Refusal(f"unknown granularity '{granularity}'; use head, query or token")
 
 
-def _widths(c: Candidates, granularity: str, H: int) -> Tensor:
+def _widths(c: Candidates, granularity: str, H: int) -> tuple[Tensor, Tensor]:
     """(rows,) how many leading candidates of each ranking row (of each head's segment of a
-    query's row at query granularity) can be eligible."""
+    query's row at query granularity) can be eligible, and (rows,) the first that can."""
     shared = granularity == "head" or c.mask.shape[1] == 1             # c's own (made once)
-    last = c.last if shared else Candidates(c.mask.any(1, keepdim=True)).last
-    B, _, T = last.shape                                               # 0: none eligible
+    c = c if shared else Candidates(c.mask.any(1, keepdim=True))
+    B, _, T = c.last.shape                                             # 0: none eligible
     if granularity == "head":
-        return last.expand(B, H, T).reshape(-1)
-    return last.reshape(-1)
+        return c.last.expand(B, H, T).reshape(-1), c.first.expand(B, H, T).reshape(-1)
+    return c.last.reshape(-1), c.first.reshape(-1)
 
 
 def select(score: Tensor, eligible: Tensor | Candidates, fraction: float, mode: str,
@@ -303,9 +315,9 @@ def select(score: Tensor, eligible: Tensor | Candidates, fraction: float, mode: 
         root = None if root is None else root.amax(1)
     flat, k = key.reshape(-1, N), n_remove(n, fraction).reshape(-1)
     bound = [None if t is None else t.reshape(-1) for t in (rel, absolute, root)]
-    width, segments = _widths(c, granularity, H), H if granularity == "query" else 1
+    (width, first), segments = _widths(c, granularity, H), H if granularity == "query" else 1
     cut = find_cut(flat, n.reshape(-1), k, mode, bound[0], work, width, bound[1], bound[2],
-                   segments)
+                   segments, first)
     step = max(1, NEAR_CHUNK // N)        # the near rows' copies bounded, not (n, N)
     band = open_candidates(flat, cut.near.nonzero()[:, 0], cut.hi, cut.lo, cut.m, *bound,
                            step, width, segments, own)   # before the factor is written over

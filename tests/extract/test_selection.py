@@ -36,6 +36,7 @@ from attngeom.extract.faithfulness.context import LayerContext
 from attngeom.extract.faithfulness.layer_scores import ExactScores, fast_scores, metric_scores
 from attngeom.extract.faithfulness.removal_scores import logit_scale
 from attngeom.extract.faithfulness import near, selection, sorting
+from attngeom.extract.faithfulness.masks import Candidates
 from attngeom.extract.faithfulness.selection import (ErrorBound, Workspace, n_remove, select,
                                         threshold_select, width_groups)
 
@@ -104,6 +105,26 @@ def test_exact_scores_follow_the_rule(granularity, per_head):
                     assert kept.dtype == score.dtype
                     removed = (kept == 0) & eligible
                     assert np.array_equal(removed.expand(want.shape).numpy(), want)
+
+
+@pytest.mark.parametrize("granularity", GRANULARITIES)
+def test_a_sliding_window_is_cut_over_its_own_columns(granularity):
+    """Rows whose candidates start late (a sliding window of 8 keys, as Gemma's local layers)
+    are cut from the window's columns alone: the rule's removals at every fraction, mode and
+    rank, ties included."""
+    gen = torch.Generator().manual_seed(11)
+    B, H, T, W = 2, 3, 48, 8
+    eligible = _eligible(B, H, T) & (torch.arange(T)[:, None] - torch.arange(T) < W)
+    assert int(Candidates(eligible).first.max()) > 16      # windows past the leading columns
+    work = Workspace()
+    for score in (torch.randint(-3, 4, (B, H, T, T), generator=gen).float(),
+                  torch.randn(B, H, T, T, generator=gen)):
+        for p in (0.1, 0.5, 1.0):
+            for mode in MODES:
+                for rank in RANKS:
+                    want = numpy_rule(score, eligible, p, mode, rank, granularity)
+                    got = select(score, eligible, p, mode, rank, granularity, work=work)
+                    assert np.array_equal(got.numpy(), want), (p, mode, rank)
 
 
 def test_sorting_only_the_leading_columns_changes_nothing():
